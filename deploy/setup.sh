@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Does whatever set-up this machine still lacks, and nothing else: system tools, npm packages,
+# the TypeScript build, the static agent, CRIU >= 4.2 and the default image. Run by
+# `./forkpoint` and `npm test`; a second run takes a few seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+stamps=$repo/.setup
+prefix=${FORKPOINT_PREFIX:-/opt/forkpoint}
+mkdir -p "$stamps"
+
+log() { echo "forkpoint setup: $*" >&2; }
+die() { echo "forkpoint setup: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "forkpoint runs sandboxes with namespaces, overlay mounts and CRIU, which need root: run this as root (sudo)."
+grep -qw overlay /proc/filesystems || modprobe overlay 2>/dev/null || true
+grep -qw overlay /proc/filesystems || die "this kernel has no OverlayFS: load the 'overlay' module or use a kernel with CONFIG_OVERLAY_FS."
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+[ "$node_major" -ge 20 ] || die "Node.js >= 20 is needed (found: $(node --version 2>/dev/null || echo none))."
+
+# System tools: a C compiler with static glibc for the agent, util-linux, tar, apt's download.
+missing=()
+command -v cc >/dev/null || missing+=(gcc)
+command -v make >/dev/null || missing+=(make)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/libc.a ] || missing+=(libc6-dev)
+command -v nsenter >/dev/null || missing+=(util-linux)
+command -v tar >/dev/null || missing+=(tar)
+command -v python3 >/dev/null || missing+=(python3)
+command -v g++ >/dev/null || missing+=(g++)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+newer() { # newer STAMP PATH...: true when any PATH changed since STAMP
+  local stamp=$1; shift
+  [ -e "$stamp" ] || return 0
+  [ -n "$(find "$@" -newer "$stamp" -print -quit 2>/dev/null)" ]
+}
+
+if [ ! -d node_modules ] || newer "$stamps/npm" package.json package-lock.json; then
+  log "installing npm packages"
+  npm ci --no-audit --no-fund --loglevel=error >&2
+  touch "$stamps/npm"
+fi
+
+if [ ! -x native/build/fp-agent ] || newer native/build/fp-agent native/*.c native/*.h native/Makefile; then
+  log "building the agent"
+  make -s -C native >&2
+fi
+
+if [ ! -f dist/cli.js ] || newer "$stamps/build" src tsconfig.json package.json; then
+  log "building TypeScript"
+  rm -rf dist
+  npx --no-install tsc -p tsconfig.json
+  touch "$stamps/build"
+fi
+
+bash deploy/criu.sh
+mkdir -p "$prefix/images"
+bash deploy/image.sh "$prefix/images/default"

@@ -1,0 +1,693 @@
+/* fp-agent init: PID 1 of a forkpoint sandbox.
+ *
+ * It owns every process started in the sandbox (pipes or a PTY), reaps zombies, keeps a
+ * bounded scrollback per stream while no client is attached, and serves the framed protocol
+ * of protocol.h on a unix socket inside the sandbox's filesystem. Everything it holds is
+ * something CRIU can dump: pipes, ptys of the sandbox's own devpts, unix sockets, plain
+ * memory. No pidfd, signalfd, epoll, inotify or io_uring. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "fp.h"
+#include "protocol.h"
+
+#define SOCKET_PATH "/.fp/agent.sock"
+#define MAX_CONNS 32
+#define MAX_PROCS 256
+#define MAX_SUBS 4
+#define RING_CAP (256u << 10)
+#define CONN_HIGH_WATER (1u << 20)
+#define MAX_EXITED_KEPT 128
+
+struct ring {
+  char *buf;
+  uint32_t cap;      /* allocated; grows to RING_CAP */
+  uint64_t total;    /* bytes ever written: the offset of the next byte */
+};
+
+struct conn {
+  int fd;
+  char *in;
+  uint32_t in_len, in_cap;
+  char *out;
+  uint32_t out_len, out_off, out_cap;
+};
+
+struct proc {
+  uint32_t id;
+  pid_t pid;
+  int pty;              /* master, or -1 */
+  int pty_slave;        /* kept open so the master never sees EIO between commands */
+  int in_fd, out_fd, err_fd;
+  int exited, code, sig;
+  long exited_seq;
+  struct ring out, err;
+  struct conn *subs[MAX_SUBS];
+  char cmd[96];
+};
+
+static struct conn conns[MAX_CONNS];
+static struct proc procs[MAX_PROCS];
+static int listen_fd = -1;
+static long exit_seq;
+static volatile sig_atomic_t got_sigchld;
+
+/* ---------- rings ---------- */
+
+static void ring_write(struct ring *r, const char *data, uint32_t n) {
+  if (r->cap < RING_CAP && r->total + n > r->cap) {
+    uint32_t want = r->cap ? r->cap : 4096;
+    while (want < RING_CAP && want < r->total + n) want *= 2;
+    if (want > RING_CAP) want = RING_CAP;
+    char *nb = malloc(want);
+    if (!nb) return;
+    /* relinearise: the ring has never wrapped while cap < RING_CAP */
+    if (r->buf) memcpy(nb, r->buf, (size_t)(r->total < r->cap ? r->total : r->cap));
+    free(r->buf);
+    r->buf = nb;
+    r->cap = want;
+  }
+  if (n > r->cap) data += n - r->cap, r->total += n - r->cap, n = r->cap;
+  uint32_t pos = (uint32_t)(r->total % r->cap), first = r->cap - pos < n ? r->cap - pos : n;
+  memcpy(r->buf + pos, data, first);
+  memcpy(r->buf, data + first, n - first);
+  r->total += n;
+}
+
+static uint64_t ring_start(const struct ring *r) {
+  return r->total > r->cap ? r->total - r->cap : 0;
+}
+
+/* ---------- connections ---------- */
+
+static void conn_close(struct conn *c) {
+  for (int i = 0; i < MAX_PROCS; i++)
+    for (int s = 0; s < MAX_SUBS; s++)
+      if (procs[i].subs[s] == c) procs[i].subs[s] = NULL;
+  close(c->fd);
+  free(c->in);
+  free(c->out);
+  memset(c, 0, sizeof(*c));
+  c->fd = -1;
+}
+
+static int conn_reserve(struct conn *c, uint32_t extra) {
+  if (c->out_off > 0 && c->out_off == c->out_len) c->out_off = c->out_len = 0;
+  if (c->out_len + extra <= c->out_cap) return 0;
+  if (c->out_off > 0) {
+    memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+    c->out_len -= c->out_off;
+    c->out_off = 0;
+    if (c->out_len + extra <= c->out_cap) return 0;
+  }
+  uint32_t want = c->out_cap ? c->out_cap : 8192;
+  while (want < c->out_len + extra) want *= 2;
+  char *nb = realloc(c->out, want);
+  if (!nb) return -1;
+  c->out = nb;
+  c->out_cap = want;
+  return 0;
+}
+
+static void send_frame2(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *a,
+                        uint32_t alen, const void *b, uint32_t blen) {
+  struct fp_header h = {.len = alen + blen, .type = type, .flags = flags, .id = id};
+  if (conn_reserve(c, FP_HEADER_LEN + alen + blen) < 0) return;
+  memcpy(c->out + c->out_len, &h, FP_HEADER_LEN);
+  c->out_len += FP_HEADER_LEN;
+  if (alen) memcpy(c->out + c->out_len, a, alen), c->out_len += alen;
+  if (blen) memcpy(c->out + c->out_len, b, blen), c->out_len += blen;
+}
+
+static void send_frame(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *p,
+                       uint32_t n) {
+  send_frame2(c, type, flags, id, p, n, NULL, 0);
+}
+
+static void send_error(struct conn *c, uint32_t id, int err, const char *msg) {
+  int32_t e = err;
+  send_frame2(c, FP_T_ERROR, 0, id, &e, 4, msg, (uint32_t)strlen(msg));
+}
+
+static void send_output(struct conn *c, uint32_t id, uint8_t stream, uint64_t off, const char *d,
+                        uint32_t n) {
+  send_frame2(c, FP_T_OUTPUT, stream, id, &off, 8, d, n);
+}
+
+static void send_exit(struct conn *c, struct proc *p) {
+  int32_t v[2] = {p->code, p->sig};
+  send_frame(c, FP_T_EXIT, 0, p->id, v, 8);
+}
+
+/* ---------- processes ---------- */
+
+static struct proc *proc_by_id(uint32_t id) {
+  for (int i = 0; i < MAX_PROCS; i++)
+    if (procs[i].pid > 0 && procs[i].id == id) return &procs[i];
+  return NULL;
+}
+
+static void proc_free(struct proc *p) {
+  if (p->pty >= 0) close(p->pty);
+  if (p->pty_slave >= 0) close(p->pty_slave);
+  if (p->in_fd >= 0) close(p->in_fd);
+  if (p->out_fd >= 0) close(p->out_fd);
+  if (p->err_fd >= 0) close(p->err_fd);
+  free(p->out.buf);
+  free(p->err.buf);
+  memset(p, 0, sizeof(*p));
+  p->pty = p->pty_slave = p->in_fd = p->out_fd = p->err_fd = -1;
+}
+
+static struct proc *proc_alloc(void) {
+  struct proc *oldest = NULL;
+  int exited = 0;
+  for (int i = 0; i < MAX_PROCS; i++) {
+    if (procs[i].pid == 0) return &procs[i];
+    if (procs[i].exited) {
+      exited++;
+      if (!oldest || procs[i].exited_seq < oldest->exited_seq) oldest = &procs[i];
+    }
+  }
+  if (oldest) {
+    proc_free(oldest);
+    return oldest;
+  }
+  return NULL;
+}
+
+static void forget_oldest_exited(void) {
+  int exited = 0;
+  struct proc *oldest = NULL;
+  for (int i = 0; i < MAX_PROCS; i++)
+    if (procs[i].pid > 0 && procs[i].exited) {
+      exited++;
+      if (!oldest || procs[i].exited_seq < oldest->exited_seq) oldest = &procs[i];
+    }
+  if (exited > MAX_EXITED_KEPT && oldest) proc_free(oldest);
+}
+
+static void deliver(struct proc *p, uint8_t stream, const char *d, uint32_t n) {
+  struct ring *r = stream == 1 ? &p->out : &p->err;
+  uint64_t off = r->total;
+  ring_write(r, d, n);
+  for (int s = 0; s < MAX_SUBS; s++)
+    if (p->subs[s]) send_output(p->subs[s], p->id, stream, off, d, n);
+}
+
+/* Reads what is there now; returns 0 on EOF or error (the fd is then closed). */
+static int drain_fd(struct proc *p, int *fd, uint8_t stream) {
+  char buf[16384];
+  for (;;) {
+    ssize_t n = read(*fd, buf, sizeof(buf));
+    if (n > 0) {
+      deliver(p, stream, buf, (uint32_t)n);
+      if ((size_t)n < sizeof(buf)) return 1;
+      continue;
+    }
+    if (n < 0 && (errno == EINTR)) continue;
+    if (n < 0 && errno == EAGAIN) return 1;
+    close(*fd);
+    *fd = -1;
+    return 0;
+  }
+}
+
+static void proc_exited(struct proc *p, int status) {
+  /* What the process wrote before it exited is in the pipe or pty buffer: take it now. */
+  if (p->pty >= 0) {
+    drain_fd(p, &p->pty, 1);
+  } else {
+    if (p->out_fd >= 0) drain_fd(p, &p->out_fd, 1);
+    if (p->err_fd >= 0) drain_fd(p, &p->err_fd, 2);
+  }
+  p->exited = 1;
+  p->exited_seq = ++exit_seq;
+  p->code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  p->sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  for (int s = 0; s < MAX_SUBS; s++)
+    if (p->subs[s]) send_exit(p->subs[s], p);
+  if (p->pty >= 0) close(p->pty), p->pty = -1;
+  if (p->pty_slave >= 0) close(p->pty_slave), p->pty_slave = -1;
+  if (p->in_fd >= 0) close(p->in_fd), p->in_fd = -1;
+  if (p->out_fd >= 0) close(p->out_fd), p->out_fd = -1;
+  if (p->err_fd >= 0) close(p->err_fd), p->err_fd = -1;
+  forget_oldest_exited();
+}
+
+static void reap(void) {
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    for (int i = 0; i < MAX_PROCS; i++)
+      if (procs[i].pid == pid && !procs[i].exited) proc_exited(&procs[i], status);
+  }
+}
+
+static void subscribe(struct proc *p, struct conn *c) {
+  for (int s = 0; s < MAX_SUBS; s++)
+    if (p->subs[s] == c) return;
+  for (int s = 0; s < MAX_SUBS; s++)
+    if (!p->subs[s]) {
+      p->subs[s] = c;
+      return;
+    }
+  p->subs[0] = c; /* the newest client wins a full list */
+}
+
+static const char *path_lookup(const char *file, char *const env[], char *out, size_t outsz) {
+  if (strchr(file, '/')) return file;
+  const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  for (int i = 0; env[i]; i++)
+    if (!strncmp(env[i], "PATH=", 5)) path = env[i] + 5;
+  while (*path) {
+    const char *end = strchrnul(path, ':');
+    snprintf(out, outsz, "%.*s/%s", (int)(end - path), path, file);
+    if (access(out, X_OK) == 0) return out;
+    path = *end ? end + 1 : end;
+  }
+  return file;
+}
+
+static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+static void do_spawn(struct conn *c, struct fp_header *h, char *pl) {
+  if (proc_by_id(h->id)) return send_error(c, h->id, EEXIST, "process id in use");
+  if (h->len < 8) return send_error(c, h->id, EINVAL, "short spawn");
+  uint16_t rows, cols, argc, envc;
+  memcpy(&rows, pl, 2), memcpy(&cols, pl + 2, 2), memcpy(&argc, pl + 4, 2), memcpy(&envc, pl + 6, 2);
+  if (argc == 0 || argc > 4096 || envc > 4096) return send_error(c, h->id, EINVAL, "bad argc/envc");
+  char **strs = calloc((size_t)argc + envc + 3, sizeof(char *));
+  if (!strs) return send_error(c, h->id, ENOMEM, "no memory");
+  char *cur = pl + 8, *end = pl + h->len;
+  int need = 1 + argc + envc;
+  for (int i = 0; i < need; i++) {
+    char *z = memchr(cur, 0, (size_t)(end - cur));
+    if (!z) {
+      free(strs);
+      return send_error(c, h->id, EINVAL, "unterminated string");
+    }
+    strs[i] = cur;
+    cur = z + 1;
+  }
+  char *cwd = strs[0];
+  char **argv = strs + 1; /* argv[argc] is NULL from calloc... */
+  char **envp = calloc((size_t)envc + 1, sizeof(char *));
+  char **argvz = calloc((size_t)argc + 1, sizeof(char *));
+  if (!envp || !argvz) {
+    free(strs), free(envp), free(argvz);
+    return send_error(c, h->id, ENOMEM, "no memory");
+  }
+  for (int i = 0; i < argc; i++) argvz[i] = argv[i];
+  for (int i = 0; i < envc; i++) envp[i] = strs[1 + argc + i];
+
+  struct proc *p = proc_alloc();
+  if (!p) {
+    free(strs), free(envp), free(argvz);
+    return send_error(c, h->id, EAGAIN, "process table full");
+  }
+  int pty = -1, slave = -1, inp[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, errpipe[2];
+  int use_pty = h->flags & FP_SPAWN_PTY;
+  if (use_pty) {
+    pty = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (pty < 0 || grantpt(pty) < 0 || unlockpt(pty) < 0) goto fail_errno;
+    slave = open(ptsname(pty), O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (slave < 0) goto fail_errno;
+    struct winsize ws = {.ws_row = rows ? rows : 24, .ws_col = cols ? cols : 80};
+    ioctl(pty, TIOCSWINSZ, &ws);
+    if (h->flags & FP_SPAWN_NOECHO) {
+      struct termios t;
+      tcgetattr(slave, &t);
+      t.c_lflag &= ~(tcflag_t)(ECHO | ECHOE | ECHOK | ECHONL);
+      tcsetattr(slave, TCSANOW, &t);
+    }
+  } else if (pipe2(inp, O_CLOEXEC) < 0 || pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
+    goto fail_errno;
+  }
+  if (pipe2(errpipe, O_CLOEXEC) < 0) goto fail_errno;
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(errpipe[0]), close(errpipe[1]);
+    goto fail_errno;
+  }
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    setsid();
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY);
+    if (oom >= 0) {
+      if (write(oom, "0", 1) < 0) {}
+      close(oom);
+    }
+    if (use_pty) {
+      ioctl(slave, TIOCSCTTY, 0);
+      dup2(slave, 0), dup2(slave, 1), dup2(slave, 2);
+    } else {
+      dup2(inp[0], 0), dup2(outp[1], 1), dup2(errp[1], 2);
+    }
+    if (cwd[0] && chdir(cwd) < 0) {
+      int e = errno;
+      if (write(errpipe[1], &e, sizeof(e))) {}
+      _exit(127);
+    }
+    char pathbuf[4096];
+    execve(path_lookup(argvz[0], envp, pathbuf, sizeof(pathbuf)), argvz, envp);
+    int e = errno;
+    if (write(errpipe[1], &e, sizeof(e))) {}
+    _exit(127);
+  }
+  close(errpipe[1]);
+  int child_err = 0;
+  ssize_t r;
+  while ((r = read(errpipe[0], &child_err, sizeof(child_err))) < 0 && errno == EINTR) {}
+  close(errpipe[0]);
+  if (r == sizeof(child_err)) {
+    /* exec failed: the child exits 127 and is reaped later as an unknown pid */
+    if (pty >= 0) close(pty), close(slave);
+    else close(inp[0]), close(inp[1]), close(outp[0]), close(outp[1]), close(errp[0]), close(errp[1]);
+    free(strs), free(envp), free(argvz);
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s: %s", child_err == ENOENT && argvz ? "cannot start" : "cannot start",
+             strerror(child_err));
+    return send_error(c, h->id, child_err, msg);
+  }
+  p->id = h->id;
+  p->pid = pid;
+  p->pty = pty;
+  p->pty_slave = slave;
+  p->in_fd = p->out_fd = p->err_fd = -1;
+  if (pty >= 0) {
+    set_nonblock(pty);
+  } else {
+    close(inp[0]), close(outp[1]), close(errp[1]);
+    p->in_fd = inp[1], p->out_fd = outp[0], p->err_fd = errp[0];
+    set_nonblock(p->out_fd), set_nonblock(p->err_fd);
+  }
+  snprintf(p->cmd, sizeof(p->cmd), "%s", argvz[0]);
+  for (int i = 0; i < (int)strlen(p->cmd); i++)
+    if (p->cmd[i] == '\t' || p->cmd[i] == '\n') p->cmd[i] = ' ';
+  subscribe(p, c);
+  int32_t pid32 = pid;
+  send_frame(c, FP_T_SPAWNED, 0, p->id, &pid32, 4);
+  free(strs), free(envp), free(argvz);
+  return;
+
+fail_errno: {
+  int e = errno;
+  if (pty >= 0) close(pty);
+  if (slave >= 0) close(slave);
+  for (int i = 0; i < 2; i++) {
+    if (inp[i] >= 0) close(inp[i]);
+    if (outp[i] >= 0) close(outp[i]);
+    if (errp[i] >= 0) close(errp[i]);
+  }
+  free(strs), free(envp), free(argvz);
+  send_error(c, h->id, e, strerror(e));
+}
+}
+
+static void do_stdin(struct conn *c, struct fp_header *h, char *pl) {
+  struct proc *p = proc_by_id(h->id);
+  if (!p) return send_error(c, h->id, ESRCH, "no such process");
+  int fd = p->pty >= 0 ? p->pty : p->in_fd;
+  if (h->len == 0) {
+    if (p->pty >= 0) {
+      char eot = 4; /* ^D at the start of a line is end of input on a terminal */
+      if (write(fd, &eot, 1)) {}
+    } else if (p->in_fd >= 0) {
+      close(p->in_fd), p->in_fd = -1;
+    }
+    return;
+  }
+  if (fd < 0) return send_error(c, h->id, EPIPE, "stdin closed");
+  /* Blocking write: stdin is small (exec bodies, keystrokes); a stuck reader is the
+   * client's own problem and the agent cannot lose bytes it already acknowledged. */
+  int fl = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  uint32_t off = 0;
+  while (off < h->len) {
+    ssize_t n = write(fd, pl + off, h->len - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    off += (uint32_t)n;
+  }
+  fcntl(fd, F_SETFL, fl);
+}
+
+static void do_signal(struct conn *c, struct fp_header *h, char *pl) {
+  struct proc *p = proc_by_id(h->id);
+  if (!p || h->len < 4) return send_error(c, h->id, ESRCH, "no such process");
+  if (p->exited) return;
+  int32_t sig;
+  memcpy(&sig, pl, 4);
+  pid_t target = -p->pid; /* each process leads its own session and group */
+  if ((h->flags & FP_SIG_FOREGROUND) && p->pty >= 0) {
+    pid_t fg = tcgetpgrp(p->pty);
+    if (fg > 0) target = -fg;
+    /* SIGKILL to the foreground group is meant for a command, never for the shell itself */
+    if (fg == p->pid && sig == SIGKILL) return;
+  }
+  if (kill(target, sig) < 0 && errno != ESRCH) send_error(c, h->id, errno, strerror(errno));
+}
+
+static void do_resize(struct conn *c, struct fp_header *h, char *pl) {
+  struct proc *p = proc_by_id(h->id);
+  if (!p || h->len < 4) return send_error(c, h->id, ESRCH, "no such process");
+  if (p->pty < 0) return;
+  uint16_t rows, cols;
+  memcpy(&rows, pl, 2), memcpy(&cols, pl + 2, 2);
+  struct winsize ws = {.ws_row = rows, .ws_col = cols};
+  ioctl(p->pty, TIOCSWINSZ, &ws);
+  kill(-p->pid, SIGWINCH);
+}
+
+static void replay(struct conn *c, struct proc *p, struct ring *r, uint8_t stream, uint64_t from) {
+  uint64_t start = ring_start(r);
+  if (from < start) from = start;
+  while (from < r->total) {
+    uint32_t pos = (uint32_t)(from % r->cap);
+    uint32_t n = (uint32_t)(r->total - from);
+    if (n > r->cap - pos) n = r->cap - pos;
+    if (n > 65536) n = 65536;
+    send_output(c, p->id, stream, from, r->buf + pos, n);
+    from += n;
+  }
+}
+
+static void do_attach(struct conn *c, struct fp_header *h, char *pl) {
+  struct proc *p = proc_by_id(h->id);
+  if (!p) return send_error(c, h->id, ESRCH, "no such process");
+  uint64_t offs[2] = {0, 0};
+  if (h->len >= 16) memcpy(offs, pl, 16);
+  replay(c, p, &p->out, 1, offs[0]);
+  replay(c, p, &p->err, 2, offs[1]);
+  if (p->exited) send_exit(c, p);
+  else subscribe(p, c);
+}
+
+static void do_list(struct conn *c, struct fp_header *h) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) return send_error(c, h->id, ENOMEM, "no memory");
+  for (int i = 0; i < MAX_PROCS; i++) {
+    struct proc *p = &procs[i];
+    if (p->pid <= 0) continue;
+    fprintf(f, "%u\t%d\t%s\t%d\t%d\t%d\t%llu\t%llu\t%s\n", p->id, p->pid, p->exited ? "exited" : "running",
+            p->code, p->sig, p->pty >= 0 || p->pty_slave >= 0, (unsigned long long)p->out.total,
+            (unsigned long long)p->err.total, p->cmd);
+  }
+  fclose(f);
+  send_frame(c, FP_T_LIST_REPLY, 0, h->id, buf, (uint32_t)len);
+  free(buf);
+}
+
+static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
+  switch (h->type) {
+    case FP_T_SPAWN: return do_spawn(c, h, pl);
+    case FP_T_STDIN: return do_stdin(c, h, pl);
+    case FP_T_SIGNAL: return do_signal(c, h, pl);
+    case FP_T_RESIZE: return do_resize(c, h, pl);
+    case FP_T_ATTACH: return do_attach(c, h, pl);
+    case FP_T_DETACH: {
+      struct proc *p = proc_by_id(h->id);
+      if (p)
+        for (int s = 0; s < MAX_SUBS; s++)
+          if (p->subs[s] == c) p->subs[s] = NULL;
+      return;
+    }
+    case FP_T_LIST: return do_list(c, h);
+    case FP_T_FORGET: {
+      struct proc *p = proc_by_id(h->id);
+      if (p && p->exited) proc_free(p);
+      return;
+    }
+    case FP_T_PING: return send_frame(c, FP_T_PONG, 0, h->id, NULL, 0);
+    default: return send_error(c, h->id, EINVAL, "unknown frame type");
+  }
+}
+
+static void conn_read(struct conn *c) {
+  if (c->in_cap - c->in_len < 65536) {
+    uint32_t want = c->in_cap ? c->in_cap * 2 : 131072;
+    char *nb = realloc(c->in, want);
+    if (!nb) return conn_close(c);
+    c->in = nb, c->in_cap = want;
+  }
+  ssize_t n = read(c->fd, c->in + c->in_len, c->in_cap - c->in_len);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n <= 0) return conn_close(c);
+  c->in_len += (uint32_t)n;
+  uint32_t off = 0;
+  while (c->in_len - off >= FP_HEADER_LEN) {
+    struct fp_header h;
+    memcpy(&h, c->in + off, FP_HEADER_LEN);
+    if (h.len > FP_MAX_FRAME) return conn_close(c);
+    if (c->in_len - off < FP_HEADER_LEN + h.len) {
+      if (FP_HEADER_LEN + h.len > c->in_cap) {
+        char *nb = realloc(c->in, FP_HEADER_LEN + h.len + 65536);
+        if (!nb) return conn_close(c);
+        c->in = nb, c->in_cap = FP_HEADER_LEN + h.len + 65536;
+      }
+      break;
+    }
+    handle_frame(c, &h, c->in + off + FP_HEADER_LEN);
+    if (c->fd < 0) return;
+    off += FP_HEADER_LEN + h.len;
+  }
+  memmove(c->in, c->in + off, c->in_len - off);
+  c->in_len -= off;
+}
+
+static void conn_flush(struct conn *c) {
+  while (c->out_off < c->out_len) {
+    ssize_t n = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) return conn_close(c);
+    c->out_off += (uint32_t)n;
+  }
+}
+
+/* A process whose subscribers cannot keep up is not read until they do: backpressure
+ * instead of dropping bytes an attached client is waiting for. */
+static int proc_blocked(struct proc *p) {
+  for (int s = 0; s < MAX_SUBS; s++)
+    if (p->subs[s] && p->subs[s]->out_len - p->subs[s]->out_off > CONN_HIGH_WATER) return 1;
+  return 0;
+}
+
+static void on_sigchld(int sig) {
+  (void)sig;
+  got_sigchld = 1;
+}
+
+static int open_listener(void) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", SOCKET_PATH);
+  mkdir("/.fp", 0700);
+  unlink(SOCKET_PATH);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 16) < 0) return -1;
+  chmod(SOCKET_PATH, 0600);
+  return fd;
+}
+
+int agent_main(void) {
+  for (int i = 0; i < MAX_CONNS; i++) conns[i].fd = -1;
+  for (int i = 0; i < MAX_PROCS; i++) procs[i].pty = procs[i].pty_slave = procs[i].in_fd = procs[i].out_fd = procs[i].err_fd = -1;
+
+  sigset_t block, waitmask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &block, &waitmask);
+  sigdelset(&waitmask, SIGCHLD);
+  struct sigaction sa = {.sa_handler = on_sigchld, .sa_flags = SA_NOCLDSTOP};
+  sigaction(SIGCHLD, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  listen_fd = open_listener();
+  if (listen_fd < 0) return 1;
+
+  struct pollfd pfds[1 + MAX_CONNS + MAX_PROCS * 2];
+  void *owners[1 + MAX_CONNS + MAX_PROCS * 2];
+  uint8_t kinds[1 + MAX_CONNS + MAX_PROCS * 2];
+  for (;;) {
+    if (got_sigchld) {
+      got_sigchld = 0;
+      reap();
+    }
+    int n = 0;
+    pfds[n] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+    kinds[n++] = 0;
+    for (int i = 0; i < MAX_CONNS; i++) {
+      if (conns[i].fd < 0) continue;
+      short ev = POLLIN;
+      if (conns[i].out_off < conns[i].out_len) ev |= POLLOUT;
+      pfds[n] = (struct pollfd){.fd = conns[i].fd, .events = ev};
+      owners[n] = &conns[i];
+      kinds[n++] = 1;
+    }
+    for (int i = 0; i < MAX_PROCS; i++) {
+      struct proc *p = &procs[i];
+      if (p->pid <= 0 || p->exited || proc_blocked(p)) continue;
+      int fds[3] = {p->pty, p->out_fd, p->err_fd};
+      for (int k = 0; k < 3; k++) {
+        if (fds[k] < 0) continue;
+        pfds[n] = (struct pollfd){.fd = fds[k], .events = POLLIN};
+        owners[n] = p;
+        kinds[n++] = (uint8_t)(2 + k);
+      }
+    }
+    int r = ppoll(pfds, (nfds_t)n, NULL, &waitmask);
+    if (r < 0) continue; /* EINTR: SIGCHLD, handled at the top */
+    for (int i = 0; i < n; i++) {
+      if (!pfds[i].revents) continue;
+      if (kinds[i] == 0) {
+        int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) continue;
+        int slot = -1;
+        for (int k = 0; k < MAX_CONNS; k++)
+          if (conns[k].fd < 0) {
+            slot = k;
+            break;
+          }
+        if (slot < 0) {
+          close(fd);
+          continue;
+        }
+        memset(&conns[slot], 0, sizeof(conns[slot]));
+        conns[slot].fd = fd;
+      } else if (kinds[i] == 1) {
+        struct conn *c = owners[i];
+        if (c->fd < 0) continue;
+        if (pfds[i].revents & POLLOUT) conn_flush(c);
+        if (c->fd >= 0 && (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) conn_read(c);
+      } else {
+        struct proc *p = owners[i];
+        if (p->pid <= 0 || p->exited) continue;
+        if (kinds[i] == 2 && p->pty >= 0) drain_fd(p, &p->pty, 1);
+        if (kinds[i] == 3 && p->out_fd >= 0) drain_fd(p, &p->out_fd, 1);
+        if (kinds[i] == 4 && p->err_fd >= 0) drain_fd(p, &p->err_fd, 2);
+      }
+    }
+    for (int i = 0; i < MAX_CONNS; i++)
+      if (conns[i].fd >= 0 && conns[i].out_off < conns[i].out_len) conn_flush(&conns[i]);
+  }
+}

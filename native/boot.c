@@ -1,0 +1,201 @@
+/* fp-agent boot: turn a mounted overlay into a sandbox and exec the agent as its PID 1.
+ *
+ * New pid, mount, uts, ipc and net namespaces; private propagation; proc, a small /dev and a
+ * devpts of its own; pivot_root (chroot cannot be dumped by CRIU); lo up; a container-like
+ * capability set without CAP_SYS_ADMIN and friends; no_new_privs; no fd from the host.
+ *
+ * The parent writes the host pid of the sandbox's PID 1 to --pidfile once the child is ready,
+ * then exits, leaving the sandbox to the shim that started it. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+#include <linux/capability.h>
+
+#include "fp.h"
+
+static int report_fd = -1;
+
+static void fail(const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  n += snprintf(msg + n, sizeof(msg) - (size_t)n, ": %s", strerror(errno));
+  if (report_fd >= 0 && write(report_fd, msg, strlen(msg))) {}
+  _exit(1);
+}
+
+static void make_dev(const char *name, mode_t mode, unsigned maj, unsigned min) {
+  char path[64];
+  snprintf(path, sizeof(path), "dev/%s", name);
+  if (mknod(path, S_IFCHR | mode, makedev(maj, min)) < 0) fail("mknod %s", path);
+  chmod(path, mode);
+}
+
+static void setup_dev(void) {
+  if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC | MS_STRICTATIME, "mode=755,size=65536k") < 0)
+    fail("mount /dev");
+  make_dev("null", 0666, 1, 3);
+  make_dev("zero", 0666, 1, 5);
+  make_dev("full", 0666, 1, 7);
+  make_dev("random", 0666, 1, 8);
+  make_dev("urandom", 0666, 1, 9);
+  make_dev("tty", 0666, 5, 0);
+  mkdir("dev/pts", 0755);
+  mkdir("dev/shm", 01777);
+  chmod("dev/shm", 01777);
+  if (mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
+    fail("mount devpts");
+  if (symlink("pts/ptmx", "dev/ptmx") < 0) fail("symlink ptmx");
+  if (symlink("/proc/self/fd", "dev/fd") < 0 || symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
+      symlink("/proc/self/fd/1", "dev/stdout") < 0 || symlink("/proc/self/fd/2", "dev/stderr") < 0)
+    fail("symlink fd");
+}
+
+static void loopback_up(void) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) fail("socket");
+  struct ifreq ifr = {0};
+  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) fail("get lo flags");
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) fail("lo up");
+  close(s);
+}
+
+/* Docker's default set, less CAP_MKNOD: everything else leaves the bounding set. */
+static int cap_kept(int cap) {
+  switch (cap) {
+    case CAP_CHOWN: case CAP_DAC_OVERRIDE: case CAP_FSETID: case CAP_FOWNER: case CAP_NET_RAW:
+    case CAP_SETGID: case CAP_SETUID: case CAP_SETFCAP: case CAP_SETPCAP: case CAP_NET_BIND_SERVICE:
+    case CAP_SYS_CHROOT: case CAP_KILL: case CAP_AUDIT_WRITE:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+static void drop_capabilities(void) {
+  int last = 40;
+  FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
+  if (f) {
+    if (fscanf(f, "%d", &last) != 1) last = 40;
+    fclose(f);
+  }
+  for (int cap = 0; cap <= last; cap++)
+    if (!cap_kept(cap) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) fail("drop cap %d", cap);
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("no_new_privs");
+}
+
+/* Every fd but the report pipe is the host's: close them and put /dev/null on stdio. */
+static void close_host_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) fail("opendir fd");
+  int dfd = dirfd(d);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int fd = atoi(e->d_name);
+    if (e->d_name[0] == '.' || fd == dfd || fd == report_fd) continue;
+    close(fd);
+  }
+  closedir(d);
+  int null = open("/dev/null", O_RDWR);
+  if (null != 0) fail("reopen stdio");
+  dup2(0, 1);
+  dup2(0, 2);
+}
+
+static void sandbox_child(const char *root, const char *hostname) {
+  /* Only the child enters the new mount namespace: pivot_root moves the root of every
+   * process in it, and the parent still has a pidfile to write on the host. */
+  if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET) < 0) fail("unshare");
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fail("make / private");
+  if (mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0) fail("bind root");
+  if (chdir(root) < 0) fail("chdir root");
+  mkdir("proc", 0555);
+  mkdir("dev", 0755);
+  mkdir("tmp", 01777);
+  if (mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fail("mount proc");
+  setup_dev();
+  if (syscall(SYS_pivot_root, ".", ".") < 0) fail("pivot_root");
+  if (umount2(".", MNT_DETACH) < 0) fail("detach old root");
+  if (chdir("/") < 0) fail("chdir /");
+  if (sethostname(hostname, strlen(hostname)) < 0) fail("sethostname");
+  loopback_up();
+  if (setsid() < 0) fail("setsid");
+  close_host_fds();
+  /* The agent is the last thing the OOM killer should pick; it resets this for its children. */
+  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom >= 0) {
+    if (write(oom, "-1000", 5) < 0) {}
+    close(oom);
+  }
+  drop_capabilities();
+  char *argv[] = {"fp-agent", "init", NULL};
+  char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+  /* The report pipe is close-on-exec: EOF on it tells the parent the exec happened. */
+  execve("/.fp/agent", argv, envp);
+  fail("exec /.fp/agent");
+}
+
+int boot_main(int argc, char **argv) {
+  const char *root = NULL, *hostname = "sandbox", *pidfile = NULL;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--root")) root = argv[i + 1];
+    else if (!strcmp(argv[i], "--hostname")) hostname = argv[i + 1];
+    else if (!strcmp(argv[i], "--pidfile")) pidfile = argv[i + 1];
+  }
+  if (!root || !pidfile) {
+    fprintf(stderr, "boot: --root and --pidfile are required\n");
+    return 2;
+  }
+  if (unshare(CLONE_NEWPID) < 0) {
+    perror("boot: unshare");
+    return 1;
+  }
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) < 0) return 1;
+  pid_t child = fork();
+  if (child < 0) {
+    perror("boot: fork");
+    return 1;
+  }
+  if (child == 0) {
+    close(pipefd[0]);
+    report_fd = pipefd[1];
+    sandbox_child(root, hostname);
+  }
+  close(pipefd[1]);
+  char msg[512];
+  ssize_t n, total = 0;
+  while ((n = read(pipefd[0], msg + total, sizeof(msg) - 1 - (size_t)total)) > 0) total += n;
+  msg[total] = 0;
+  if (total > 0) {
+    fprintf(stderr, "boot: %s\n", msg);
+    return 1;
+  }
+  FILE *f = fopen(pidfile, "w");
+  if (!f) {
+    perror("boot: pidfile");
+    return 1;
+  }
+  fprintf(f, "%d\n", child);
+  fclose(f);
+  return 0;
+}

@@ -1,0 +1,6 @@
+#ifndef FP_H
+#define FP_H
+int agent_main(void);
+int boot_main(int argc, char **argv);
+int shim_main(int argc, char **argv);
+#endif

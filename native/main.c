@@ -1,0 +1,16 @@
+/* fp-agent: one static binary, three roles.
+ *   shim -- CMD...   host side: subreaper that outlives CMD and reaps the sandbox it leaves
+ *   boot OPTIONS     host side: builds the sandbox's namespaces and root, then execs init
+ *   init             inside the sandbox: PID 1, the agent */
+#include <stdio.h>
+#include <string.h>
+
+#include "fp.h"
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && !strcmp(argv[1], "init")) return agent_main();
+  if (argc >= 2 && !strcmp(argv[1], "boot")) return boot_main(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "shim")) return shim_main(argc - 1, argv + 1);
+  fprintf(stderr, "usage: fp-agent init | boot OPTIONS | shim --status FILE -- CMD...\n");
+  return 2;
+}

@@ -1,0 +1,46 @@
+/* Wire protocol between the host engine and the in-sandbox agent.
+ * Every frame: a 12-byte little-endian header, then `len` bytes of payload.
+ * The TypeScript side (src/engine/agent/protocol.ts) mirrors these numbers. */
+#ifndef FP_PROTOCOL_H
+#define FP_PROTOCOL_H
+
+#include <stdint.h>
+
+#define FP_HEADER_LEN 12
+#define FP_MAX_FRAME (8u << 20)
+
+struct fp_header {
+  uint32_t len;   /* payload bytes */
+  uint8_t type;   /* FP_T_* */
+  uint8_t flags;  /* stream for OUTPUT, options for SPAWN/SIGNAL */
+  uint16_t reserved;
+  uint32_t id;    /* process id chosen by the client */
+} __attribute__((packed));
+
+/* client -> agent */
+enum {
+  FP_T_SPAWN = 1,   /* payload: u16 rows, u16 cols, u16 argc, u16 envc, cwd\0 argv\0... env\0... */
+  FP_T_STDIN = 2,   /* payload: bytes; empty payload closes stdin */
+  FP_T_SIGNAL = 3,  /* payload: i32 signo; flags & FP_SIG_FOREGROUND: the pty's foreground group */
+  FP_T_RESIZE = 4,  /* payload: u16 rows, u16 cols */
+  FP_T_ATTACH = 5,  /* payload: u64 stdout offset, u64 stderr offset: replay from there, then live */
+  FP_T_DETACH = 6,
+  FP_T_LIST = 7,
+  FP_T_FORGET = 8,  /* drop the record of an exited process */
+  FP_T_PING = 9,
+};
+
+/* agent -> client */
+enum {
+  FP_T_OUTPUT = 128,  /* flags: 1 stdout, 2 stderr; payload: u64 offset, bytes */
+  FP_T_SPAWNED = 129, /* payload: i32 pid */
+  FP_T_EXIT = 130,    /* payload: i32 exit code (-1 when signalled), i32 signal */
+  FP_T_LIST_REPLY = 131,
+  FP_T_ERROR = 133,   /* payload: i32 errno, message */
+  FP_T_PONG = 134,
+};
+
+enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };
+enum { FP_SIG_FOREGROUND = 1 };
+
+#endif

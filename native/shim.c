@@ -1,0 +1,82 @@
+/* fp-agent shim: the parent of one sandbox, like conmon or containerd-shim.
+ *
+ * The machine's PID 1 may not reap orphans, and Node cannot make itself a subreaper, so each
+ * sandbox gets this small process: it becomes a child subreaper, runs CMD (a boot or a
+ * `criu restore -d`), adopts the sandbox's PID 1 when CMD exits, and reaps it when the
+ * sandbox dies, writing the last exit status to --status. It exits when it has no children. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fp.h"
+
+int shim_main(int argc, char **argv) {
+  const char *status_file = NULL;
+  int i = 1;
+  for (; i < argc; i++) {
+    if (!strcmp(argv[i], "--status") && i + 1 < argc) status_file = argv[++i];
+    else if (!strcmp(argv[i], "--cgroup-procs") && i + 1 < argc) i++;
+    else if (!strcmp(argv[i], "--")) { i++; break; }
+  }
+  if (i >= argc) {
+    fprintf(stderr, "shim: no command\n");
+    return 2;
+  }
+  /* Joined before anything is forked, so the whole sandbox is born inside its limits. */
+  for (int k = 1; k < i; k++) {
+    if (strcmp(argv[k], "--cgroup-procs") || k + 1 >= i) continue;
+    char self[32];
+    snprintf(self, sizeof(self), "%d", getpid());
+    int fd = open(argv[k + 1], O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, self, strlen(self)) < 0) {
+      fprintf(stderr, "shim: join cgroup %s: %s\n", argv[k + 1], strerror(errno));
+      printf("exit 1\n");
+      return 1;
+    }
+    close(fd);
+  }
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  setsid();
+  pid_t cmd = fork();
+  if (cmd < 0) return 1;
+  if (cmd == 0) {
+    execvp(argv[i], argv + i);
+    perror("shim: exec");
+    _exit(127);
+  }
+  /* The shim keeps no reference to the host's terminal or pipes once CMD has them. */
+  int devnull = open("/dev/null", O_RDWR);
+  int cmd_status = -1, last_status = 0;
+  for (;;) {
+    int st;
+    pid_t pid = waitpid(-1, &st, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (pid == cmd) {
+      cmd_status = st;
+      /* The engine reads this line to learn that the boot or restore is over. */
+      printf("exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+      fflush(stdout);
+      if (devnull >= 0) dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2);
+    } else {
+      last_status = st;
+    }
+  }
+  if (status_file) {
+    FILE *f = fopen(status_file, "w");
+    if (f) {
+      int code = WIFEXITED(last_status) ? WEXITSTATUS(last_status) : 128 + WTERMSIG(last_status);
+      fprintf(f, "%d\n", code);
+      fclose(f);
+    }
+  }
+  return cmd_status >= 0 && WIFEXITED(cmd_status) ? WEXITSTATUS(cmd_status) : 1;
+}

@@ -1,0 +1,86 @@
+import { readFileSync } from 'node:fs';
+import { z } from 'zod';
+
+/** Every setting, with its default. Precedence: flags > FORKPOINT_* environment > file > default. */
+export const configSchema = z.object({
+  dataDir: z.string().min(1).default('/var/lib/forkpoint'),
+  host: z.string().min(1).default('127.0.0.1'),
+  port: z.coerce.number().int().min(0).max(65535).default(7878),
+  logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** Where criu (>= 4.2) is; set-up puts a private one here when the host has none. */
+  criuPath: z.string().min(1).default('/opt/forkpoint/bin/criu'),
+  /** The static agent binary; set-up builds it. */
+  agentPath: z.string().min(1).default(new URL('../native/build/fp-agent', import.meta.url).pathname),
+  /** Images are copied from here into the data directory on first use. */
+  imageSeedDir: z.string().min(1).default('/opt/forkpoint/images'),
+  defaultImage: z.string().min(1).default('default'),
+  bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
+  checkpointConcurrency: z.coerce.number().int().positive().default(2),
+  maxCheckpointsPerInstance: z.coerce.number().int().positive().default(10),
+  defaultMemoryMb: z.coerce.number().int().positive().default(1024),
+  defaultPids: z.coerce.number().int().positive().default(512),
+  defaultCpuPercent: z.coerce.number().int().positive().default(100),
+});
+
+export type Config = z.infer<typeof configSchema>;
+export type ConfigInput = z.input<typeof configSchema>;
+
+const envNames: Record<keyof Config, string> = {
+  dataDir: 'FORKPOINT_DATA_DIR',
+  host: 'FORKPOINT_HOST',
+  port: 'FORKPOINT_PORT',
+  logLevel: 'FORKPOINT_LOG_LEVEL',
+  criuPath: 'FORKPOINT_CRIU',
+  agentPath: 'FORKPOINT_AGENT',
+  imageSeedDir: 'FORKPOINT_IMAGE_SEED_DIR',
+  defaultImage: 'FORKPOINT_DEFAULT_IMAGE',
+  bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
+  checkpointConcurrency: 'FORKPOINT_CHECKPOINT_CONCURRENCY',
+  maxCheckpointsPerInstance: 'FORKPOINT_MAX_CHECKPOINTS',
+  defaultMemoryMb: 'FORKPOINT_DEFAULT_MEMORY_MB',
+  defaultPids: 'FORKPOINT_DEFAULT_PIDS',
+  defaultCpuPercent: 'FORKPOINT_DEFAULT_CPU_PERCENT',
+};
+
+export const configEnvNames: Readonly<Record<keyof Config, string>> = envNames;
+
+function fromEnv(env: NodeJS.ProcessEnv): Partial<Record<keyof Config, string>> {
+  const out: Partial<Record<keyof Config, string>> = {};
+  for (const [key, name] of Object.entries(envNames) as [keyof Config, string][]) {
+    const value = env[name];
+    if (value !== undefined && value !== '') out[key] = value;
+  }
+  return out;
+}
+
+function fromFile(path: string | undefined): Record<string, unknown> {
+  if (!path) return {};
+  const parsed: unknown = JSON.parse(readFileSync(path, 'utf8'));
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+    throw new Error(`config file ${path}: expected a JSON object`);
+  }
+  return parsed as Record<string, unknown>;
+}
+
+function definedOnly<T extends object>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
+
+export interface ConfigSources {
+  flags?: Partial<Record<keyof Config, unknown>>;
+  env?: NodeJS.ProcessEnv;
+  /** A JSON file; FORKPOINT_CONFIG names it when this is not given. */
+  file?: string;
+}
+
+export function loadConfig(sources: ConfigSources = {}): Config {
+  const env = sources.env ?? process.env;
+  const file = sources.file ?? env.FORKPOINT_CONFIG;
+  const merged = { ...fromFile(file), ...fromEnv(env), ...definedOnly(sources.flags ?? {}) };
+  const result = configSchema.strict().safeParse(merged);
+  if (!result.success) {
+    const problems = result.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`);
+    throw new Error(`invalid configuration: ${problems.join('; ')}`);
+  }
+  return result.data;
+}

@@ -1,0 +1,294 @@
+import { existsSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import type { Logger } from 'pino';
+import type { Engine } from '../engine/engine.js';
+import type { Store } from '../store/index.js';
+import { newId } from '../store/ids.js';
+import type { CheckpointRecord } from '../store/checkpoints.js';
+import type { InstanceRecord, Page } from '../store/instances.js';
+import { ConflictError, InvalidRequestError, NotFoundError, QuotaExceededError } from './errors.js';
+import type { InstanceService } from './instances.js';
+import type { JobQueue, KeyedLock } from './jobs.js';
+
+export interface CreateCheckpoint {
+  label?: string | undefined;
+  memory?: boolean | undefined;
+  retention?: { mode: 'delete_oldest' } | undefined;
+}
+
+export interface ForkInput {
+  name?: string | undefined;
+  checkpointId?: string | undefined;
+  count?: number | undefined;
+}
+
+export interface LineageNode {
+  kind: 'instance' | 'checkpoint';
+  id: string;
+  label: string | null;
+  status: string;
+  children: LineageNode[];
+}
+
+const FORK_WAIT_MS = 120_000;
+
+/** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
+export class CheckpointService {
+  constructor(
+    private readonly store: Store,
+    private readonly engine: Engine,
+    private readonly instances: InstanceService,
+    private readonly locks: KeyedLock,
+    private readonly jobs: JobQueue,
+    private readonly defaultMax: number,
+    private readonly log: Logger,
+  ) {}
+
+  get(owner: string, instanceId: string, id: string): CheckpointRecord {
+    this.instances.get(owner, instanceId);
+    const c = this.store.checkpoints.get(id);
+    if (!c || c.instanceId !== instanceId) throw new NotFoundError('checkpoint', id);
+    return c;
+  }
+
+  list(owner: string, instanceId: string, limit: number, cursor?: string): Page<CheckpointRecord> {
+    this.instances.get(owner, instanceId);
+    return this.store.checkpoints.page(instanceId, limit, cursor);
+  }
+
+  /** Records the checkpoint as `processing` and queues the work; `done` settles when it is
+   * `ready` or `failed`. */
+  create(owner: string, instanceId: string, input: CreateCheckpoint): { checkpoint: CheckpointRecord; done: Promise<void> } {
+    const inst = this.instances.get(owner, instanceId);
+    if (inst.status !== 'running' && inst.status !== 'stopped') {
+      throw new ConflictError(`instance ${instanceId} is ${inst.status}`, { status: inst.status });
+    }
+    const memory = input.memory ?? true;
+    if (memory && inst.status !== 'running') {
+      throw new ConflictError('a memory checkpoint needs a running instance; use "memory": false', { status: inst.status });
+    }
+    this.enforceLimit(inst, input.retention?.mode === 'delete_oldest');
+    const c: CheckpointRecord = {
+      id: newId('ckpt'),
+      instanceId,
+      owner,
+      label: input.label ?? null,
+      status: 'processing',
+      memory,
+      parentId: inst.headCheckpointId,
+      layers: [],
+      image: inst.image,
+      agentLayer: inst.agentLayer,
+      hostname: inst.name,
+      deltaBytes: null,
+      memoryBytes: null,
+      error: null,
+      createdAt: new Date().toISOString(),
+      readyAt: null,
+    };
+    this.store.checkpoints.insert(c);
+    const done = this.jobs.enqueue(c.id, instanceId, () => this.run(c));
+    done.catch(() => {});
+    return { checkpoint: c, done };
+  }
+
+  private enforceLimit(inst: InstanceRecord, deleteOldest: boolean): void {
+    const max = inst.maxCheckpoints ?? this.defaultMax;
+    const existing = this.store.checkpoints.forInstance(inst.id).filter((c) => c.status !== 'failed');
+    if (existing.length < max) return;
+    if (!deleteOldest) {
+      throw new QuotaExceededError(`instance ${inst.id} has ${existing.length} of ${max} checkpoints; delete one or pass "retention": {"mode": "delete_oldest"}`, {
+        limit: max,
+      });
+    }
+    const victims = existing.filter((c) => c.status === 'ready').slice(0, existing.length - max + 1);
+    if (victims.length < existing.length - max + 1) throw new ConflictError('the oldest checkpoints are still processing');
+    for (const v of victims) this.removeRecord(v);
+  }
+
+  private async run(c: CheckpointRecord): Promise<void> {
+    const inst = this.store.instances.get(c.instanceId);
+    if (!inst) return this.fail(c, 'the instance was deleted');
+    const layerId = newId('lyr');
+    const images = this.engine.layout.checkpoint(c.id);
+    this.store.layers.add(layerId, inst.id);
+    let pauseMs: number | null = null;
+    try {
+      if (inst.status === 'running') {
+        // A disk-only checkpoint of a running instance still goes through a dump so the
+        // instance keeps running; its memory image is dropped afterwards.
+        pauseMs = (await this.engine.freezeRunning(this.instances.spec(inst), layerId, images)).pauseMs;
+      } else {
+        await this.engine.freezeStopped(inst.id, layerId);
+      }
+    } catch (err) {
+      this.store.db.prepare('DELETE FROM layers WHERE id = ?').run(layerId);
+      await rm(images, { recursive: true, force: true });
+      const sb = this.engine.sandbox(inst.id);
+      if (!sb) this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+      return this.fail(c, (err as Error).message);
+    }
+    const layers = [layerId, ...inst.layers];
+    this.store.db.transaction(() => {
+      this.store.layers.settle(layerId);
+      this.store.layers.setRefs(`instance:${inst.id}`, layers);
+      this.store.layers.setRefs(`checkpoint:${c.id}`, layers);
+      const sb = this.engine.sandbox(inst.id);
+      this.store.instances.update(inst.id, { layers, headCheckpointId: c.id, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
+      this.store.checkpoints.update(c.id, { layers });
+    })();
+    // The instance runs again; what follows only makes the checkpoint durable and measured.
+    if (!c.memory) await rm(images, { recursive: true, force: true });
+    await this.engine.syncLayer(layerId);
+    this.store.layers.markSynced(layerId);
+    const deltaBytes = await this.engine.diskUsage(this.engine.layout.layer(layerId));
+    const memoryBytes = c.memory ? await this.engine.diskUsage(images) : 0;
+    this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
+    this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
+  }
+
+  private fail(c: CheckpointRecord, reason: string): void {
+    this.log.warn({ checkpoint: c.id, reason }, 'checkpoint failed');
+    this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+  }
+
+  /** Waits (bounded) while the checkpoint is processing; it must end ready. */
+  private async ready(c: CheckpointRecord): Promise<CheckpointRecord> {
+    if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
+    const now = this.store.checkpoints.get(c.id);
+    if (!now) throw new NotFoundError('checkpoint', c.id);
+    if (now.status === 'processing') throw new ConflictError(`checkpoint ${c.id} is still processing`);
+    if (now.status === 'failed') throw new ConflictError(`checkpoint ${c.id} failed: ${now.error ?? 'unknown error'}`, { checkpoint: c.id });
+    return now;
+  }
+
+  async wait(owner: string, instanceId: string, id: string, timeoutMs: number): Promise<CheckpointRecord> {
+    this.get(owner, instanceId, id);
+    await this.jobs.wait(id, timeoutMs);
+    return this.get(owner, instanceId, id);
+  }
+
+  async rollback(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
+    const c = await this.ready(this.get(owner, instanceId, checkpointId));
+    return this.locks.run(instanceId, async () => {
+      const inst = this.store.instances.get(instanceId)!;
+      const spec = { ...this.instances.spec(inst), layers: c.layers, agentLayer: c.agentLayer };
+      const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
+      try {
+        const sb = await this.engine.replace(spec, images);
+        this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
+        return this.instances.running(inst.id, sb, { layers: c.layers, agentLayer: c.agentLayer, headCheckpointId: c.id });
+      } catch (err) {
+        this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+        throw this.instances.engineFailure(err);
+      }
+    });
+  }
+
+  /** New instances from a checkpoint (or from the current state, through an implicit one). */
+  async fork(owner: string, sourceId: string, input: ForkInput): Promise<InstanceRecord[]> {
+    const source = this.instances.get(owner, sourceId);
+    const count = input.count ?? 1;
+    if (count > 1 && input.name) throw new InvalidRequestError('"name" can only be given with "count": 1');
+    let c: CheckpointRecord;
+    if (input.checkpointId) {
+      c = this.get(owner, sourceId, input.checkpointId);
+    } else {
+      const made = this.create(owner, sourceId, { label: 'fork', memory: source.status === 'running', retention: { mode: 'delete_oldest' } });
+      await made.done;
+      c = made.checkpoint;
+    }
+    c = await this.ready(c);
+    const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
+    return Promise.all(
+      Array.from({ length: count }, async () => {
+        const rec = this.instances.newRecord(
+          owner,
+          { name: input.name, image: c.image, env: source.env, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
+          { layers: c.layers, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id },
+        );
+        return this.locks.run(rec.id, async () => {
+          try {
+            const spec = this.instances.spec(rec);
+            const sb = images ? await this.engine.restore(spec, images, { setHostname: true }) : await this.engine.boot(spec, { freshUpper: true });
+            return this.instances.running(rec.id, sb);
+          } catch (err) {
+            this.store.instances.update(rec.id, { status: 'error', error: (err as Error).message });
+            throw this.instances.engineFailure(err);
+          }
+        });
+      }),
+    );
+  }
+
+  /** Deletes one checkpoint. Its layers stay while an instance, a fork or another checkpoint
+   * stands on them. */
+  async delete(owner: string, instanceId: string, id: string): Promise<void> {
+    const c = this.get(owner, instanceId, id);
+    if (c.status === 'processing') throw new ConflictError(`checkpoint ${id} is still processing`);
+    this.removeRecord(c);
+    await this.instances.collectLayers();
+  }
+
+  private removeRecord(c: CheckpointRecord): void {
+    this.store.db.transaction(() => {
+      this.store.layers.dropHolder(`checkpoint:${c.id}`);
+      this.store.checkpoints.delete(c.id);
+    })();
+    void this.engine.removeCheckpointImages(c.id);
+  }
+
+  /** Every checkpoint of a deleted instance goes with it. */
+  async deleteAllOf(instanceId: string): Promise<void> {
+    for (const c of this.store.checkpoints.forInstance(instanceId)) {
+      if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
+      this.removeRecord(c);
+    }
+  }
+
+  /** The tree of an instance: its checkpoints by parent, and the forks made from each. */
+  lineage(owner: string, instanceId: string): LineageNode {
+    const inst = this.instances.get(owner, instanceId);
+    const node = (i: InstanceRecord): LineageNode => {
+      const cps = this.store.checkpoints.forInstance(i.id);
+      const cpNode = (c: CheckpointRecord): LineageNode => ({
+        kind: 'checkpoint',
+        id: c.id,
+        label: c.label,
+        status: c.status,
+        children: [
+          ...cps.filter((x) => x.parentId === c.id).map(cpNode),
+          ...this.store.instances.all().filter((f) => f.sourceCheckpointId === c.id && f.owner === owner).map(node),
+        ],
+      });
+      const own = new Set(cps.map((c) => c.id));
+      return {
+        kind: 'instance',
+        id: i.id,
+        label: i.name,
+        status: i.status,
+        children: cps.filter((c) => !c.parentId || !own.has(c.parentId)).map(cpNode),
+      };
+    };
+    return node(inst);
+  }
+
+  /** After a restart: a job cut short is `failed`; a layer frozen just before the crash is
+   * given back to its instance; a layer never frozen is forgotten. */
+  async recover(): Promise<void> {
+    for (const p of this.store.layers.pending()) {
+      const inst = this.store.instances.get(p.instanceId);
+      if (inst && existsSync(this.engine.layout.layer(p.id)) && !inst.layers.includes(p.id)) {
+        const layers = [p.id, ...inst.layers];
+        this.store.layers.setRefs(`instance:${inst.id}`, layers);
+        this.store.instances.update(inst.id, { layers });
+        this.log.warn({ instance: inst.id, layer: p.id }, 'recovered a layer frozen before a crash');
+      }
+      this.store.layers.settle(p.id);
+    }
+    for (const c of this.store.checkpoints.withStatus('processing')) {
+      this.fail(c, 'the server stopped while the checkpoint was being taken');
+    }
+    await this.instances.collectLayers();
+  }
+}

@@ -1,0 +1,103 @@
+import { existsSync } from 'node:fs';
+import { mkdir, writeFile } from 'node:fs/promises';
+import type { Logger } from 'pino';
+import type { Config } from '../config.js';
+import { Engine } from '../engine/engine.js';
+import { Images } from '../engine/images.js';
+import { isMounted } from '../engine/overlay.js';
+import { openStore, type Store } from '../store/index.js';
+import { CheckpointService } from './checkpoints.js';
+import { InstanceService } from './instances.js';
+import { JobQueue, KeyedLock } from './jobs.js';
+
+export interface HealthReport {
+  ok: boolean;
+  version: string;
+  engine: {
+    criu: { path: string; version: string | null; ok: boolean };
+    overlay: boolean;
+    cgroups: 1 | 2;
+    root: boolean;
+  };
+}
+
+/** The core: store, engine and services, wired once. Routes talk to this and nothing below. */
+export class Forkpoint {
+  readonly store: Store;
+  readonly engine: Engine;
+  readonly images: Images;
+  readonly instances: InstanceService;
+  readonly checkpoints: CheckpointService;
+  private readonly jobs: JobQueue;
+
+  constructor(
+    readonly config: Config,
+    readonly log: Logger,
+    readonly version: string,
+  ) {
+    this.engine = new Engine({ dataDir: config.dataDir, criuPath: config.criuPath, agentPath: config.agentPath, logger: log });
+    this.store = openStore(this.engine.layout.db);
+    this.images = new Images(this.engine.layout.images);
+    const locks = new KeyedLock();
+    this.jobs = new JobQueue(locks, config.checkpointConcurrency);
+    this.instances = new InstanceService(this.store, this.engine, this.images, locks, config, log);
+    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, log);
+  }
+
+  static async open(config: Config, log: Logger, version: string): Promise<Forkpoint> {
+    await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
+    const fp = new Forkpoint(config, log, version);
+    return fp;
+  }
+
+  /** Starts the engine side: agent layer, images, and recovery of what a previous run left. */
+  async start(): Promise<void> {
+    await this.engine.init();
+    await this.images.seedFrom(this.config.imageSeedDir);
+    await this.checkpoints.recover();
+    await this.instances.recover();
+  }
+
+  /** The first token, when there is none: printed once and kept in a 0600 file. */
+  async ensureInitialToken(): Promise<string | undefined> {
+    if (this.store.tokens.countActive() > 0) return undefined;
+    const { token } = this.store.tokens.create('default', 'initial');
+    await writeFile(this.engine.layout.initialTokenFile, token + '\n', { mode: 0o600 });
+    return token;
+  }
+
+  async health(): Promise<HealthReport> {
+    const criu = await this.engine.criu.version().catch(() => undefined);
+    const overlay = await import('node:fs/promises')
+      .then((fs) => fs.readFile('/proc/filesystems', 'utf8'))
+      .then((t) => /\toverlay$/m.test(t))
+      .catch(() => false);
+    const root = process.getuid?.() === 0;
+    return {
+      ok: Boolean(criu?.ok) && overlay && root && existsSync(this.config.agentPath),
+      version: this.version,
+      engine: {
+        criu: { path: this.config.criuPath, version: criu?.version ?? null, ok: Boolean(criu?.ok) },
+        overlay,
+        cgroups: this.engine.cgroups.version,
+        root,
+      },
+    };
+  }
+
+  /** Stops serving; sandboxes keep running and are re-adopted by the next start. */
+  async close(): Promise<void> {
+    await this.engine.shutdown();
+    this.store.close();
+  }
+
+  /** Stops every sandbox and unmounts every disk: for tests and `serve --stop-on-exit`. */
+  async stopAll(): Promise<void> {
+    for (const rec of this.store.instances.all()) {
+      if (this.engine.sandbox(rec.id) || (await isMounted(this.engine.layout.merged(rec.id)))) {
+        await this.engine.stop(rec.id).catch(() => {});
+        this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+      }
+    }
+  }
+}

@@ -1,0 +1,370 @@
+import { existsSync } from 'node:fs';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import type { Logger } from 'pino';
+import type { Config } from '../config.js';
+import type { Engine, SandboxSpec } from '../engine/engine.js';
+import { EngineError } from '../engine/errors.js';
+import { execOnce, type ExecResult } from '../engine/exec.js';
+import type { Images } from '../engine/images.js';
+import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from '../engine/processes.js';
+import type { Sandbox } from '../engine/sandbox.js';
+import { ShellSession } from '../engine/session.js';
+import type { Store } from '../store/index.js';
+import { newId } from '../store/ids.js';
+import type { InstanceRecord, Limits, Page } from '../store/instances.js';
+import type { AgentProcessInfo } from '../engine/agent/protocol.js';
+import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, UnavailableError } from './errors.js';
+import type { KeyedLock } from './jobs.js';
+
+export interface CreateInstance {
+  name?: string | undefined;
+  image?: string | undefined;
+  env?: Record<string, string> | undefined;
+  limits?: Partial<Limits> | undefined;
+  metadata?: Record<string, string> | undefined;
+  maxCheckpoints?: number | undefined;
+}
+
+export interface ExecInput {
+  command: string | string[];
+  cwd?: string | undefined;
+  env?: Record<string, string> | undefined;
+  timeoutMs?: number | undefined;
+  stdin?: string | undefined;
+  session?: string | undefined;
+  maxOutputBytes?: number | undefined;
+}
+
+export interface BackgroundInput {
+  command: string | string[];
+  cwd?: string | undefined;
+  env?: Record<string, string> | undefined;
+  pty?: { rows: number; cols: number } | undefined;
+}
+
+export interface ProcessView extends AgentProcessInfo {
+  session: string | null;
+}
+
+export const DEFAULT_TIMEOUT_MS = 60_000;
+export const DEFAULT_MAX_OUTPUT = 1 << 20;
+const BASE_ENV: Record<string, string> = {
+  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+  HOME: '/root',
+  TERM: 'xterm-256color',
+  LANG: 'C.UTF-8',
+};
+export const INSTANCE_NAME = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
+
+const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+
+/** Instances: their records, their sandboxes, and the commands run in them. */
+export class InstanceService {
+  private readonly sessions = new Map<string, Map<string, ShellSession>>();
+
+  constructor(
+    private readonly store: Store,
+    private readonly engine: Engine,
+    private readonly images: Images,
+    private readonly locks: KeyedLock,
+    private readonly config: Config,
+    private readonly log: Logger,
+  ) {}
+
+  get(owner: string, id: string): InstanceRecord {
+    const rec = this.store.instances.get(id);
+    if (!rec || rec.owner !== owner) throw new NotFoundError('instance', id);
+    return rec;
+  }
+
+  list(owner: string, limit: number, cursor?: string): Page<InstanceRecord> {
+    if (cursor && this.store.instances.get(cursor)?.owner !== owner) throw new InvalidRequestError('unknown cursor');
+    return this.store.instances.page(owner, limit, cursor);
+  }
+
+  spec(rec: InstanceRecord): SandboxSpec {
+    return { id: rec.id, hostname: rec.name, image: rec.image, layers: rec.layers, agentLayer: rec.agentLayer, limits: rec.limits };
+  }
+
+  limitsFrom(input: Partial<Limits> | undefined): Limits {
+    return {
+      memoryMb: input?.memoryMb ?? this.config.defaultMemoryMb,
+      pids: input?.pids ?? this.config.defaultPids,
+      cpuPercent: input?.cpuPercent ?? this.config.defaultCpuPercent,
+    };
+  }
+
+  /** A new record in `starting`, with its disk and layer references; not yet booted. */
+  newRecord(owner: string, input: CreateInstance, from?: Partial<InstanceRecord>): InstanceRecord {
+    const image = input.image ?? this.config.defaultImage;
+    if (!this.images.exists(image)) throw new InvalidRequestError(`unknown image ${image}`, { image });
+    const id = newId('inst');
+    const name = input.name ?? id.replace('_', '-');
+    if (!INSTANCE_NAME.test(name)) {
+      throw new InvalidRequestError('name must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen', { name });
+    }
+    const now = new Date().toISOString();
+    const rec: InstanceRecord = {
+      id,
+      owner,
+      name,
+      image,
+      status: 'starting',
+      layers: [],
+      agentLayer: this.engine.currentAgentLayer,
+      env: input.env ?? {},
+      limits: this.limitsFrom(input.limits),
+      metadata: input.metadata ?? {},
+      pid: null,
+      pidStart: null,
+      sourceInstanceId: null,
+      sourceCheckpointId: null,
+      maxCheckpoints: input.maxCheckpoints ?? null,
+      headCheckpointId: null,
+      error: null,
+      createdAt: now,
+      updatedAt: now,
+      ...from,
+    };
+    this.store.db.transaction(() => {
+      this.store.instances.insert(rec);
+      this.store.layers.setRefs(`instance:${rec.id}`, rec.layers);
+    })();
+    return rec;
+  }
+
+  async create(owner: string, input: CreateInstance): Promise<InstanceRecord> {
+    const rec = this.newRecord(owner, input);
+    return this.locks.run(rec.id, () => this.bootRecord(rec, { freshUpper: true }));
+  }
+
+  private async bootRecord(rec: InstanceRecord, opts: { freshUpper: boolean }): Promise<InstanceRecord> {
+    try {
+      const sb = await this.engine.boot(this.spec(rec), opts);
+      return this.store.instances.update(rec.id, { status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
+    } catch (err) {
+      this.log.error({ err, instance: rec.id }, 'boot failed');
+      this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+      throw this.engineFailure(err);
+    }
+  }
+
+  /** Marks the record as running on the given sandbox. */
+  running(id: string, sb: Sandbox, patch: Partial<InstanceRecord> = {}): InstanceRecord {
+    this.sessions.delete(id);
+    return this.store.instances.update(id, { ...patch, status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
+  }
+
+  async stop(owner: string, id: string): Promise<InstanceRecord> {
+    this.get(owner, id);
+    return this.locks.run(id, async () => {
+      await this.engine.stop(id);
+      this.sessions.delete(id);
+      return this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
+    });
+  }
+
+  async start(owner: string, id: string): Promise<InstanceRecord> {
+    this.get(owner, id);
+    return this.locks.run(id, async () => {
+      const rec = this.store.instances.get(id)!;
+      if (rec.status === 'running') return rec;
+      return this.bootRecord(rec, { freshUpper: false });
+    });
+  }
+
+  /** Removes the instance, its disk and its checkpoints. Forks keep running: each holds its
+   * own references to the layers it stands on, which go when the last holder goes. */
+  async delete(owner: string, id: string, onCheckpoints: (instanceId: string) => Promise<void>): Promise<void> {
+    this.get(owner, id);
+    await this.locks.run(id, async () => {
+      await this.engine.destroy(id);
+      this.sessions.delete(id);
+      await onCheckpoints(id);
+      this.store.db.transaction(() => {
+        this.store.layers.dropHolder(`instance:${id}`);
+        this.store.instances.delete(id);
+      })();
+    });
+    await this.collectLayers();
+  }
+
+  /** Deletes layers nothing stands on any more. */
+  async collectLayers(): Promise<void> {
+    for (const layer of this.store.layers.takeUnreferenced()) await this.engine.removeLayer(layer);
+  }
+
+  /** The live sandbox of a running instance. */
+  sandbox(owner: string, id: string): Sandbox {
+    const rec = this.get(owner, id);
+    const sb = this.engine.sandbox(id);
+    if (rec.status !== 'running' || !sb) throw new ConflictError(`instance ${id} is ${rec.status}, not running`, { status: rec.status });
+    return sb;
+  }
+
+  private envOf(rec: InstanceRecord, extra?: Record<string, string>): string[] {
+    const env = { ...BASE_ENV, HOSTNAME: rec.name, ...rec.env, ...extra };
+    return Object.entries(env).map(([k, v]) => `${k}=${v}`);
+  }
+
+  async exec(owner: string, id: string, input: ExecInput): Promise<ExecResult> {
+    const rec = this.get(owner, id);
+    const sb = this.sandbox(owner, id);
+    const timeoutMs = input.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const maxOutputBytes = input.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
+    const stdin = input.stdin !== undefined ? Buffer.from(input.stdin) : undefined;
+    try {
+      if (input.session) {
+        const session = await this.session(rec, sb, input.session);
+        let script = Array.isArray(input.command) ? input.command.map(quote).join(' ') : input.command;
+        if (input.cwd) script = `cd ${quote(input.cwd)} && ${script}`;
+        if (input.env) script = `${Object.entries(input.env).map(([k, v]) => `export ${k}=${quote(v)}`).join('; ')}; ${script}`;
+        return await session.run(script, { stdin, timeoutMs, maxOutputBytes });
+      }
+      const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
+      return await execOnce(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', stdin, timeoutMs, maxOutputBytes });
+    } catch (err) {
+      if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
+        return { exitCode: 127, signal: 0, stdout: Buffer.alloc(0), stderr: Buffer.from(`${err.message}\n`), durationMs: 0, timedOut: false, truncated: false };
+      }
+      throw this.engineFailure(err);
+    }
+  }
+
+  /** The named shell session, found again after a restore or a restart from the registry
+   * the sandbox keeps in its own filesystem (so it travels with checkpoints and forks). */
+  private async session(rec: InstanceRecord, sb: Sandbox, name: string): Promise<ShellSession> {
+    let byName = this.sessions.get(rec.id);
+    if (!byName) this.sessions.set(rec.id, (byName = new Map()));
+    const known = byName.get(name);
+    if (known?.alive) return known;
+    const registry = sb.hostPath(`/.fp/sessions/${name}`);
+    const saved = Number(await readFile(registry, 'utf8').catch(() => ''));
+    if (saved) {
+      const info = (await sb.list()).find((p) => p.id === saved && p.running);
+      if (info) {
+        const s = await ShellSession.adopt(sb, name, saved, [info.stdoutBytes, info.stderrBytes]);
+        byName.set(name, s);
+        return s;
+      }
+    }
+    const s = await ShellSession.open(sb, name, this.envOf(rec));
+    await mkdir(sb.hostPath('/.fp/sessions'), { recursive: true });
+    await writeFile(registry, String(s.processId));
+    byName.set(name, s);
+    return s;
+  }
+
+  async listSessions(owner: string, id: string): Promise<{ name: string; processId: number; running: boolean }[]> {
+    const sb = this.sandbox(owner, id);
+    const dir = sb.hostPath('/.fp/sessions');
+    if (!existsSync(dir)) return [];
+    const procs = await sb.list();
+    const out = [];
+    for (const name of await readdir(dir)) {
+      const pid = Number(await readFile(`${dir}/${name}`, 'utf8').catch(() => '0'));
+      out.push({ name, processId: pid, running: procs.some((p) => p.id === pid && p.running) });
+    }
+    return out;
+  }
+
+  async closeSession(owner: string, id: string, name: string): Promise<void> {
+    const sb = this.sandbox(owner, id);
+    const registry = sb.hostPath(`/.fp/sessions/${name}`);
+    const pid = Number(await readFile(registry, 'utf8').catch(() => '0'));
+    if (!pid) throw new NotFoundError('session', name);
+    await signalProcess(sb, pid, 9);
+    await rm(registry, { force: true });
+    this.sessions.get(id)?.delete(name);
+  }
+
+  async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
+    const rec = this.get(owner, id);
+    const sb = this.sandbox(owner, id);
+    const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
+    try {
+      return await startBackground(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', pty: input.pty });
+    } catch (err) {
+      if (err instanceof EngineError && err.code === 'SPAWN_FAILED') throw new InvalidRequestError(err.message);
+      throw this.engineFailure(err);
+    }
+  }
+
+  async listProcesses(owner: string, id: string): Promise<AgentProcessInfo[]> {
+    return listProcesses(this.sandbox(owner, id));
+  }
+
+  async processInfo(owner: string, id: string, processId: number): Promise<AgentProcessInfo> {
+    const p = (await this.listProcesses(owner, id)).find((x) => x.id === processId);
+    if (!p) throw new NotFoundError('process', String(processId));
+    return p;
+  }
+
+  async processOutput(owner: string, id: string, processId: number, from: { stdout: number; stderr: number }): Promise<OutputChunk> {
+    const out = await readOutput(this.sandbox(owner, id), processId, from);
+    if (!out) throw new NotFoundError('process', String(processId));
+    return out;
+  }
+
+  async signalProcess(owner: string, id: string, processId: number, signo: number): Promise<void> {
+    await this.processInfo(owner, id, processId);
+    await signalProcess(this.sandbox(owner, id), processId, signo);
+  }
+
+  async forgetProcess(owner: string, id: string, processId: number): Promise<void> {
+    const p = await this.processInfo(owner, id, processId);
+    if (p.running) await signalProcess(this.sandbox(owner, id), processId, 9);
+    await forgetProcess(this.sandbox(owner, id), processId);
+  }
+
+  /** After a server restart: re-adopt what still runs, mark the rest stopped, and leave
+   * nothing mounted or running that the store does not know. */
+  async recover(): Promise<void> {
+    const known = new Set<string>();
+    for (const rec of this.store.instances.all()) {
+      known.add(rec.id);
+      if (rec.status !== 'running' && rec.status !== 'starting') continue;
+      const sb = rec.pid && rec.pidStart ? await this.engine.adopt(this.spec(rec), rec.pid, rec.pidStart) : undefined;
+      if (sb) {
+        this.log.info({ instance: rec.id, pid: rec.pid }, 're-adopted running sandbox');
+        continue;
+      }
+      await this.killLeftover(rec.id);
+      await this.engine.stop(rec.id).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'cleanup failed'));
+      this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+      this.log.info({ instance: rec.id }, 'sandbox did not survive; marked stopped');
+    }
+    for (const id of await this.engine.mountedInstances()) {
+      if (known.has(id)) continue;
+      await this.killLeftover(id);
+      await this.engine.destroy(id).catch(() => {});
+    }
+  }
+
+  /** A sandbox booted or restored while the server went down has its pid only in run/pid. */
+  private async killLeftover(id: string): Promise<void> {
+    const pid = Number(await readFile(`${this.engine.layout.run(id)}/pid`, 'utf8').catch(() => '0'));
+    if (!pid) return;
+    const { processStartTime } = await import('../engine/launcher.js');
+    const start = await processStartTime(pid).catch(() => undefined);
+    if (start) await this.engine.killStray(pid, start);
+  }
+
+  engineFailure(err: unknown): Error {
+    if (err instanceof ForkpointError) return err;
+    if (err instanceof EngineError) {
+      switch (err.code) {
+        case 'PROCESS_LOST':
+        case 'NOT_RUNNING':
+          return new ConflictError(err.message);
+        case 'LAYER_LIMIT':
+          return new ConflictError(err.message);
+        case 'SPAWN_FAILED':
+          return new InvalidRequestError(err.message);
+        default:
+          return new UnavailableError(err.message, { engine: err.code });
+      }
+    }
+    return err as Error;
+  }
+}

@@ -1,0 +1,70 @@
+/** Serialises work per key (an instance) and bounds how much heavy work runs at once. */
+export class KeyedLock {
+  private readonly tails = new Map<string, Promise<unknown>>();
+
+  run<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.tails.get(key) ?? Promise.resolve();
+    const next = prev.then(fn, fn);
+    const tail = next.catch(() => {});
+    this.tails.set(key, tail);
+    void tail.then(() => {
+      if (this.tails.get(key) === tail) this.tails.delete(key);
+    });
+    return next;
+  }
+
+  busy(key: string): boolean {
+    return this.tails.has(key);
+  }
+}
+
+export class Semaphore {
+  private active = 0;
+  private readonly waiting: (() => void)[] = [];
+
+  constructor(private readonly limit: number) {}
+
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.active >= this.limit) await new Promise<void>((r) => this.waiting.push(r));
+    this.active++;
+    try {
+      return await fn();
+    } finally {
+      this.active--;
+      this.waiting.shift()?.();
+    }
+  }
+}
+
+/** The in-process job queue: jobs of one instance run one after another, at most
+ * `concurrency` jobs run at once overall, and every job can be awaited by id. */
+export class JobQueue {
+  private readonly sem: Semaphore;
+  private readonly running = new Map<string, Promise<void>>();
+
+  constructor(
+    private readonly locks: KeyedLock,
+    concurrency: number,
+  ) {
+    this.sem = new Semaphore(concurrency);
+  }
+
+  enqueue(jobId: string, key: string, fn: () => Promise<void>): Promise<void> {
+    const p = this.locks.run(key, () => this.sem.run(fn)).finally(() => this.running.delete(jobId));
+    this.running.set(jobId, p.catch(() => {}));
+    return p;
+  }
+
+  /** Resolves when the job is over (or at once if it is not queued), or after `timeoutMs`. */
+  async wait(jobId: string, timeoutMs: number): Promise<void> {
+    const p = this.running.get(jobId);
+    if (!p) return;
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([p, new Promise<void>((r) => (timer = setTimeout(r, timeoutMs)))]);
+    clearTimeout(timer);
+  }
+
+  async drain(): Promise<void> {
+    await Promise.all([...this.running.values()]);
+  }
+}

@@ -1,0 +1,112 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { EngineError } from './errors.js';
+
+export interface ResourceLimits {
+  memoryMb: number;
+  pids: number;
+  cpuPercent: number;
+}
+
+const ROOT = '/sys/fs/cgroup';
+const CPU_PERIOD_US = 100_000;
+
+/** Per-sandbox cgroups on the unified hierarchy (v2) or the v1 controllers of a hybrid host. */
+export class Cgroups {
+  readonly version: 1 | 2;
+
+  constructor(private readonly group = 'forkpoint') {
+    this.version = existsSync(join(ROOT, 'cgroup.controllers')) ? 2 : 1;
+  }
+
+  private v1Dir(controller: string, id: string): string {
+    return join(ROOT, controller, this.group, id);
+  }
+
+  private v2Dir(id: string): string {
+    return join(ROOT, this.group, id);
+  }
+
+  /** Creates the sandbox's cgroups and returns the `cgroup.procs` files to join. */
+  async create(id: string, limits: ResourceLimits): Promise<string[]> {
+    try {
+      if (this.version === 2) return [await this.createV2(id, limits)];
+      return await this.createV1(id, limits);
+    } catch (err) {
+      throw new EngineError('CGROUP_FAILED', `cgroup for ${id}: ${(err as Error).message}`);
+    }
+  }
+
+  private async createV1(id: string, limits: ResourceLimits): Promise<string[]> {
+    const procs: string[] = [];
+    const memory = this.v1Dir('memory', id);
+    await mkdir(memory, { recursive: true });
+    await writeFile(join(memory, 'memory.limit_in_bytes'), String(limits.memoryMb * 1024 * 1024));
+    procs.push(join(memory, 'cgroup.procs'));
+    const pids = this.v1Dir('pids', id);
+    await mkdir(pids, { recursive: true });
+    await writeFile(join(pids, 'pids.max'), String(limits.pids));
+    procs.push(join(pids, 'cgroup.procs'));
+    const cpu = this.v1Dir('cpu', id);
+    if (existsSync(join(ROOT, 'cpu'))) {
+      await mkdir(cpu, { recursive: true });
+      await writeFile(join(cpu, 'cpu.cfs_period_us'), String(CPU_PERIOD_US));
+      await writeFile(join(cpu, 'cpu.cfs_quota_us'), String(Math.round((CPU_PERIOD_US * limits.cpuPercent) / 100)));
+      procs.push(join(cpu, 'cgroup.procs'));
+    }
+    return procs;
+  }
+
+  private async createV2(id: string, limits: ResourceLimits): Promise<string> {
+    const parent = join(ROOT, this.group);
+    await mkdir(parent, { recursive: true });
+    const wanted = ['memory', 'pids', 'cpu'];
+    const available = readFileSync(join(ROOT, 'cgroup.controllers'), 'utf8').split(/\s+/);
+    const enable = wanted.filter((c) => available.includes(c)).map((c) => `+${c}`).join(' ');
+    await writeFile(join(ROOT, 'cgroup.subtree_control'), enable).catch(() => {});
+    await writeFile(join(parent, 'cgroup.subtree_control'), enable);
+    const dir = this.v2Dir(id);
+    await mkdir(dir, { recursive: true });
+    await writeFile(join(dir, 'memory.max'), String(limits.memoryMb * 1024 * 1024));
+    await writeFile(join(dir, 'memory.swap.max'), '0').catch(() => {});
+    await writeFile(join(dir, 'pids.max'), String(limits.pids));
+    await writeFile(join(dir, 'cpu.max'), `${Math.round((CPU_PERIOD_US * limits.cpuPercent) / 100)} ${CPU_PERIOD_US}`);
+    return join(dir, 'cgroup.procs');
+  }
+
+  /** Whether the limits stopped something: OOM kills and refused forks so far. */
+  async events(id: string): Promise<{ oomKills: number; pidsRefused: number }> {
+    const read = (p: string) => readFile(p, 'utf8').catch(() => '');
+    if (this.version === 2) {
+      const mem = await read(join(this.v2Dir(id), 'memory.events'));
+      const pids = await read(join(this.v2Dir(id), 'pids.events'));
+      return { oomKills: num(mem, 'oom_kill'), pidsRefused: num(pids, 'max') };
+    }
+    const mem = await read(join(this.v1Dir('memory', id), 'memory.oom_control'));
+    const pids = await read(join(this.v1Dir('pids', id), 'pids.events'));
+    return { oomKills: num(mem, 'oom_kill'), pidsRefused: num(pids, 'max') };
+  }
+
+  async remove(id: string): Promise<void> {
+    const dirs =
+      this.version === 2 ? [this.v2Dir(id)] : ['memory', 'pids', 'cpu'].map((c) => this.v1Dir(c, id));
+    for (const dir of dirs) {
+      for (let attempt = 0; attempt < 50; attempt++) {
+        try {
+          await rmdir(dir);
+          break;
+        } catch (err) {
+          const code = (err as NodeJS.ErrnoException).code;
+          if (code === 'ENOENT') break;
+          await new Promise((r) => setTimeout(r, 20)); // EBUSY while the last tasks exit
+        }
+      }
+    }
+  }
+}
+
+function num(text: string, key: string): number {
+  const m = new RegExp(`^${key} (\\d+)`, 'm').exec(text);
+  return m ? Number(m[1]) : 0;
+}

@@ -1,0 +1,359 @@
+import { existsSync } from 'node:fs';
+import { mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { execa } from 'execa';
+import type { Logger } from 'pino';
+import { ensureAgentLayer } from './agent-layer.js';
+import { Cgroups, type ResourceLimits } from './cgroups.js';
+import { Criu } from './criu.js';
+import { EngineError } from './errors.js';
+import { isAlive, launchUnderShim, type Launched } from './launcher.js';
+import { DataLayout } from './layout.js';
+import { isMounted, mountOverlay, mounts, unmount } from './overlay.js';
+import { Sandbox } from './sandbox.js';
+import { AgentError } from './agent/client.js';
+
+export interface EngineOptions {
+  dataDir: string;
+  criuPath: string;
+  agentPath: string;
+  logger: Logger;
+}
+
+/** What the engine needs to know of an instance to run it. */
+export interface SandboxSpec {
+  id: string;
+  hostname: string;
+  image: string;
+  /** Frozen layers under the upper, newest first. */
+  layers: string[];
+  agentLayer: string;
+  limits: ResourceLimits;
+}
+
+export interface FreezeResult {
+  layerId: string;
+  /** The pause the sandbox saw, dump to first answer, in ms. */
+  pauseMs: number;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Sandboxes on this host: overlay disks, CRIU, namespaces, cgroups. Holds the live
+ * `Sandbox` of each running instance; everything else is the caller's to remember. */
+export class Engine {
+  readonly layout: DataLayout;
+  readonly criu: Criu;
+  readonly cgroups = new Cgroups();
+  private readonly live = new Map<string, Sandbox>();
+  private agentLayerId = '';
+
+  constructor(private readonly opts: EngineOptions) {
+    this.layout = new DataLayout(opts.dataDir);
+    this.criu = new Criu(opts.criuPath);
+  }
+
+  get log(): Logger {
+    return this.opts.logger;
+  }
+
+  async init(): Promise<void> {
+    for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
+      await mkdir(d, { recursive: true });
+    }
+    this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
+    await this.emptyTrash();
+  }
+
+  get currentAgentLayer(): string {
+    return this.agentLayerId;
+  }
+
+  sandbox(id: string): Sandbox | undefined {
+    return this.live.get(id);
+  }
+
+  private lowers(spec: Pick<SandboxSpec, 'layers' | 'image' | 'agentLayer'>): string[] {
+    const l = this.layout;
+    return [
+      ...spec.layers.map((id) => l.relative(l.layer(id))),
+      l.relative(l.image(spec.image)),
+      l.relative(l.agentLayer(spec.agentLayer)),
+    ];
+  }
+
+  private async mountDisk(spec: SandboxSpec, freshUpper: boolean): Promise<void> {
+    const l = this.layout;
+    if (await isMounted(l.merged(spec.id))) await unmount(l.merged(spec.id));
+    if (freshUpper) await this.discard(l.upper(spec.id));
+    await mkdir(l.upper(spec.id), { recursive: true });
+    await this.discard(l.work(spec.id));
+    await mkdir(l.work(spec.id), { recursive: true });
+    await mkdir(l.merged(spec.id), { recursive: true });
+    await mkdir(l.run(spec.id), { recursive: true });
+    await mountOverlay({
+      lowers: this.lowers(spec),
+      upper: l.relative(l.upper(spec.id)),
+      work: l.relative(l.work(spec.id)),
+      target: l.merged(spec.id),
+      cwd: l.root,
+    });
+  }
+
+  /** Moves a directory to the trash (a rename) and deletes it in the background. */
+  private async discard(dir: string): Promise<void> {
+    if (!existsSync(dir)) return;
+    const dest = join(this.layout.trash, `${Date.now()}-${Math.random().toString(36).slice(2)}`);
+    await rename(dir, dest);
+    void rm(dest, { recursive: true, force: true }).catch(() => {});
+  }
+
+  private async emptyTrash(): Promise<void> {
+    for (const e of await readdir(this.layout.trash)) await rm(join(this.layout.trash, e), { recursive: true, force: true });
+  }
+
+  private async launch(spec: SandboxSpec, how: { images: string } | undefined): Promise<Launched> {
+    const l = this.layout;
+    const run = l.run(spec.id);
+    await rm(join(run, 'pid'), { force: true });
+    const cgroupProcs = await this.cgroups.create(spec.id, spec.limits);
+    if (!how) {
+      return launchUnderShim({
+        agentPath: this.opts.agentPath,
+        command: [this.opts.agentPath, 'boot', '--root', l.merged(spec.id), '--hostname', spec.hostname, '--pidfile', join(run, 'pid')],
+        pidfile: join(run, 'pid'),
+        statusFile: join(run, 'status'),
+        logFile: join(run, 'shim.log'),
+        cgroupProcs,
+        failure: 'BOOT_FAILED',
+      });
+    }
+    const work = join(run, 'criu');
+    await mkdir(work, { recursive: true });
+    const launched = await launchUnderShim({
+      agentPath: this.opts.agentPath,
+      command: this.criu.restoreArgs(how.images, work, l.merged(spec.id), join(run, 'pid')),
+      pidfile: join(run, 'pid'),
+      statusFile: join(run, 'status'),
+      logFile: join(run, 'shim.log'),
+      cgroupProcs,
+      failure: 'RESTORE_FAILED',
+      detailLog: join(work, 'restore.log'),
+    });
+    return launched;
+  }
+
+  private async attach(spec: SandboxSpec, launched: Launched): Promise<Sandbox> {
+    const sb = new Sandbox(spec.id, launched.pid, launched.startTime);
+    await sb.connect();
+    this.live.set(spec.id, sb);
+    return sb;
+  }
+
+  /** Boots a sandbox on the instance's disk (a fresh upper when `fresh`). */
+  async boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<Sandbox> {
+    await this.mountDisk(spec, opts.freshUpper);
+    try {
+      return await this.attach(spec, await this.launch(spec, undefined));
+    } catch (err) {
+      await this.teardown(spec.id);
+      throw err;
+    }
+  }
+
+  /** Restores a memory image onto a fresh upper over the spec's layers. */
+  async restore(spec: SandboxSpec, images: string, opts: { setHostname: boolean }): Promise<Sandbox> {
+    await this.mountDisk(spec, true);
+    try {
+      const launched = await this.launch(spec, { images });
+      if (opts.setHostname) await this.setHostname(launched.pid, spec.hostname);
+      return await this.attach(spec, launched);
+    } catch (err) {
+      await this.teardown(spec.id);
+      throw err;
+    }
+  }
+
+  /** A restored tree keeps its checkpoint's hostname; a fork wants its own. */
+  private async setHostname(pid: number, hostname: string): Promise<void> {
+    await execa('nsenter', ['-t', String(pid), '-u', 'hostname', hostname]).catch(() =>
+      execa('nsenter', ['-t', String(pid), '-u', '--', '/bin/hostname', hostname], { reject: false }),
+    );
+  }
+
+  /** Finds a sandbox that outlived the server: alive with the same start time and mounted. */
+  async adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<Sandbox | undefined> {
+    if (!(await isAlive(pid, startTime)) || !(await isMounted(this.layout.merged(spec.id)))) return undefined;
+    try {
+      return await this.attach(spec, { pid, startTime });
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Kills the sandbox's processes and unmounts its disk; the upper stays. */
+  async stop(id: string): Promise<void> {
+    const sb = this.live.get(id);
+    this.live.delete(id);
+    if (sb) {
+      await sb.close();
+      sb.loseAll(new AgentError(0, 'the sandbox stopped'));
+      await killTree(sb.pid, sb.startTime);
+    }
+    await this.teardown(id);
+  }
+
+  private async teardown(id: string): Promise<void> {
+    await unmount(this.layout.merged(id));
+    await this.cgroups.remove(id);
+  }
+
+  /** Stops and removes everything of the instance but the frozen layers. */
+  async destroy(id: string): Promise<void> {
+    await this.stop(id);
+    await this.discard(this.layout.instance(id));
+  }
+
+  /** Kills a stray sandbox the store does not know, by pid. */
+  async killStray(pid: number, startTime: string): Promise<void> {
+    await killTree(pid, startTime);
+  }
+
+  /** Overlay mounts under the data directory's instances, for finding leftovers. */
+  async mountedInstances(): Promise<string[]> {
+    const prefix = join(this.opts.dataDir, 'instances') + '/';
+    return (await mounts())
+      .filter((m) => m.fsType === 'overlay' && m.mountPoint.startsWith(prefix) && m.mountPoint.endsWith('/merged'))
+      .map((m) => m.mountPoint.slice(prefix.length, -'/merged'.length));
+  }
+
+  /**
+   * The checkpoint cycle on a running sandbox: dump (which stops it), unmount, freeze the
+   * upper into a new layer by rename, mount a fresh upper over it, restore. Callers see a
+   * pause; their commands go on afterwards. On a failed dump the sandbox runs on untouched.
+   * `images` receives the memory image; `spec.layers` are the layers before the freeze.
+   */
+  async freezeRunning(spec: SandboxSpec, layerId: string, images: string): Promise<FreezeResult> {
+    const sb = this.live.get(spec.id);
+    if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
+    await mkdir(images, { recursive: true });
+    let pauseMs = 0;
+    let dumpError: unknown;
+    await sb.pause(async () => {
+      const t0 = performance.now();
+      try {
+        await this.criu.dump(sb.pid, images);
+      } catch (err) {
+        dumpError = err;
+        return { pid: sb.pid, startTime: sb.startTime, result: undefined };
+      }
+      await waitGone(sb.pid, sb.startTime);
+      await unmount(this.layout.merged(spec.id));
+      await this.freezeUpper(spec.id, layerId);
+      const next = { ...spec, layers: [layerId, ...spec.layers] };
+      try {
+        await mountOverlay({
+          lowers: this.lowers(next),
+          upper: this.layout.relative(this.layout.upper(spec.id)),
+          work: this.layout.relative(this.layout.work(spec.id)),
+          target: this.layout.merged(spec.id),
+          cwd: this.layout.root,
+        });
+        const launched = await this.launch(next, { images });
+        pauseMs = performance.now() - t0;
+        return { ...launched, result: undefined };
+      } catch (err) {
+        this.live.delete(spec.id);
+        await this.teardown(spec.id).catch(() => {});
+        throw err;
+      }
+    });
+    if (dumpError) throw dumpError;
+    return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
+  }
+
+  /** Freezes the upper of a stopped (unmounted) instance into a layer. */
+  async freezeStopped(id: string, layerId: string): Promise<void> {
+    if (await isMounted(this.layout.merged(id))) throw new EngineError('NOT_RUNNING', `instance ${id} is mounted`);
+    await this.freezeUpper(id, layerId);
+  }
+
+  private async freezeUpper(id: string, layerId: string): Promise<void> {
+    const l = this.layout;
+    await rename(l.upper(id), l.layer(layerId));
+    await mkdir(l.upper(id));
+    await this.discard(l.work(id));
+    await mkdir(l.work(id));
+  }
+
+  /**
+   * Replaces the running (or stopped) sandbox with the given state: a memory image restored,
+   * or a fresh boot, on a fresh upper over `spec.layers`. Waiters at the gate carry on with
+   * the new sandbox; commands of the old one are lost.
+   */
+  async replace(spec: SandboxSpec, images: string | undefined): Promise<Sandbox> {
+    const sb = this.live.get(spec.id);
+    if (!sb) {
+      return images ? this.restore(spec, images, { setHostname: false }) : this.boot(spec, { freshUpper: true });
+    }
+    await sb.pause(async () => {
+      await killTree(sb.pid, sb.startTime);
+      sb.loseAll(new AgentError(0, 'the instance was rolled back'));
+      try {
+        await this.mountDisk(spec, true);
+        const launched = await this.launch(spec, images ? { images } : undefined);
+        return { ...launched, result: undefined };
+      } catch (err) {
+        this.live.delete(spec.id);
+        await this.teardown(spec.id).catch(() => {});
+        throw err;
+      }
+    });
+    return sb;
+  }
+
+  /** Makes a frozen layer durable: its data reaches the disk before the checkpoint is `ready`. */
+  async syncLayer(layerId: string): Promise<void> {
+    await execa('sync', ['-f', this.layout.layer(layerId)], { reject: false });
+  }
+
+  async removeLayer(layerId: string): Promise<void> {
+    await this.discard(this.layout.layer(layerId));
+  }
+
+  async removeCheckpointImages(checkpointId: string): Promise<void> {
+    await this.discard(this.layout.checkpoint(checkpointId));
+  }
+
+  async diskUsage(path: string): Promise<number> {
+    if (!existsSync(path)) return 0;
+    const r = await execa('du', ['-sb', '--apparent-size', path], { reject: false });
+    const n = Number(r.stdout.split('\t')[0]);
+    if (Number.isFinite(n)) return n;
+    return (await stat(path)).size;
+  }
+
+  async shutdown(): Promise<void> {
+    for (const sb of this.live.values()) await sb.close();
+    this.live.clear();
+  }
+}
+
+async function killTree(pid: number, startTime: string): Promise<void> {
+  if (!(await isAlive(pid, startTime))) return;
+  try {
+    // PID 1 of a pid namespace takes every process of the namespace with it.
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    return;
+  }
+  await waitGone(pid, startTime);
+}
+
+async function waitGone(pid: number, startTime: string, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (await isAlive(pid, startTime)) {
+    if (Date.now() > deadline) throw new EngineError('NOT_RUNNING', `process ${pid} did not exit`);
+    await sleep(1);
+  }
+}

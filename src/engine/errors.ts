@@ -1,0 +1,24 @@
+/** Engine failures, with a code the core maps to an API error. The engine knows nothing of HTTP. */
+export type EngineErrorCode =
+  | 'MOUNT_FAILED'
+  | 'UNMOUNT_FAILED'
+  | 'LAYER_LIMIT'
+  | 'BOOT_FAILED'
+  | 'DUMP_FAILED'
+  | 'RESTORE_FAILED'
+  | 'AGENT_UNREACHABLE'
+  | 'PROCESS_LOST'
+  | 'SPAWN_FAILED'
+  | 'NOT_RUNNING'
+  | 'CGROUP_FAILED';
+
+export class EngineError extends Error {
+  override readonly name = 'EngineError';
+  constructor(
+    readonly code: EngineErrorCode,
+    message: string,
+    readonly log?: string,
+  ) {
+    super(message);
+  }
+}

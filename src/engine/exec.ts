@@ -1,0 +1,90 @@
+import { AgentClient } from './agent/client.js';
+import type { Sandbox } from './sandbox.js';
+import { EngineError } from './errors.js';
+
+export interface ExecRequest {
+  argv: string[];
+  env: string[];
+  cwd: string;
+  stdin?: Buffer | undefined;
+  timeoutMs: number;
+  maxOutputBytes: number;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  signal: number;
+  stdout: Buffer;
+  stderr: Buffer;
+  durationMs: number;
+  timedOut: boolean;
+  truncated: boolean;
+}
+
+/** Collects a stream up to a limit and remembers whether anything was cut. */
+export class Capped {
+  private readonly parts: Buffer[] = [];
+  private size = 0;
+  truncated = false;
+  constructor(private readonly limit: number) {}
+  push(data: Buffer): void {
+    const room = this.limit - this.size;
+    if (data.length > room) this.truncated = true;
+    if (room <= 0) return;
+    const part = data.length > room ? data.subarray(0, room) : data;
+    this.parts.push(Buffer.from(part));
+    this.size += part.length;
+  }
+  get value(): Buffer {
+    return Buffer.concat(this.parts, this.size);
+  }
+}
+
+const SIGKILL = 9;
+
+/** Runs one command on pipes and waits for it. On timeout its whole process group is killed. */
+export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<ExecResult> {
+  const started = performance.now();
+  const id = AgentClient.newProcessId();
+  const out = new Capped(req.maxOutputBytes);
+  const err = new Capped(req.maxOutputBytes);
+  let timedOut = false;
+  let timer: NodeJS.Timeout | undefined;
+  const done = new Promise<{ code: number; signal: number }>((resolve, reject) => {
+    sandbox
+      .start(
+        id,
+        { argv: req.argv, env: req.env, cwd: req.cwd },
+        {
+          onOutput: (stream, _offset, data) => (stream === 1 ? out : err).push(data),
+          onExit: (code, signal) => resolve({ code, signal }),
+          onLost: (e) =>
+            reject(new EngineError('PROCESS_LOST', `the command was lost: ${e.message} (the instance was rolled back, stopped or deleted)`)),
+        },
+      )
+      .then(async () => {
+        const agent = await sandbox.agent();
+        if (req.stdin?.length) agent.stdin(id, req.stdin);
+        agent.closeStdin(id);
+        timer = setTimeout(() => {
+          timedOut = true;
+          void sandbox.agent().then((a) => a.signal(id, SIGKILL));
+        }, req.timeoutMs);
+      }, reject);
+  });
+  try {
+    const { code, signal } = await done;
+    void sandbox.agent().then((a) => a.forget(id), () => {});
+    return {
+      exitCode: signal ? 128 + signal : code,
+      signal,
+      stdout: out.value,
+      stderr: err.value,
+      durationMs: Math.round((performance.now() - started) * 100) / 100,
+      timedOut,
+      truncated: out.truncated || err.truncated,
+    };
+  } finally {
+    if (timer) clearTimeout(timer);
+  }
+}

@@ -1,0 +1,61 @@
+import { join } from 'node:path';
+
+/** Where everything lives under the data directory. Uppers, work dirs and layers share one
+ * filesystem so that freezing an upper into a layer is a rename, never a copy. */
+export class DataLayout {
+  constructor(readonly root: string) {}
+
+  get db(): string {
+    return join(this.root, 'forkpoint.db');
+  }
+  get initialTokenFile(): string {
+    return join(this.root, 'initial-token');
+  }
+  get images(): string {
+    return join(this.root, 'images');
+  }
+  image(name: string): string {
+    return join(this.images, name);
+  }
+  get layers(): string {
+    return join(this.root, 'layers');
+  }
+  layer(id: string): string {
+    return join(this.layers, id);
+  }
+  get agents(): string {
+    return join(this.root, 'agent');
+  }
+  agentLayer(id: string): string {
+    return join(this.agents, id);
+  }
+  instance(id: string): string {
+    return join(this.root, 'instances', id);
+  }
+  upper(id: string): string {
+    return join(this.instance(id), 'upper');
+  }
+  work(id: string): string {
+    return join(this.instance(id), 'work');
+  }
+  merged(id: string): string {
+    return join(this.instance(id), 'merged');
+  }
+  run(id: string): string {
+    return join(this.instance(id), 'run');
+  }
+  checkpoint(id: string): string {
+    return join(this.root, 'checkpoints', id);
+  }
+  get trash(): string {
+    return join(this.root, 'trash');
+  }
+  get criuRun(): string {
+    return join(this.root, 'criu-run');
+  }
+
+  /** Paths relative to the root, for mount options that must stay under 4095 bytes. */
+  relative(abs: string): string {
+    return abs.startsWith(this.root + '/') ? abs.slice(this.root.length + 1) : abs;
+  }
+}

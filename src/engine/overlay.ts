@@ -1,0 +1,81 @@
+import { readFile } from 'node:fs/promises';
+import { execa } from 'execa';
+import { EngineError } from './errors.js';
+
+/** The kernel cuts mount options at one page, silently: check before, verify after. */
+export const MAX_MOUNT_OPTIONS = 4095;
+export const MAX_LOWER_LAYERS = 500;
+
+export interface OverlaySpec {
+  /** Lower dirs, newest first, relative to `cwd` where possible to keep the option short. */
+  lowers: string[];
+  upper: string;
+  work: string;
+  target: string;
+  cwd: string;
+}
+
+export function overlayOptions(spec: OverlaySpec): string {
+  return `lowerdir=${spec.lowers.join(':')},upperdir=${spec.upper},workdir=${spec.work}`;
+}
+
+export async function mountOverlay(spec: OverlaySpec): Promise<void> {
+  if (spec.lowers.length > MAX_LOWER_LAYERS) {
+    throw new EngineError('LAYER_LIMIT', `${spec.lowers.length} lower layers exceed the kernel's ${MAX_LOWER_LAYERS}`);
+  }
+  const options = overlayOptions(spec);
+  if (options.length > MAX_MOUNT_OPTIONS) {
+    throw new EngineError('LAYER_LIMIT', `overlay options are ${options.length} bytes, over the kernel's ${MAX_MOUNT_OPTIONS}`);
+  }
+  const r = await execa('mount', ['-t', 'overlay', 'overlay', '-o', options, spec.target], {
+    cwd: spec.cwd,
+    reject: false,
+  });
+  if (r.exitCode !== 0) throw new EngineError('MOUNT_FAILED', `mount overlay on ${spec.target}: ${r.stderr.trim()}`);
+  const info = await mountInfo(spec.target);
+  if (!info || info.fsType !== 'overlay' || !/upperdir=/.test(info.superOptions)) {
+    await unmount(spec.target).catch(() => {});
+    throw new EngineError('MOUNT_FAILED', `overlay on ${spec.target} did not mount as asked`);
+  }
+}
+
+export interface MountEntry {
+  mountPoint: string;
+  fsType: string;
+  superOptions: string;
+}
+
+/** Mount points in this process's namespace, from /proc/self/mountinfo. */
+export async function mounts(): Promise<MountEntry[]> {
+  const text = await readFile('/proc/self/mountinfo', 'utf8');
+  return text
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => {
+      const [pre, post] = line.split(' - ');
+      const fields = pre!.split(' ');
+      const [fsType, , superOptions] = post!.split(' ');
+      return { mountPoint: unescapeMount(fields[4]!), fsType: fsType!, superOptions: superOptions ?? '' };
+    });
+}
+
+const unescapeMount = (s: string): string => s.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8)));
+
+export async function mountInfo(target: string): Promise<MountEntry | undefined> {
+  return (await mounts()).filter((m) => m.mountPoint === target).pop();
+}
+
+export async function isMounted(target: string): Promise<boolean> {
+  return (await mountInfo(target)) !== undefined;
+}
+
+export async function unmount(target: string): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    if (!(await isMounted(target))) return;
+    const r = await execa('umount', [target], { reject: false });
+    if (r.exitCode === 0) continue;
+    if (attempt >= 50) throw new EngineError('UNMOUNT_FAILED', `umount ${target}: ${r.stderr.trim()}`);
+    // A dying sandbox may still pin the mount for a moment after SIGKILL.
+    await new Promise((res) => setTimeout(res, 20));
+  }
+}

@@ -1,0 +1,181 @@
+import { AgentClient, AgentError, type ProcessListener } from './agent/client.js';
+import type { AgentProcessInfo, SpawnRequest } from './agent/protocol.js';
+import { EngineError } from './errors.js';
+
+/** A process the engine waits on: its listener survives reconnects, and it is re-attached
+ * from the byte offsets it has seen, so a dump in the middle loses no output. */
+interface Tracked {
+  listener: ProcessListener;
+  offsets: [number, number];
+}
+
+/** The live side of one running sandbox: its PID 1 and the connection to its agent. During a
+ * pause (checkpoint, rollback) the connection is closed, callers wait at the gate, and running
+ * commands go on inside the sandbox to be picked up again after the restore. */
+export class Sandbox {
+  private client: AgentClient | undefined;
+  private gate: Promise<void> | undefined;
+  private readonly tracked = new Map<number, Tracked>();
+  private readonly sideClients = new Set<AgentClient>();
+
+  constructor(
+    readonly id: string,
+    public pid: number,
+    public startTime: string,
+  ) {}
+
+  get socketPath(): string {
+    return `/proc/${this.pid}/root/.fp/agent.sock`;
+  }
+
+  /** Host path of a file inside the sandbox, through its PID 1's root. */
+  hostPath(inside: string): string {
+    return `/proc/${this.pid}/root${inside}`;
+  }
+
+  async connect(timeoutMs = 3000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      try {
+        this.client = await AgentClient.connect(this.socketPath);
+        return;
+      } catch (err) {
+        if (Date.now() > deadline) {
+          throw new EngineError('AGENT_UNREACHABLE', `agent of ${this.id}: ${(err as Error).message}`);
+        }
+        await new Promise((r) => setTimeout(r, 2));
+      }
+    }
+  }
+
+  /** The connection, once no pause is under way. */
+  async agent(): Promise<AgentClient> {
+    while (this.gate) await this.gate;
+    if (!this.client?.isOpen) await this.connect();
+    return this.client!;
+  }
+
+  /** A connection of its own, for readers that must not share the main one's subscriptions.
+   * Closed by the next pause like the main one. */
+  async sideAgent(): Promise<AgentClient> {
+    while (this.gate) await this.gate;
+    const c = await AgentClient.connect(this.socketPath);
+    this.sideClients.add(c);
+    return c;
+  }
+
+  releaseSide(c: AgentClient): void {
+    this.sideClients.delete(c);
+    void c.close();
+  }
+
+  get paused(): boolean {
+    return this.gate !== undefined;
+  }
+
+  /** Runs `work` with every connection to the agent closed (CRIU cannot dump them) and new
+   * callers held at the gate. `work` returns the new PID 1 and start time, or undefined when the
+   * sandbox is gone for good. Tracked processes are re-attached afterwards. */
+  async pause<T>(work: () => Promise<{ pid: number; startTime: string; result: T } | undefined>): Promise<T | undefined> {
+    while (this.gate) await this.gate;
+    let open!: () => void;
+    this.gate = new Promise((r) => (open = r));
+    try {
+      await this.client?.close();
+      this.client = undefined;
+      await Promise.all([...this.sideClients].map((c) => c.close()));
+      this.sideClients.clear();
+      const out = await work();
+      if (!out) {
+        this.loseAll(new AgentError(0, 'the sandbox stopped'));
+        return undefined;
+      }
+      this.pid = out.pid;
+      this.startTime = out.startTime;
+      await this.connect();
+      for (const [id, t] of this.tracked) this.client!.attach(id, t.offsets[0], t.offsets[1], t.listener);
+      return out.result;
+    } finally {
+      this.gate = undefined;
+      open();
+    }
+  }
+
+  /** Every waiter fails: the sandbox was stopped or deleted. */
+  loseAll(err: AgentError): void {
+    for (const t of [...this.tracked.values()]) t.listener.onLost(err);
+    this.tracked.clear();
+  }
+
+  async close(): Promise<void> {
+    await this.client?.close();
+    await Promise.all([...this.sideClients].map((c) => c.close()));
+    this.client = undefined;
+  }
+
+  /** Starts a process and follows it until it exits or is lost. */
+  async start(id: number, req: SpawnRequest, listener: ProcessListener): Promise<number> {
+    const t: Tracked = {
+      offsets: [0, 0],
+      listener: {
+        onOutput: (stream, offset, data) => {
+          const i = stream - 1;
+          // Replayed bytes already seen before a reconnect are skipped by offset.
+          const seen = t.offsets[i]!;
+          if (offset + data.length <= seen) return;
+          const fresh = offset < seen ? data.subarray(seen - offset) : data;
+          t.offsets[i] = offset + data.length;
+          listener.onOutput(stream, offset, fresh);
+        },
+        onExit: (code, sig) => {
+          this.tracked.delete(id);
+          listener.onExit(code, sig);
+        },
+        onLost: (err) => {
+          this.tracked.delete(id);
+          listener.onLost(err);
+        },
+      },
+    };
+    this.tracked.set(id, t);
+    try {
+      return await (await this.agent()).spawn(id, req, t.listener);
+    } catch (err) {
+      this.tracked.delete(id);
+      if (err instanceof AgentError) throw new EngineError('SPAWN_FAILED', err.message);
+      throw err;
+    }
+  }
+
+  /** Follows a process that is already running (after a restart or a restore), from the
+   * given offsets on. */
+  async follow(id: number, offsets: [number, number], listener: ProcessListener): Promise<void> {
+    const t: Tracked = {
+      offsets: [...offsets],
+      listener: {
+        onOutput: (stream, offset, data) => {
+          t.offsets[stream - 1] = offset + data.length;
+          listener.onOutput(stream, offset, data);
+        },
+        onExit: (code, sig) => {
+          this.tracked.delete(id);
+          listener.onExit(code, sig);
+        },
+        onLost: (err) => {
+          this.tracked.delete(id);
+          listener.onLost(err);
+        },
+      },
+    };
+    this.tracked.set(id, t);
+    (await this.agent()).attach(id, offsets[0], offsets[1], t.listener);
+  }
+
+  untrack(id: number): void {
+    this.tracked.delete(id);
+  }
+
+  async list(): Promise<AgentProcessInfo[]> {
+    return (await this.agent()).list();
+  }
+}

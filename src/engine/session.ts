@@ -1,0 +1,153 @@
+import { existsSync } from 'node:fs';
+import { readFile, rm, writeFile } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { AgentClient } from './agent/client.js';
+import type { Sandbox } from './sandbox.js';
+import type { ExecResult } from './exec.js';
+import { EngineError } from './errors.js';
+
+const SIGINT = 2;
+const SIGKILL = 9;
+const MARKER = /\x1eFP:([0-9a-f]+):(\d+)\x1e/g;
+
+export interface SessionRunOptions {
+  stdin?: Buffer | undefined;
+  timeoutMs: number;
+  maxOutputBytes: number;
+}
+
+/** A long-lived shell on a PTY inside the sandbox. Commands are sourced into it (see
+ * SHELL_RC), so its cwd, variables and background jobs carry from one command to the next,
+ * and across checkpoints, rollbacks and forks: the shell lives in the dumped tree. */
+export class ShellSession {
+  private tail = '';
+  private waiter: { nonce: string; resolve(code: number): void } | undefined;
+  private queue: Promise<unknown> = Promise.resolve();
+  exitCode: number | undefined;
+
+  private constructor(
+    readonly name: string,
+    readonly processId: number,
+    private readonly sandbox: Sandbox,
+  ) {}
+
+  static async open(sandbox: Sandbox, name: string, env: string[]): Promise<ShellSession> {
+    const id = AgentClient.newProcessId();
+    const bash = existsSync(sandbox.hostPath('/bin/bash'));
+    const argv = bash
+      ? ['/bin/bash', '--noprofile', '--rcfile', '/.fp/shellrc', '--noediting', '-i']
+      : ['/bin/sh', '-i'];
+    const session = new ShellSession(name, id, sandbox);
+    await sandbox.start(
+      id,
+      { argv, env: bash ? env : [...env, 'ENV=/.fp/shellrc'], cwd: homeOf(env), pty: { rows: 24, cols: 200, echo: false } },
+      {
+        onOutput: (_s, _o, data) => session.onOutput(data),
+        onExit: (code, sig) => session.onEnd(sig ? 128 + sig : code),
+        onLost: () => session.onEnd(-1),
+      },
+    );
+    return session;
+  }
+
+  /** Re-follows a session found running in the sandbox (after a restart, a rollback or in a
+   * fork), from its current output offsets on. */
+  static async adopt(sandbox: Sandbox, name: string, processId: number, offsets: [number, number]): Promise<ShellSession> {
+    const session = new ShellSession(name, processId, sandbox);
+    await sandbox.follow(processId, offsets, {
+      onOutput: (_s, _o, data) => session.onOutput(data),
+      onExit: (code, sig) => session.onEnd(sig ? 128 + sig : code),
+      onLost: () => session.onEnd(-1),
+    });
+    return session;
+  }
+
+  get alive(): boolean {
+    return this.exitCode === undefined;
+  }
+
+  private onOutput(data: Buffer): void {
+    this.tail = (this.tail + data.toString('latin1')).slice(-4096);
+    if (!this.waiter) return;
+    for (const m of this.tail.matchAll(MARKER)) {
+      if (m[1] !== this.waiter.nonce) continue;
+      this.tail = this.tail.slice(m.index! + m[0].length);
+      const w = this.waiter;
+      this.waiter = undefined;
+      w.resolve(Number(m[2]));
+      return;
+    }
+  }
+
+  private onEnd(code: number): void {
+    this.exitCode = code;
+    const w = this.waiter;
+    this.waiter = undefined;
+    w?.resolve(code);
+  }
+
+  /** Runs one command in the shell; calls queue behind each other. */
+  run(command: string, opts: SessionRunOptions): Promise<ExecResult> {
+    const next = this.queue.then(() => this.runNow(command, opts));
+    this.queue = next.catch(() => {});
+    return next;
+  }
+
+  private async runNow(command: string, opts: SessionRunOptions): Promise<ExecResult> {
+    if (!this.alive) throw new EngineError('PROCESS_LOST', `shell session ${this.name} has exited`);
+    const started = performance.now();
+    const nonce = randomBytes(8).toString('hex');
+    const file = (ext: string) => this.sandbox.hostPath(`/.fp/run/${nonce}.${ext}`);
+    await writeFile(file('cmd'), command + '\n');
+    await writeFile(file('in'), opts.stdin ?? '');
+    let timedOut = false;
+    const finished = new Promise<number>((resolve) => (this.waiter = { nonce, resolve }));
+    (await this.sandbox.agent()).stdin(this.processId, `__fp_run ${nonce}\n`);
+    const timer = setTimeout(() => {
+      timedOut = true;
+      void this.interrupt(nonce);
+    }, opts.timeoutMs);
+    let code: number;
+    try {
+      code = await finished;
+    } finally {
+      clearTimeout(timer);
+    }
+    const [stdout, stderr] = await Promise.all([readCapped(file('out'), opts.maxOutputBytes), readCapped(file('err'), opts.maxOutputBytes)]);
+    await Promise.all(['cmd', 'in', 'out', 'err'].map((e) => rm(file(e), { force: true })));
+    return {
+      exitCode: code,
+      signal: 0,
+      stdout: stdout.data,
+      stderr: stderr.data,
+      durationMs: Math.round((performance.now() - started) * 100) / 100,
+      timedOut,
+      truncated: stdout.truncated || stderr.truncated,
+    };
+  }
+
+  /** ^C to the foreground job; if it ignores that, SIGKILL to it; then end the wait. */
+  private async interrupt(nonce: string): Promise<void> {
+    const agent = await this.sandbox.agent();
+    agent.signal(this.processId, SIGINT, true);
+    await new Promise((r) => setTimeout(r, 200));
+    if (this.waiter?.nonce !== nonce) return;
+    agent.signal(this.processId, SIGKILL, true);
+    agent.stdin(this.processId, `\n__fp_done ${nonce} 124\n`);
+  }
+
+  async close(): Promise<void> {
+    if (!this.alive) return;
+    (await this.sandbox.agent()).signal(this.processId, SIGKILL);
+  }
+}
+
+function homeOf(env: string[]): string {
+  const home = env.find((e) => e.startsWith('HOME='));
+  return home ? home.slice(5) : '/';
+}
+
+async function readCapped(path: string, limit: number): Promise<{ data: Buffer; truncated: boolean }> {
+  const data = await readFile(path).catch(() => Buffer.alloc(0));
+  return data.length > limit ? { data: data.subarray(0, limit), truncated: true } : { data, truncated: false };
+}

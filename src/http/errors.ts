@@ -1,0 +1,40 @@
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
+import { ForkpointError, httpStatusOf, type ErrorCode } from '../core/errors.js';
+
+export interface ErrorBody {
+  error: { code: ErrorCode; message: string; details?: unknown };
+}
+
+export function sendError(reply: FastifyReply, code: ErrorCode, message: string, details?: unknown): FastifyReply {
+  const body: ErrorBody = { error: { code, message, ...(details === undefined ? {} : { details }) } };
+  return reply.code(httpStatusOf[code]).type('application/json').send(body);
+}
+
+/** One envelope for every failure: `{"error": {"code", "message", "details"}}`. */
+export function installErrorHandling(app: FastifyInstance): void {
+  app.setErrorHandler((err: FastifyError, request: FastifyRequest, reply: FastifyReply) => {
+    if (err instanceof ForkpointError) return sendError(reply, err.code, err.message, err.details);
+    if (hasZodFastifySchemaValidationErrors(err)) {
+      const details = err.validation.map((v) => ({
+        where: err.validationContext,
+        path: v.instancePath || '/',
+        message: v.message,
+      }));
+      const first = details[0];
+      return sendError(reply, 'INVALID_REQUEST', `invalid ${first?.where ?? 'request'}: ${first?.path} ${first?.message}`, details);
+    }
+    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return sendError(reply, 'PAYLOAD_TOO_LARGE', 'request body is too large');
+    if (err.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || err instanceof SyntaxError) {
+      return sendError(reply, 'INVALID_REQUEST', `malformed JSON body: ${err.message}`);
+    }
+    if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) {
+      return sendError(reply, 'INVALID_REQUEST', err.message, { fastify: err.code });
+    }
+    request.log.error({ err }, 'internal error');
+    return sendError(reply, 'INTERNAL', 'internal error; see the server log', { request_id: request.id });
+  });
+  app.setNotFoundHandler((request, reply) =>
+    sendError(reply, 'NOT_FOUND', `no route ${request.method} ${request.url.split('?')[0]}`),
+  );
+}

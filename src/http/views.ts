@@ -1,0 +1,57 @@
+import type { AgentProcessInfo } from '../engine/agent/protocol.js';
+import type { ExecResult } from '../engine/exec.js';
+import type { CheckpointRecord } from '../store/checkpoints.js';
+import type { InstanceRecord } from '../store/instances.js';
+
+/** Records to the snake_case wire shapes of the Firecase-style face. */
+export const instanceView = (r: InstanceRecord) => ({
+  id: r.id,
+  name: r.name,
+  image: r.image,
+  status: r.status,
+  env: r.env,
+  limits: { memory_mb: r.limits.memoryMb, pids: r.limits.pids, cpu_percent: r.limits.cpuPercent },
+  metadata: r.metadata,
+  max_checkpoints: r.maxCheckpoints,
+  head_checkpoint_id: r.headCheckpointId,
+  source_instance_id: r.sourceInstanceId,
+  source_checkpoint_id: r.sourceCheckpointId,
+  error: r.error,
+  created_at: r.createdAt,
+  updated_at: r.updatedAt,
+});
+
+export const checkpointView = (c: CheckpointRecord) => ({
+  id: c.id,
+  instance_id: c.instanceId,
+  label: c.label,
+  status: c.status,
+  memory: c.memory,
+  parent_id: c.parentId,
+  delta_bytes: c.deltaBytes,
+  memory_bytes: c.memoryBytes,
+  error: c.error,
+  created_at: c.createdAt,
+  ready_at: c.readyAt,
+});
+
+export const execView = (r: ExecResult) => ({
+  exit_code: r.exitCode,
+  stdout: r.stdout.toString('utf8'),
+  stderr: r.stderr.toString('utf8'),
+  duration_ms: r.durationMs,
+  timed_out: r.timedOut,
+  truncated: r.truncated,
+});
+
+export const processView = (p: AgentProcessInfo) => ({
+  process_id: p.id,
+  pid: p.pid,
+  status: p.running ? ('running' as const) : ('exited' as const),
+  exit_code: p.running ? null : p.signal ? 128 + p.signal : p.exitCode,
+  signal: p.running || !p.signal ? null : p.signal,
+  pty: p.pty,
+  stdout_bytes: p.stdoutBytes,
+  stderr_bytes: p.stderrBytes,
+  command: p.command,
+});

@@ -1,0 +1,26 @@
+import { CheckpointStore } from './checkpoints.js';
+import { openDb, type Db } from './db.js';
+import { InstanceStore } from './instances.js';
+import { LayerStore } from './layers.js';
+import { TokenStore } from './tokens.js';
+
+export interface Store {
+  db: Db;
+  tokens: TokenStore;
+  instances: InstanceStore;
+  checkpoints: CheckpointStore;
+  layers: LayerStore;
+  close(): void;
+}
+
+export function openStore(file: string): Store {
+  const db = openDb(file);
+  return {
+    db,
+    tokens: new TokenStore(db),
+    instances: new InstanceStore(db),
+    checkpoints: new CheckpointStore(db),
+    layers: new LayerStore(db),
+    close: () => db.close(),
+  };
+}

@@ -1,0 +1,154 @@
+import type { Db } from './db.js';
+
+export type InstanceStatus = 'starting' | 'running' | 'stopped' | 'error';
+
+export interface Limits {
+  memoryMb: number;
+  pids: number;
+  cpuPercent: number;
+}
+
+export interface InstanceRecord {
+  id: string;
+  owner: string;
+  name: string;
+  image: string;
+  status: InstanceStatus;
+  /** Frozen layers under the instance's upper, newest first. */
+  layers: string[];
+  agentLayer: string;
+  env: Record<string, string>;
+  limits: Limits;
+  metadata: Record<string, string>;
+  pid: number | null;
+  pidStart: string | null;
+  sourceInstanceId: string | null;
+  sourceCheckpointId: string | null;
+  maxCheckpoints: number | null;
+  headCheckpointId: string | null;
+  error: string | null;
+  createdAt: string;
+  updatedAt: string;
+}
+
+interface Row {
+  id: string;
+  owner: string;
+  name: string;
+  image: string;
+  status: InstanceStatus;
+  layers: string;
+  agent_layer: string;
+  env: string;
+  limits: string;
+  metadata: string;
+  pid: number | null;
+  pid_start: string | null;
+  source_instance_id: string | null;
+  source_checkpoint_id: string | null;
+  max_checkpoints: number | null;
+  head_checkpoint_id: string | null;
+  error: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+const fromRow = (r: Row): InstanceRecord => ({
+  id: r.id,
+  owner: r.owner,
+  name: r.name,
+  image: r.image,
+  status: r.status,
+  layers: JSON.parse(r.layers) as string[],
+  agentLayer: r.agent_layer,
+  env: JSON.parse(r.env) as Record<string, string>,
+  limits: JSON.parse(r.limits) as Limits,
+  metadata: JSON.parse(r.metadata) as Record<string, string>,
+  pid: r.pid,
+  pidStart: r.pid_start,
+  sourceInstanceId: r.source_instance_id,
+  sourceCheckpointId: r.source_checkpoint_id,
+  maxCheckpoints: r.max_checkpoints,
+  headCheckpointId: r.head_checkpoint_id,
+  error: r.error,
+  createdAt: r.created_at,
+  updatedAt: r.updated_at,
+});
+
+export interface Page<T> {
+  items: T[];
+  nextCursor: string | null;
+}
+
+export class InstanceStore {
+  constructor(private readonly db: Db) {}
+
+  insert(rec: InstanceRecord): void {
+    this.db
+      .prepare(
+        `INSERT INTO instances (id, owner, name, image, status, layers, agent_layer, env, limits, metadata,
+           pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, error, created_at, updated_at)
+         VALUES (@id, @owner, @name, @image, @status, @layers, @agentLayer, @env, @limits, @metadata,
+           @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @error, @createdAt, @updatedAt)`,
+      )
+      .run({
+        ...rec,
+        layers: JSON.stringify(rec.layers),
+        env: JSON.stringify(rec.env),
+        limits: JSON.stringify(rec.limits),
+        metadata: JSON.stringify(rec.metadata),
+      });
+  }
+
+  get(id: string): InstanceRecord | undefined {
+    const row = this.db.prepare('SELECT * FROM instances WHERE id = ?').get(id) as Row | undefined;
+    return row && fromRow(row);
+  }
+
+  all(): InstanceRecord[] {
+    return (this.db.prepare('SELECT * FROM instances').all() as Row[]).map(fromRow);
+  }
+
+  /** Newest first; the cursor is the last id of the previous page. */
+  page(owner: string, limit: number, cursor?: string): Page<InstanceRecord> {
+    const after = cursor ? this.get(cursor) : undefined;
+    const rows = (
+      after
+        ? this.db
+            .prepare(
+              `SELECT * FROM instances WHERE owner = ? AND (created_at < ? OR (created_at = ? AND id < ?))
+               ORDER BY created_at DESC, id DESC LIMIT ?`,
+            )
+            .all(owner, after.createdAt, after.createdAt, after.id, limit + 1)
+        : this.db
+            .prepare('SELECT * FROM instances WHERE owner = ? ORDER BY created_at DESC, id DESC LIMIT ?')
+            .all(owner, limit + 1)
+    ) as Row[];
+    const items = rows.slice(0, limit).map(fromRow);
+    return { items, nextCursor: rows.length > limit ? items[items.length - 1]!.id : null };
+  }
+
+  update(id: string, patch: Partial<Omit<InstanceRecord, 'id' | 'owner' | 'createdAt'>>): InstanceRecord {
+    const cur = this.get(id);
+    if (!cur) throw new Error(`instance ${id} vanished from the store`);
+    const next: InstanceRecord = { ...cur, ...patch, updatedAt: new Date().toISOString() };
+    this.db
+      .prepare(
+        `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, agent_layer=@agentLayer,
+           env=@env, limits=@limits, metadata=@metadata, pid=@pid, pid_start=@pidStart,
+           max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, error=@error, updated_at=@updatedAt WHERE id=@id`,
+      )
+      .run({
+        ...next,
+        layers: JSON.stringify(next.layers),
+        env: JSON.stringify(next.env),
+        limits: JSON.stringify(next.limits),
+        metadata: JSON.stringify(next.metadata),
+      });
+    return next;
+  }
+
+  delete(id: string): void {
+    this.db.prepare('DELETE FROM instances WHERE id = ?').run(id);
+  }
+}

@@ -1,0 +1,89 @@
+/** Versioned schema. Append only: a released migration is never edited. */
+export interface Migration {
+  version: number;
+  name: string;
+  sql: string;
+}
+
+export const migrations: readonly Migration[] = [
+  {
+    version: 1,
+    name: 'tokens',
+    sql: `
+      CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        secret_hash BLOB NOT NULL,
+        created_at TEXT NOT NULL,
+        last_used_at TEXT,
+        revoked_at TEXT
+      );
+      CREATE INDEX tokens_owner ON tokens (owner);`,
+  },
+  {
+    version: 2,
+    name: 'instances',
+    sql: `
+      CREATE TABLE instances (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        image TEXT NOT NULL,
+        status TEXT NOT NULL,
+        layers TEXT NOT NULL DEFAULT '[]',
+        agent_layer TEXT NOT NULL,
+        env TEXT NOT NULL DEFAULT '{}',
+        limits TEXT NOT NULL DEFAULT '{}',
+        metadata TEXT NOT NULL DEFAULT '{}',
+        pid INTEGER,
+        pid_start TEXT,
+        source_instance_id TEXT,
+        source_checkpoint_id TEXT,
+        max_checkpoints INTEGER,
+        head_checkpoint_id TEXT,
+        error TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+      );
+      CREATE INDEX instances_owner ON instances (owner, created_at);`,
+  },
+  {
+    version: 3,
+    name: 'checkpoints and layers',
+    sql: `
+      CREATE TABLE checkpoints (
+        id TEXT PRIMARY KEY,
+        instance_id TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        label TEXT,
+        status TEXT NOT NULL,
+        memory INTEGER NOT NULL,
+        parent_id TEXT,
+        layers TEXT NOT NULL DEFAULT '[]',
+        image TEXT NOT NULL,
+        agent_layer TEXT NOT NULL,
+        hostname TEXT NOT NULL,
+        delta_bytes INTEGER,
+        memory_bytes INTEGER,
+        error TEXT,
+        created_at TEXT NOT NULL,
+        ready_at TEXT
+      );
+      CREATE INDEX checkpoints_instance ON checkpoints (instance_id, created_at);
+      CREATE TABLE layers (
+        id TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL,
+        synced INTEGER NOT NULL DEFAULT 0,
+        -- set while an upper is being frozen into this layer, for crash recovery
+        pending_instance_id TEXT
+      );
+      -- who stands on a layer: 'instance:<id>' or 'checkpoint:<id>'
+      CREATE TABLE layer_refs (
+        layer_id TEXT NOT NULL REFERENCES layers (id),
+        holder TEXT NOT NULL,
+        PRIMARY KEY (layer_id, holder)
+      );
+      CREATE INDEX layer_refs_holder ON layer_refs (holder);`,
+  },
+];
