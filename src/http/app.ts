@@ -38,10 +38,11 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     },
     transform: jsonSchemaTransform,
   });
-  await app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { docExpansion: 'list' } });
+  // Swagger UI's own routes need no token; the hook must exist before they are added.
   app.addHook('onRoute', (route) => {
     if (route.url.startsWith('/docs')) route.config = { ...(route.config as object), public: true };
   });
+  await app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { docExpansion: 'list' } });
   app.get('/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
 
   await app.register(healthRoutes(opts.forkpoint));

@@ -194,15 +194,17 @@ export interface LineageShape {
   status: string;
   children: LineageShape[];
 }
-export const Lineage: z.ZodType<LineageShape> = z.lazy(() =>
-  z.object({
+export const Lineage: z.ZodType<LineageShape> = z
+  .object({
     kind: z.enum(['instance', 'checkpoint']),
     id: z.string(),
     label: z.string().nullable(),
     status: z.string(),
-    children: z.array(Lineage),
-  }),
-);
+    get children(): z.ZodArray<z.ZodType<LineageShape>> {
+      return z.array(Lineage);
+    },
+  })
+  .meta({ id: 'LineageNode' });
 
 export const Health = z.object({
   ok: z.boolean(),

@@ -1,5 +1,5 @@
 import Database from 'better-sqlite3';
-import { migrations } from './migrations.js';
+import { migrations as allMigrations, type Migration } from './migrations.js';
 
 export type Db = Database.Database;
 
@@ -15,7 +15,7 @@ export function openDb(file: string): Db {
   return db;
 }
 
-export function migrate(db: Db): number[] {
+export function migrate(db: Db, migrations: readonly Migration[] = allMigrations): number[] {
   db.exec(`CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)`);
   const applied = new Set(

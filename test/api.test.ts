@@ -1,0 +1,74 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServer, type TestServer } from './helpers/server.js';
+
+let s: TestServer;
+beforeAll(async () => {
+  s = await startServer({ bodyLimitBytes: 64 * 1024 });
+});
+afterAll(async () => s?.close());
+
+describe('API basics', () => {
+  it('serves /healthz without a token, with version and engine parts', async () => {
+    const r = await s.api('GET', '/healthz', undefined, {});
+    expect(r.status).toBe(200);
+    expect(r.body.ok).toBe(true);
+    expect(r.body.engine.criu.ok).toBe(true);
+    expect(r.body.engine.criu.version).toMatch(/^4\.\d+/);
+    expect(r.body.engine.overlay).toBe(true);
+  });
+
+  it('needs a token: none, or a wrong one, is 401 in the envelope', async () => {
+    const none = await s.api('GET', '/instances', undefined, {});
+    expect(none.status).toBe(401);
+    expect(none.body.error.code).toBe('UNAUTHENTICATED');
+    const wrong = await s.api('GET', '/instances', undefined, { authorization: 'Bearer fpk_tok_nope.nope' });
+    expect(wrong.status).toBe(401);
+    expect(wrong.body).toEqual({ error: { code: 'UNAUTHENTICATED', message: expect.any(String) } });
+  });
+
+  it('accepts the token as Bearer and as X-API-Key', async () => {
+    expect((await s.api('GET', '/instances')).status).toBe(200);
+    expect((await s.api('GET', '/instances', undefined, { 'x-api-key': s.token })).status).toBe(200);
+  });
+
+  it('a revoked token stops working', async () => {
+    const { token, record } = s.fp.store.tokens.create('someone', 'tmp');
+    expect((await s.api('GET', '/instances', undefined, { authorization: `Bearer ${token}` })).status).toBe(200);
+    s.fp.store.tokens.revoke(record.id);
+    expect((await s.api('GET', '/instances', undefined, { authorization: `Bearer ${token}` })).status).toBe(401);
+  });
+
+  it('malformed JSON is 400 INVALID_REQUEST', async () => {
+    const r = await s.api('POST', '/instances', '{"name": ');
+    expect(r.status).toBe(400);
+    expect(r.body.error.code).toBe('INVALID_REQUEST');
+  });
+
+  it('an unknown route is 404 NOT_FOUND in the envelope', async () => {
+    const r = await s.api('GET', '/no/such/thing');
+    expect(r.status).toBe(404);
+    expect(r.body.error.code).toBe('NOT_FOUND');
+  });
+
+  it('an oversized body is 413 PAYLOAD_TOO_LARGE', async () => {
+    const r = await s.api('POST', '/instances', { name: 'x', metadata: { big: 'y'.repeat(1000) }, pad: 'z'.repeat(100 * 1024) });
+    expect(r.status).toBe(413);
+    expect(r.body.error.code).toBe('PAYLOAD_TOO_LARGE');
+  });
+
+  it('a schema violation is 400 with details', async () => {
+    const r = await s.api('POST', '/instances', { name: 5 });
+    expect(r.status).toBe(400);
+    expect(r.body.error.code).toBe('INVALID_REQUEST');
+    expect(r.body.error.details).toBeInstanceOf(Array);
+  });
+
+  it('serves the OpenAPI document and Swagger UI without a token', async () => {
+    const spec = await s.api('GET', '/openapi.json', undefined, {});
+    expect(spec.status).toBe(200);
+    expect(spec.body.paths['/instances/{id}/exec']).toBeDefined();
+    const ui = await fetch(`${s.url}/docs/`);
+    expect(ui.status).toBe(200);
+    expect(await ui.text()).toContain('swagger');
+  });
+});

@@ -1,0 +1,128 @@
+import { readFile } from 'node:fs/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { eventually, sleep, startServer, type TestServer } from './helpers/server.js';
+
+let s: TestServer;
+let id: string;
+beforeAll(async () => {
+  s = await startServer();
+  id = (await s.instance({ name: 'exec-box', env: { GREETING: 'hello' } })).id;
+});
+afterAll(async () => s?.close());
+
+describe('exec', () => {
+  it('returns exit code and stdout and stderr apart', async () => {
+    const r = await s.exec(id, { command: 'echo out; echo err >&2; exit 7' });
+    expect(r).toMatchObject({ exit_code: 7, stdout: 'out\n', stderr: 'err\n', timed_out: false, truncated: false });
+    expect(r.duration_ms).toBeGreaterThan(0);
+  });
+
+  it('runs an argv array without a shell', async () => {
+    const r = await s.exec(id, { command: ['/bin/echo', '$HOME', 'a b'] });
+    expect(r.stdout).toBe('$HOME a b\n');
+  });
+
+  it('uses cwd, the instance env and the request env', async () => {
+    const r = await s.exec(id, { command: 'pwd; echo $GREETING $EXTRA', cwd: '/etc', env: { EXTRA: 'world' } });
+    expect(r.stdout).toBe('/etc\nhello world\n');
+  });
+
+  it('feeds stdin', async () => {
+    const r = await s.exec(id, { command: 'tr a-z A-Z', stdin: 'shout\n' });
+    expect(r.stdout).toBe('SHOUT\n');
+  });
+
+  it('a missing program is exit code 127 with a message', async () => {
+    const r = await s.exec(id, { command: ['/no/such/program'] });
+    expect(r.exit_code).toBe(127);
+    expect(r.stderr).toMatch(/No such file/);
+  });
+
+  it('on timeout kills the whole process group, children included', async () => {
+    const r = await s.exec(id, { command: 'sleep 101 & sleep 102; echo never', timeout_ms: 300 });
+    expect(r.timed_out).toBe(true);
+    expect(r.stdout).toBe('');
+    expect(r.duration_ms).toBeLessThan(5000);
+    const ps = await s.exec(id, { command: 'ps -o args' });
+    expect(ps.stdout).not.toMatch(/sleep 10[12]/);
+  });
+
+  it('truncates output over the limit and says so', async () => {
+    const r = await s.exec(id, { command: 'head -c 100000 /dev/zero | tr "\\0" x', max_output_bytes: 1000 });
+    expect(r.truncated).toBe(true);
+    expect(r.stdout.length).toBe(1000);
+    const small = await s.exec(id, { command: 'echo ok', max_output_bytes: 1000 });
+    expect(small.truncated).toBe(false);
+  });
+
+  it('passes large output whole under the limit', async () => {
+    const r = await s.exec(id, { command: 'head -c 3000000 /dev/zero | tr "\\0" y', max_output_bytes: 4_000_000 });
+    expect(r.stdout.length).toBe(3_000_000);
+    expect(r.truncated).toBe(false);
+  });
+});
+
+describe('shell sessions', () => {
+  it('keeps cd and export between calls, with stdout and stderr apart', async () => {
+    await s.exec(id, { command: 'cd /tmp && export COLOR=blue && X=local', session: 'main' });
+    const r = await s.exec(id, { command: 'pwd; echo $COLOR $X; echo e >&2; false', session: 'main' });
+    expect(r).toMatchObject({ stdout: '/tmp\nblue local\n', stderr: 'e\n', exit_code: 1 });
+  });
+
+  it('sessions are separate from each other', async () => {
+    const r = await s.exec(id, { command: 'pwd; echo "[$COLOR]"', session: 'other' });
+    expect(r.stdout).toBe('/root\n[]\n');
+    const list = await s.api('GET', `/instances/${id}/sessions`);
+    expect(list.body.items.map((x: { name: string }) => x.name).sort()).toEqual(['main', 'other']);
+  });
+
+  it('a session command that runs too long is interrupted and the shell lives on', async () => {
+    const r = await s.exec(id, { command: 'sleep 30', session: 'main', timeout_ms: 300 });
+    expect(r.timed_out).toBe(true);
+    const after = await s.exec(id, { command: 'echo $COLOR', session: 'main' });
+    expect(after.stdout).toBe('blue\n');
+  });
+
+  it('feeds stdin to a session command', async () => {
+    const r = await s.exec(id, { command: 'read line; echo "got $line"', session: 'main', stdin: 'abc\n' });
+    expect(r.stdout).toBe('got abc\n');
+  });
+
+  it('closing a session ends its shell', async () => {
+    expect((await s.api('DELETE', `/instances/${id}/sessions/other`)).status).toBe(204);
+    const r = await s.exec(id, { command: 'echo "[$COLOR]"', session: 'other' });
+    expect(r.stdout).toBe('[]\n');
+  });
+});
+
+describe('background processes', () => {
+  it('keep running and writing while no client is attached; output is read later by offset', async () => {
+    const start = await s.api('POST', `/instances/${id}/processes`, {
+      command: 'i=0; while true; do i=$((i+1)); echo "tick $i"; echo $i > /tmp/bg-count; sleep 0.05; done',
+    });
+    expect(start.status).toBe(201);
+    const pid = start.body.process_id;
+    await sleep(600);
+    const first = await s.api('GET', `/instances/${id}/processes/${pid}/output`);
+    expect(first.body.stdout).toMatch(/^tick 1\ntick 2\n/);
+    const n1 = Number((await s.exec(id, { command: 'cat /tmp/bg-count' })).stdout);
+    expect(n1).toBeGreaterThan(3);
+    await sleep(400);
+    const next = await s.api('GET', `/instances/${id}/processes/${pid}/output?stdout_offset=${first.body.stdout_offset}`);
+    expect(next.body.stdout).toMatch(/^tick \d+\n/);
+    expect(next.body.stdout).not.toContain('tick 1\n');
+    const list = await s.api('GET', `/instances/${id}/processes`);
+    expect(list.body.items.find((p: { process_id: number }) => p.process_id === pid).status).toBe('running');
+    expect((await s.api('POST', `/instances/${id}/processes/${pid}/signal`, { signal: 9 })).status).toBe(204);
+    await eventually(async () => (await s.api('GET', `/instances/${id}/processes/${pid}`)).body.status === 'exited');
+    expect((await s.api('DELETE', `/instances/${id}/processes/${pid}`)).status).toBe(204);
+    expect((await s.api('GET', `/instances/${id}/processes/${pid}`)).status).toBe(404);
+  });
+
+  it('the agent inside the sandbox stays small', async () => {
+    const sb = s.fp.engine.sandbox(id)!;
+    const status = await readFile(`/proc/${sb.pid}/status`, 'utf8');
+    const rssKb = Number(/VmRSS:\s+(\d+)/.exec(status)![1]);
+    expect(rssKb).toBeLessThan(8 * 1024);
+  });
+});

@@ -1,0 +1,104 @@
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { pino } from 'pino';
+import { request } from 'undici';
+import { loadConfig, type ConfigInput } from '../../src/config.js';
+import { Forkpoint } from '../../src/core/forkpoint.js';
+import { buildApp } from '../../src/http/app.js';
+import { VERSION } from '../../src/version.js';
+
+export interface Reply<T = any> {
+  status: number;
+  body: T;
+}
+
+export interface TestServer {
+  url: string;
+  token: string;
+  dataDir: string;
+  fp: Forkpoint;
+  app: FastifyInstance;
+  /** JSON over real HTTP with the server's token (or the given headers). */
+  api<T = any>(method: string, path: string, body?: unknown, headers?: Record<string, string>): Promise<Reply<T>>;
+  /** Creates a running instance; fails the test if that does not work. */
+  instance(body?: Record<string, unknown>): Promise<any>;
+  exec(id: string, body: Record<string, unknown>): Promise<any>;
+  /** Stops the server (and with `keepSandboxes`, leaves the sandboxes for a restart). */
+  close(opts?: { keepSandboxes?: boolean; keepData?: boolean }): Promise<void>;
+}
+
+/** A real server on loopback over a fresh data directory, as root, with the real engine. */
+export async function startServer(config: Partial<ConfigInput> = {}, existingDataDir?: string): Promise<TestServer> {
+  const dataDir = existingDataDir ?? (await mkdtemp(join(tmpdir(), 'forkpoint-test-')));
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, logLevel: 'silent', ...config } });
+  const fp = await Forkpoint.open(cfg, pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' }), VERSION);
+  await fp.start();
+  const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.engine.layout.initialTokenFile, 'utf8')).trim();
+  const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
+  const url = await app.listen({ host: '127.0.0.1', port: 0 });
+
+  const api = async (method: string, path: string, body?: unknown, headers?: Record<string, string>): Promise<Reply> => {
+    const res = await request(url + path, {
+      method: method as 'GET',
+      headers: {
+        ...(headers ?? { authorization: `Bearer ${token}` }),
+        ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+      },
+      body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+    });
+    const text = await res.body.text();
+    return { status: res.statusCode, body: text ? JSON.parse(text) : null };
+  };
+
+  const server: TestServer = {
+    url,
+    token,
+    dataDir,
+    fp,
+    app,
+    api,
+    async instance(body = {}) {
+      const r = await api('POST', '/instances', body);
+      if (r.status !== 201) throw new Error(`create instance: ${r.status} ${JSON.stringify(r.body)}`);
+      return r.body;
+    },
+    async exec(id, body) {
+      const r = await api('POST', `/instances/${id}/exec`, body);
+      if (r.status !== 200) throw new Error(`exec: ${r.status} ${JSON.stringify(r.body)}`);
+      return r.body;
+    },
+    async close(opts = {}) {
+      await app.close();
+      if (!opts.keepSandboxes) {
+        for (const rec of fp.store.instances.all()) await fp.engine.destroy(rec.id).catch(() => {});
+      }
+      await fp.close();
+      if (!opts.keepData && !opts.keepSandboxes) await rm(dataDir, { recursive: true, force: true });
+    },
+  };
+  return server;
+}
+
+/** Overlay mounts of this data directory still in the host's mount table. */
+export async function overlaysUnder(dir: string): Promise<string[]> {
+  const text = await readFile('/proc/self/mountinfo', 'utf8');
+  return text
+    .split('\n')
+    .map((l) => l.split(' ')[4] ?? '')
+    .filter((m) => m.startsWith(dir + '/'));
+}
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Polls until `fn` returns a truthy value, or throws after `ms`. */
+export async function eventually<T>(fn: () => Promise<T | undefined | false>, ms = 10_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error('condition not met in time');
+    await sleep(50);
+  }
+}

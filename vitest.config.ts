@@ -1,0 +1,13 @@
+import { defineConfig } from 'vitest/config';
+
+// The suite drives real sandboxes (overlay, CRIU, namespaces) as root: files run one at a
+// time so that two heavy files never share the machine's two cores.
+export default defineConfig({
+  test: {
+    include: ['test/**/*.test.ts'],
+    fileParallelism: false,
+    testTimeout: 60_000,
+    hookTimeout: 60_000,
+    reporters: ['default'],
+  },
+});
