@@ -49,11 +49,14 @@ export async function tail(file: string, lines = 40): Promise<string> {
   return text.split('\n').slice(-lines).join('\n');
 }
 
-/** CRIU's own words for what went wrong: the first "Error" line of its log. */
+/** Lines CRIU logs as errors on every run here: no iptables on the host, no RLIMIT_NOFILE raise. */
+export const HARMLESS = /rlimit|iptables|ip6tables|nftables|(Dumping|Restoring) FAILED/;
+
+/** CRIU's own words for what went wrong: the first "Error" line of its log that matters (the cause; later ones are consequences). */
 export function lastError(log: string): string | undefined {
   return log
     .split('\n')
-    .find((l) => /Error|error/.test(l) && !/rlimit/.test(l))
+    .find((l) => /Error/.test(l) && !HARMLESS.test(l))
     ?.replace(/^\(\d+\.\d+\)\s*/, '')
     .trim();
 }

@@ -3,7 +3,7 @@ import { openSync, closeSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { EngineError } from './errors.js';
-import { tail } from './criu.js';
+import { HARMLESS, tail } from './criu.js';
 
 export interface Launched {
   pid: number;
@@ -64,7 +64,7 @@ export async function launchUnderShim(opts: {
 function firstUseful(log: string): string | undefined {
   return log
     .split('\n')
-    .find((l) => /Error/.test(l) && !/rlimit/.test(l))
+    .find((l) => /Error/.test(l) && !HARMLESS.test(l))
     ?.replace(/^\(\d+\.\d+\)\s*/, '');
 }
 

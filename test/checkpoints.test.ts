@@ -1,0 +1,233 @@
+import { statSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { eventually, sleep, startServer, type TestServer } from './helpers/server.js';
+
+let s: TestServer;
+beforeAll(async () => {
+  s = await startServer();
+});
+afterAll(async () => s?.close());
+
+const checkpoint = async (id: string, body: Record<string, unknown> = {}) => {
+  const r = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, body);
+  if (r.status !== 200 || r.body.status !== 'ready') throw new Error(`checkpoint: ${r.status} ${JSON.stringify(r.body)}`);
+  return r.body;
+};
+const rollback = async (id: string, checkpointId: string) => {
+  const r = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: checkpointId });
+  if (r.status !== 200) throw new Error(`rollback: ${r.status} ${JSON.stringify(r.body)}`);
+  return r.body;
+};
+const counter = async (id: string) => Number((await s.exec(id, { command: 'cat /tmp/n' })).stdout);
+const startCounter = (id: string) =>
+  s.api('POST', `/instances/${id}/processes`, { command: 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done' });
+
+describe('checkpoint → change → rollback', () => {
+  it('brings back files and memory: the counter continues from its checkpointed value, the shell has its cwd and variables', async () => {
+    const inst = await s.instance({ name: 'roller' });
+    await s.exec(inst.id, { command: 'echo original > /root/a; echo keep > /root/b' });
+    await s.exec(inst.id, { command: 'cd /etc && export MOOD=calm', session: 'main' });
+    await startCounter(inst.id);
+    await sleep(300);
+    const ck = await checkpoint(inst.id, { label: 'calm' });
+    expect(ck).toMatchObject({ status: 'ready', memory: true, label: 'calm', instance_id: inst.id });
+    expect(ck.memory_bytes).toBeGreaterThan(0);
+    const atCheckpoint = Number(await s.fp.engine.layout.layer(s.fp.store.checkpoints.get(ck.id)!.layers[0]!) && (await import('node:fs')).readFileSync(join(s.fp.engine.layout.layer(s.fp.store.checkpoints.get(ck.id)!.layers[0]!), 'tmp/n'), 'utf8'));
+    await s.exec(inst.id, { command: 'echo changed > /root/a; rm /root/b; echo new > /root/c' });
+    await s.exec(inst.id, { command: 'cd / && export MOOD=angry', session: 'main' });
+    await sleep(400);
+    expect(await counter(inst.id)).toBeGreaterThan(atCheckpoint + 3);
+
+    const after = await rollback(inst.id, ck.id);
+    expect(after.status).toBe('running');
+    expect(after.head_checkpoint_id).toBe(ck.id);
+    const files = await s.exec(inst.id, { command: 'cat /root/a /root/b; ls /root' });
+    expect(files.stdout).toBe('original\nkeep\na\nb\n');
+    const shell = await s.exec(inst.id, { command: 'pwd; echo $MOOD', session: 'main' });
+    expect(shell.stdout).toBe('/etc\ncalm\n');
+    const resumed = await counter(inst.id);
+    expect(resumed).toBeGreaterThanOrEqual(atCheckpoint);
+    expect(resumed).toBeLessThan(atCheckpoint + 8);
+    await sleep(300);
+    expect(await counter(inst.id)).toBeGreaterThan(resumed); // still running
+  });
+
+  it('two rollbacks in a row, in both directions', async () => {
+    const inst = await s.instance({ name: 'pingpong' });
+    await s.exec(inst.id, { command: 'echo 1 > /root/v' });
+    const one = await checkpoint(inst.id, { label: 'one' });
+    await s.exec(inst.id, { command: 'echo 2 > /root/v; touch /root/only-two' });
+    const two = await checkpoint(inst.id, { label: 'two' });
+    expect(two.parent_id).toBe(one.id);
+    await s.exec(inst.id, { command: 'echo 3 > /root/v' });
+    const read = async () => (await s.exec(inst.id, { command: 'cat /root/v; ls /root' })).stdout;
+    await rollback(inst.id, one.id);
+    expect(await read()).toBe('1\nv\n');
+    await rollback(inst.id, two.id);
+    expect(await read()).toBe('2\nonly-two\nv\n');
+    await rollback(inst.id, one.id);
+    expect(await read()).toBe('1\nv\n');
+    await rollback(inst.id, one.id);
+    expect(await read()).toBe('1\nv\n');
+  });
+
+  it('a files-only checkpoint rolls back to its files on a fresh boot', async () => {
+    const inst = await s.instance({ name: 'disky' });
+    await s.exec(inst.id, { command: 'echo disk > /root/f' });
+    await startCounter(inst.id);
+    const ck = await checkpoint(inst.id, { memory: false });
+    expect(ck.memory).toBe(false);
+    expect(ck.memory_bytes).toBe(0);
+    expect((await s.exec(inst.id, { command: 'echo $((1+1))' })).stdout).toBe('2\n'); // ran on through it
+    await s.exec(inst.id, { command: 'rm /root/f' });
+    await rollback(inst.id, ck.id);
+    const r = await s.exec(inst.id, { command: 'cat /root/f; ps -o args | grep -c "[w]hile true"' });
+    expect(r.stdout).toBe('disk\n0\n');
+  });
+});
+
+describe('checkpoint jobs', () => {
+  it('answers 202 processing, then becomes ready; exec during the checkpoint waits and succeeds', async () => {
+    const inst = await s.instance({ name: 'busy' });
+    const long = s.exec(inst.id, { command: 'sleep 0.5; echo carried through' });
+    await sleep(100);
+    const started = await s.api('POST', `/instances/${inst.id}/checkpoints`, { label: 'async' });
+    expect(started.status).toBe(202);
+    expect(started.body.status).toBe('processing');
+    const during = await s.exec(inst.id, { command: 'echo during' });
+    expect(during.stdout).toBe('during\n');
+    expect((await long).stdout).toBe('carried through\n');
+    const done = await s.api('GET', `/instances/${inst.id}/checkpoints/${started.body.id}?wait=true`);
+    expect(done.body.status).toBe('ready');
+    expect(done.body.delta_bytes).toBeGreaterThanOrEqual(0);
+  });
+
+  it('a dump that fails ends `failed` with a reason, and the instance runs on unharmed', async () => {
+    const inst = await s.instance({ name: 'unlucky' });
+    await s.exec(inst.id, { command: 'echo fine > /root/f' });
+    // An established TCP connection: CRIU refuses it without --tcp-established.
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 600 | nc -l -p 9000 >/dev/null' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 0.2; sleep 600 | nc 127.0.0.1 9000 >/dev/null' });
+    await eventually(async () => (await s.exec(inst.id, { command: 'netstat -tn' })).stdout.includes('ESTABLISHED'));
+    const pid = s.fp.engine.sandbox(inst.id)!.pid;
+    const r = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: 'doomed' });
+    expect(r.body.status).toBe('failed');
+    expect(r.body.error).toMatch(/criu dump failed: .*(TCP|tcp)/);
+    expect(s.fp.engine.sandbox(inst.id)!.pid).toBe(pid);
+    expect((await s.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
+    expect((await s.exec(inst.id, { command: 'cat /root/f; pidof nc | wc -w; netstat -tn | grep -c ESTABLISHED' })).stdout).toBe('fine\n2\n2\n');
+    expect((await s.api('GET', `/instances/${inst.id}/checkpoints`)).body.items[0].status).toBe('failed');
+  });
+
+  it('enforces the per-instance limit; delete_oldest retention makes room', async () => {
+    const inst = await s.instance({ name: 'limited', max_checkpoints: 2 });
+    const a = await checkpoint(inst.id, { memory: false });
+    await checkpoint(inst.id, { memory: false });
+    const refused = await s.api('POST', `/instances/${inst.id}/checkpoints`, { memory: false });
+    expect(refused.status).toBe(429);
+    expect(refused.body.error.code).toBe('QUOTA_EXCEEDED');
+    const c = await checkpoint(inst.id, { memory: false, retention: { mode: 'delete_oldest' } });
+    const ids = (await s.api('GET', `/instances/${inst.id}/checkpoints`)).body.items.map((x: { id: string }) => x.id);
+    expect(ids).toHaveLength(2);
+    expect(ids).toContain(c.id);
+    expect(ids).not.toContain(a.id);
+  });
+
+  it('copies no file data: the frozen layer holds the very inode, and the disk barely grows', async () => {
+    const inst = await s.instance({ name: 'bigfile' });
+    await s.exec(inst.id, { command: 'head -c 67108864 /dev/urandom > /root/big', timeout_ms: 30_000 });
+    const upperFile = join(s.fp.engine.layout.upper(inst.id), 'root/big');
+    const inode = statSync(upperFile).ino;
+    const before = await s.fp.engine.diskUsage(s.dataDir);
+    const ck = await checkpoint(inst.id, { memory: false });
+    const layer = s.fp.store.checkpoints.get(ck.id)!.layers[0]!;
+    expect(statSync(join(s.fp.engine.layout.layer(layer), 'root/big')).ino).toBe(inode);
+    const grown = (await s.fp.engine.diskUsage(s.dataDir)) - before;
+    expect(grown).toBeLessThan(64 * 1024 * 1024 * 0.1);
+    expect(ck.delta_bytes).toBeGreaterThanOrEqual(64 * 1024 * 1024);
+  });
+});
+
+describe('fork', () => {
+  it('ten forks of one checkpoint run at once, isolated from each other and from the original', async () => {
+    const inst = await s.instance({ name: 'parent' });
+    await s.exec(inst.id, { command: 'echo shared > /root/base' });
+    await startCounter(inst.id);
+    const ck = await checkpoint(inst.id);
+    const r = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id, count: 10 });
+    expect(r.status).toBe(201);
+    const forks: { id: string; name: string; source_checkpoint_id: string }[] = r.body.instances;
+    expect(forks).toHaveLength(10);
+    expect(new Set(forks.map((f) => f.id)).size).toBe(10);
+    await Promise.all(forks.map((f, i) => s.exec(f.id, { command: `echo fork-${i} > /root/mine` })));
+    const outs = await Promise.all(forks.map((f) => s.exec(f.id, { command: 'cat /root/base /root/mine; hostname; ps -o args | grep -c "[w]hile true"' })));
+    outs.forEach((o, i) => expect(o.stdout).toBe(`shared\nfork-${i}\n${forks[i]!.name}\n1\n`));
+    expect((await s.exec(inst.id, { command: 'ls /root' })).stdout).toBe('base\n');
+    expect(forks.every((f) => f.source_checkpoint_id === ck.id)).toBe(true);
+    const pids = forks.map((f) => s.fp.engine.sandbox(f.id)!.pid);
+    expect(new Set(pids).size).toBe(10);
+    await Promise.all(forks.map((f) => s.api('DELETE', `/instances/${f.id}`)));
+  });
+
+  it('without a checkpoint forks the current state; the original keeps running', async () => {
+    const inst = await s.instance({ name: 'now' });
+    await s.exec(inst.id, { command: 'cd /var && export WHERE=here', session: 'main' });
+    const r = await s.api('POST', `/instances/${inst.id}/fork`, { name: 'now-copy' });
+    expect(r.status).toBe(201);
+    const fork = r.body.instances[0];
+    expect(fork.name).toBe('now-copy');
+    expect((await s.exec(fork.id, { command: 'pwd; echo $WHERE; hostname', session: 'main' })).stdout).toBe('/var\nhere\nnow-copy\n');
+    expect((await s.exec(inst.id, { command: 'echo $WHERE', session: 'main' })).stdout).toBe('here\n');
+  });
+
+  it('a fork has its own checkpoints and forks: a tree three deep, shown by lineage', async () => {
+    const root = await s.instance({ name: 'gen0' });
+    await s.exec(root.id, { command: 'echo 0 > /root/gen' });
+    const c0 = await checkpoint(root.id, { label: 'c0' });
+    const f1 = (await s.api('POST', `/instances/${root.id}/fork`, { checkpoint_id: c0.id, name: 'gen1' })).body.instances[0];
+    await s.exec(f1.id, { command: 'echo 1 >> /root/gen' });
+    const c1 = await checkpoint(f1.id, { label: 'c1' });
+    expect(c1.parent_id).toBe(c0.id);
+    const f2 = (await s.api('POST', `/instances/${f1.id}/fork`, { checkpoint_id: c1.id, name: 'gen2' })).body.instances[0];
+    await s.exec(f2.id, { command: 'echo 2 >> /root/gen' });
+    const c2 = await checkpoint(f2.id, { label: 'c2' });
+    const f3 = (await s.api('POST', `/instances/${f2.id}/fork`, { checkpoint_id: c2.id, name: 'gen3' })).body.instances[0];
+    expect((await s.exec(f3.id, { command: 'cat /root/gen' })).stdout).toBe('0\n1\n2\n');
+    expect((await s.exec(root.id, { command: 'cat /root/gen' })).stdout).toBe('0\n');
+    const tree = (await s.api('GET', `/instances/${root.id}/lineage`)).body;
+    const path = [tree.id, tree.children[0].id, tree.children[0].children[0].id];
+    expect(path).toEqual([root.id, c0.id, f1.id]);
+    const gen2 = tree.children[0].children[0].children[0].children[0];
+    expect(gen2.id).toBe(f2.id);
+    expect(gen2.children[0].children[0].id).toBe(f3.id);
+  });
+
+  it('deleting a checkpoint a fork stands on keeps the fork working; its layers go with the last user', async () => {
+    const inst = await s.instance({ name: 'origin' });
+    await s.exec(inst.id, { command: 'echo payload > /root/p' });
+    const ck = await checkpoint(inst.id);
+    const layers = s.fp.store.checkpoints.get(ck.id)!.layers;
+    const fork = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body.instances[0];
+    expect((await s.api('DELETE', `/instances/${inst.id}/checkpoints/${ck.id}`)).status).toBe(204);
+    expect((await s.exec(fork.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
+    // The original goes too; the fork still stands on the layer.
+    expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);
+    expect((await s.exec(fork.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
+    expect(statSync(s.fp.engine.layout.layer(layers[0]!)).isDirectory()).toBe(true);
+    const fork2 = (await s.api('POST', `/instances/${fork.id}/fork`, {})).body.instances[0];
+    expect((await s.exec(fork2.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
+    expect((await s.api('DELETE', `/instances/${fork.id}`)).status).toBe(204);
+    expect((await s.api('DELETE', `/instances/${fork2.id}`)).status).toBe(204);
+    await eventually(async () => !s.fp.store.layers.all().includes(layers[0]!));
+  });
+
+  it('refuses a checkpoint of another instance and a failed checkpoint', async () => {
+    const a = await s.instance({ name: 'aa' });
+    const b = await s.instance({ name: 'bb' });
+    const ck = await checkpoint(a.id, { memory: false });
+    expect((await s.api('POST', `/instances/${b.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(404);
+    expect((await s.api('POST', `/instances/${b.id}/fork`, { checkpoint_id: ck.id })).status).toBe(404);
+    expect((await s.api('DELETE', `/instances/${a.id}/checkpoints/ckpt_missing`)).status).toBe(404);
+  });
+});

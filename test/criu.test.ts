@@ -1,0 +1,36 @@
+import { execa } from 'execa';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadConfig } from '../src/config.js';
+import { startServer, type TestServer } from './helpers/server.js';
+
+let s: TestServer;
+beforeAll(async () => {
+  s = await startServer();
+});
+afterAll(async () => s?.close());
+
+describe('the project\'s CRIU', () => {
+  it('is >= 4.2 and passes `criu check` on this kernel', async () => {
+    const criu = loadConfig({ env: {} }).criuPath;
+    const version = await execa(criu, ['--version']);
+    const [major, minor] = /Version:\s*(\d+)\.(\d+)/.exec(version.stdout)!.slice(1).map(Number);
+    expect(major! * 100 + minor!).toBeGreaterThanOrEqual(402);
+    const check = await execa(criu, ['check'], { reject: false });
+    expect(check.exitCode, check.stderr).toBe(0);
+  });
+
+  it('dumps and restores a process holding a listening TCP socket', async () => {
+    const inst = await s.instance({ name: 'listener' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: ['nc', '-ll', '-p', '8080', '-e', 'echo', 'pong'] });
+    const before = await s.exec(inst.id, { command: 'sleep 0.2; nc 127.0.0.1 8080 </dev/null; netstat -ltn | grep -c :8080; pidof nc' });
+    const [pong, listening, listenerPid] = before.stdout.trim().split('\n');
+    expect([pong, listening]).toEqual(['pong', '1']);
+    const oldPid = s.fp.engine.sandbox(inst.id)!.pid;
+    const c = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true });
+    expect(c.body.status, c.body.error).toBe('ready');
+    expect(s.fp.engine.sandbox(inst.id)!.pid).not.toBe(oldPid); // it really went through dump and restore
+    const after = await s.exec(inst.id, { command: 'nc 127.0.0.1 8080 </dev/null; pidof nc' });
+    // The same listener process, restored with its socket: same in-sandbox pid, still answering.
+    expect(after.stdout).toBe(`pong\n${listenerPid}\n`);
+  });
+});
