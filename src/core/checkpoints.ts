@@ -82,6 +82,7 @@ export class CheckpointService {
       hostname: inst.name,
       deltaBytes: null,
       memoryBytes: null,
+      pauseMs: null,
       error: null,
       createdAt: new Date().toISOString(),
       readyAt: null,
@@ -135,7 +136,7 @@ export class CheckpointService {
       this.store.layers.setRefs(`checkpoint:${c.id}`, layers);
       const sb = this.engine.sandbox(inst.id);
       this.store.instances.update(inst.id, { layers, headCheckpointId: c.id, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
-      this.store.checkpoints.update(c.id, { layers });
+      this.store.checkpoints.update(c.id, { layers, pauseMs });
     })();
     // The instance runs again; what follows only makes the checkpoint durable and measured.
     if (!c.memory) await rm(images, { recursive: true, force: true });
@@ -235,7 +236,7 @@ export class CheckpointService {
       this.store.layers.dropHolder(`checkpoint:${c.id}`);
       this.store.checkpoints.delete(c.id);
     })();
-    void this.engine.removeCheckpointImages(c.id);
+    this.engine.removeCheckpointImages(c.id).catch((err: unknown) => this.log.warn({ err, checkpoint: c.id }, "could not remove memory images"));
   }
 
   /** Every checkpoint of a deleted instance goes with it. */

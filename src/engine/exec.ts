@@ -49,32 +49,29 @@ export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<Exec
   const out = new Capped(req.maxOutputBytes);
   const err = new Capped(req.maxOutputBytes);
   let timedOut = false;
-  let timer: NodeJS.Timeout | undefined;
-  const done = new Promise<{ code: number; signal: number }>((resolve, reject) => {
-    sandbox
-      .start(
-        id,
-        { argv: req.argv, env: req.env, cwd: req.cwd },
-        {
-          onOutput: (stream, _offset, data) => (stream === 1 ? out : err).push(data),
-          onExit: (code, signal) => resolve({ code, signal }),
-          onLost: (e) =>
-            reject(new EngineError('PROCESS_LOST', `the command was lost: ${e.message} (the instance was rolled back, stopped or deleted)`)),
-        },
-      )
-      .then(async () => {
-        const agent = await sandbox.agent();
-        if (req.stdin?.length) agent.stdin(id, req.stdin);
-        agent.closeStdin(id);
-        timer = setTimeout(() => {
-          timedOut = true;
-          void sandbox.agent().then((a) => a.signal(id, SIGKILL));
-        }, req.timeoutMs);
-      }, reject);
-  });
+  // Armed before the spawn and always cleared: a fast command must not leave it behind.
+  const timer = setTimeout(() => {
+    timedOut = true;
+    sandbox.agent().then((a) => a.signal(id, SIGKILL), () => {});
+  }, req.timeoutMs);
   try {
+    let spawned!: Promise<number>;
+    const done = new Promise<{ code: number; signal: number }>((resolve, reject) => {
+      const listener = {
+        onOutput: (stream: 1 | 2, _offset: number, data: Buffer) => (stream === 1 ? out : err).push(data),
+        onExit: (code: number, signal: number) => resolve({ code, signal }),
+        onLost: (e: Error) =>
+          reject(new EngineError('PROCESS_LOST', `the command was lost: ${e.message} (the instance was rolled back, stopped or deleted)`)),
+      };
+      spawned = sandbox.start(id, { argv: req.argv, env: req.env, cwd: req.cwd }, listener);
+    });
+    done.catch(() => {});
+    await spawned;
+    const agent = await sandbox.agent();
+    if (req.stdin?.length) agent.stdin(id, req.stdin);
+    agent.closeStdin(id);
     const { code, signal } = await done;
-    void sandbox.agent().then((a) => a.forget(id), () => {});
+    sandbox.agent().then((a) => a.forget(id), () => {});
     return {
       exitCode: signal ? 128 + signal : code,
       signal,
@@ -85,6 +82,6 @@ export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<Exec
       truncated: out.truncated || err.truncated,
     };
   } finally {
-    if (timer) clearTimeout(timer);
+    clearTimeout(timer);
   }
 }

@@ -105,7 +105,7 @@ export class ShellSession {
     (await this.sandbox.agent()).stdin(this.processId, `__fp_run ${nonce}\n`);
     const timer = setTimeout(() => {
       timedOut = true;
-      void this.interrupt(nonce);
+      this.interrupt(nonce).catch(() => {});
     }, opts.timeoutMs);
     let code: number;
     try {

@@ -167,6 +167,7 @@ export const Checkpoint = z
     parent_id: z.string().nullable(),
     delta_bytes: z.number().nullable(),
     memory_bytes: z.number().nullable(),
+    pause_ms: z.number().nullable().describe('how long the instance was frozen: dump to restored (null for a stopped instance)'),
     error: z.string().nullable(),
     created_at: z.string(),
     ready_at: z.string().nullable(),

@@ -30,6 +30,7 @@ export const checkpointView = (c: CheckpointRecord) => ({
   parent_id: c.parentId,
   delta_bytes: c.deltaBytes,
   memory_bytes: c.memoryBytes,
+  pause_ms: c.pauseMs,
   error: c.error,
   created_at: c.createdAt,
   ready_at: c.readyAt,

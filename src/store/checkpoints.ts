@@ -18,6 +18,8 @@ export interface CheckpointRecord {
   hostname: string;
   deltaBytes: number | null;
   memoryBytes: number | null;
+  /** How long the instance was frozen for it, dump to restored. */
+  pauseMs: number | null;
   error: string | null;
   createdAt: string;
   readyAt: string | null;
@@ -37,6 +39,7 @@ interface Row {
   hostname: string;
   delta_bytes: number | null;
   memory_bytes: number | null;
+  pause_ms: number | null;
   error: string | null;
   created_at: string;
   ready_at: string | null;
@@ -56,6 +59,7 @@ const fromRow = (r: Row): CheckpointRecord => ({
   hostname: r.hostname,
   deltaBytes: r.delta_bytes,
   memoryBytes: r.memory_bytes,
+  pauseMs: r.pause_ms,
   error: r.error,
   createdAt: r.created_at,
   readyAt: r.ready_at,
@@ -68,9 +72,9 @@ export class CheckpointStore {
     this.db
       .prepare(
         `INSERT INTO checkpoints (id, instance_id, owner, label, status, memory, parent_id, layers, image,
-           agent_layer, hostname, delta_bytes, memory_bytes, error, created_at, ready_at)
+           agent_layer, hostname, delta_bytes, memory_bytes, pause_ms, error, created_at, ready_at)
          VALUES (@id, @instanceId, @owner, @label, @status, @memory, @parentId, @layers, @image,
-           @agentLayer, @hostname, @deltaBytes, @memoryBytes, @error, @createdAt, @readyAt)`,
+           @agentLayer, @hostname, @deltaBytes, @memoryBytes, @pauseMs, @error, @createdAt, @readyAt)`,
       )
       .run({ ...c, memory: c.memory ? 1 : 0, layers: JSON.stringify(c.layers) });
   }
@@ -99,14 +103,14 @@ export class CheckpointStore {
     return { items, nextCursor: start + limit < all.length ? items[items.length - 1]!.id : null };
   }
 
-  update(id: string, patch: Partial<Pick<CheckpointRecord, 'status' | 'layers' | 'deltaBytes' | 'memoryBytes' | 'error' | 'readyAt' | 'instanceId'>>): void {
+  update(id: string, patch: Partial<Pick<CheckpointRecord, 'status' | 'layers' | 'deltaBytes' | 'memoryBytes' | 'pauseMs' | 'error' | 'readyAt' | 'instanceId'>>): void {
     const cur = this.get(id);
     if (!cur) return;
     const next = { ...cur, ...patch };
     this.db
       .prepare(
         `UPDATE checkpoints SET status=@status, layers=@layers, delta_bytes=@deltaBytes,
-           memory_bytes=@memoryBytes, error=@error, ready_at=@readyAt WHERE id=@id`,
+           memory_bytes=@memoryBytes, pause_ms=@pauseMs, error=@error, ready_at=@readyAt WHERE id=@id`,
       )
       .run({ ...next, layers: JSON.stringify(next.layers) });
   }

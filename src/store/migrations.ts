@@ -86,4 +86,9 @@ export const migrations: readonly Migration[] = [
       );
       CREATE INDEX layer_refs_holder ON layer_refs (holder);`,
   },
+  {
+    version: 4,
+    name: 'checkpoint pause',
+    sql: `ALTER TABLE checkpoints ADD COLUMN pause_ms REAL;`,
+  },
 ];

@@ -1,0 +1,88 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { request } from 'undici';
+import { loadConfig } from '../src/config.js';
+import { Forkpoint } from '../src/core/forkpoint.js';
+import { buildApp } from '../src/http/app.js';
+import { VERSION } from '../src/version.js';
+
+export interface Stats {
+  n: number;
+  min: number;
+  p50: number;
+  p95: number;
+}
+
+export function stats(samples: number[]): Stats {
+  const s = [...samples].sort((a, b) => a - b);
+  const q = (p: number) => s[Math.min(s.length - 1, Math.floor(p * s.length))]!;
+  return { n: s.length, min: s[0]!, p50: q(0.5), p95: q(0.95) };
+}
+
+export async function time(fn: () => Promise<unknown>): Promise<number> {
+  const t = performance.now();
+  await fn();
+  return performance.now() - t;
+}
+
+export async function sample(n: number, fn: () => Promise<number | void>): Promise<Stats> {
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    const own = await fn();
+    out.push(typeof own === 'number' ? own : performance.now() - t);
+  }
+  return stats(out);
+}
+
+const f = (x: number) => (x >= 100 ? x.toFixed(0) : x.toFixed(1));
+
+/** Prints rows of `name | what | n | min | p50 | p95 | target`. */
+export function table(title: string, rows: { name: string; stats: Stats; unit?: string; target?: string }[]): void {
+  const head = ['operation', 'n', 'min', 'p50', 'p95', 'unit', 'target'];
+  const body = rows.map((r) => [r.name, String(r.stats.n), f(r.stats.min), f(r.stats.p50), f(r.stats.p95), r.unit ?? 'ms', r.target ?? '']);
+  const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => b[i]!.length)));
+  const line = (cells: string[]) => '| ' + cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ') + ' |';
+  console.log(`\n### ${title}\n`);
+  console.log(line(head));
+  console.log('|' + widths.map((w, i) => (i === 0 ? '-'.repeat(w + 2) : '-'.repeat(w + 1) + ':')).join('|') + '|');
+  for (const b of body) console.log(line(b));
+}
+
+export interface BenchServer {
+  fp: Forkpoint;
+  url: string;
+  api<T = any>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }>;
+  close(): Promise<void>;
+}
+
+export async function benchServer(): Promise<BenchServer> {
+  const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, logLevel: 'silent', maxCheckpointsPerInstance: 1000 } });
+  const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION);
+  await fp.start();
+  const token = (await fp.ensureInitialToken())!;
+  const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
+  const url = await app.listen({ host: '127.0.0.1', port: 0 });
+  return {
+    fp,
+    url,
+    async api(method, path, body) {
+      const res = await request(url + path, {
+        method: method as 'GET',
+        headers: { authorization: `Bearer ${token}`, ...(body !== undefined ? { 'content-type': 'application/json' } : {}) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      const text = await res.body.text();
+      return { status: res.statusCode, body: text ? JSON.parse(text) : null };
+    },
+    async close() {
+      await app.close();
+      for (const r of fp.store.instances.all()) await fp.engine.destroy(r.id).catch(() => {});
+      await fp.close();
+      await rm(dataDir, { recursive: true, force: true });
+    },
+  };
+}
