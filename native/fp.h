@@ -3,4 +3,6 @@
 int agent_main(void);
 int boot_main(int argc, char **argv);
 int shim_main(int argc, char **argv);
+int criu_run_main(int argc, char **argv);
+int overlay_main(int argc, char **argv);
 #endif

@@ -10,18 +10,54 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "fp.h"
 
+/* A netns restored with `criu --empty-ns net` has lo down: bring it up from the host side.
+ * A fork also gets its own hostname, set in its uts namespace. */
+static int fix_restored(const char *pidfile, const char *hostname) {
+  FILE *f = fopen(pidfile, "re");
+  int pid = 0;
+  if (!f) return -1;
+  if (fscanf(f, "%d", &pid) != 1) pid = 0;
+  fclose(f);
+  if (pid <= 0) return -1;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/ns/net", pid);
+  int ns = open(path, O_RDONLY | O_CLOEXEC);
+  if (ns < 0 || setns(ns, CLONE_NEWNET) < 0) return -1;
+  close(ns);
+  if (hostname) {
+    snprintf(path, sizeof(path), "/proc/%d/ns/uts", pid);
+    int uts = open(path, O_RDONLY | O_CLOEXEC);
+    if (uts < 0 || setns(uts, CLONE_NEWUTS) < 0 || sethostname(hostname, strlen(hostname)) < 0) return -1;
+    close(uts);
+  }
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr = {0};
+  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+  int rc = s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0 ? -1 : 0;
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  if (rc == 0) rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+  if (s >= 0) close(s);
+  return rc;
+}
+
 int shim_main(int argc, char **argv) {
-  const char *status_file = NULL;
+  const char *status_file = NULL, *lo_pidfile = NULL, *hostname = NULL;
   int i = 1;
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--status") && i + 1 < argc) status_file = argv[++i];
     else if (!strcmp(argv[i], "--cgroup-procs") && i + 1 < argc) i++;
+    else if (!strcmp(argv[i], "--loopback-up") && i + 1 < argc) lo_pidfile = argv[++i];
+    else if (!strcmp(argv[i], "--hostname") && i + 1 < argc) hostname = argv[++i];
     else if (!strcmp(argv[i], "--")) { i++; break; }
   }
   if (i >= argc) {
@@ -62,6 +98,10 @@ int shim_main(int argc, char **argv) {
     }
     if (pid == cmd) {
       cmd_status = st;
+      if (lo_pidfile && WIFEXITED(st) && WEXITSTATUS(st) == 0 && fix_restored(lo_pidfile, hostname) < 0) {
+        fprintf(stderr, "shim: cannot set up the restored sandbox's lo or hostname: %s\n", strerror(errno));
+        st = 1 << 8;
+      }
       /* The engine reads this line to learn that the boot or restore is over. */
       printf("exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
       fflush(stdout);

@@ -9,6 +9,8 @@ export const configSchema = z.object({
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** Where criu (>= 4.2) is; set-up puts a private one here when the host has none. */
   criuPath: z.string().min(1).default('/opt/forkpoint/bin/criu'),
+  /** A tmpfs for CRIU's kernel-probe cache (mounted by the server when missing). */
+  criuCacheDir: z.string().min(1).default('/run/forkpoint/criu-cache'),
   /** The static agent binary; set-up builds it. */
   agentPath: z.string().min(1).default(new URL('../native/build/fp-agent', import.meta.url).pathname),
   /** Images are copied from here into the data directory on first use. */
@@ -31,6 +33,7 @@ const envNames: Record<keyof Config, string> = {
   port: 'FORKPOINT_PORT',
   logLevel: 'FORKPOINT_LOG_LEVEL',
   criuPath: 'FORKPOINT_CRIU',
+  criuCacheDir: 'FORKPOINT_CRIU_CACHE_DIR',
   agentPath: 'FORKPOINT_AGENT',
   imageSeedDir: 'FORKPOINT_IMAGE_SEED_DIR',
   defaultImage: 'FORKPOINT_DEFAULT_IMAGE',

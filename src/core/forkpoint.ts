@@ -35,7 +35,7 @@ export class Forkpoint {
     readonly log: Logger,
     readonly version: string,
   ) {
-    this.engine = new Engine({ dataDir: config.dataDir, criuPath: config.criuPath, agentPath: config.agentPath, logger: log });
+    this.engine = new Engine({ dataDir: config.dataDir, criuPath: config.criuPath, criuCacheDir: config.criuCacheDir, agentPath: config.agentPath, logger: log });
     this.store = openStore(this.engine.layout.db);
     this.images = new Images(this.engine.layout.images);
     const locks = new KeyedLock();

@@ -1,16 +1,35 @@
-import { readFile } from 'node:fs/promises';
+import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { EngineError } from './errors.js';
+import { isMounted } from './overlay.js';
+import { run } from './run.js';
 
 export interface CriuVersion {
   version: string;
   ok: boolean;
 }
 
-/** CRIU, run as a plain command. The restore side is started by the launcher under a shim. */
+/** CRIU, run through `fp-agent criu-run` so that its kernel-probe cache lives on a tmpfs
+ * (`cacheDir`) even where /run is not one. The restore side is started under a shim. */
 export class Criu {
-  constructor(readonly path: string) {}
+  constructor(
+    readonly path: string,
+    private readonly helper: string,
+    private readonly cacheDir: string,
+  ) {}
+
+  private command(args: string[]): string[] {
+    return [this.helper, 'criu-run', '--cache', this.cacheDir, '--', this.path, ...args];
+  }
+
+  /** Mounts the cache tmpfs once per boot of the machine; shared by every data directory. */
+  async ensureCache(): Promise<void> {
+    await mkdir(this.cacheDir, { recursive: true, mode: 0o700 });
+    if (await isMounted(this.cacheDir)) return;
+    const r = await run('mount', ['-t', 'tmpfs', '-o', 'size=4m,mode=0700', 'forkpoint-criu', this.cacheDir]);
+    if (r.code !== 0 && !(await isMounted(this.cacheDir))) throw new Error(`mount criu cache: ${r.stderr.trim()}`);
+  }
 
   async version(): Promise<CriuVersion | undefined> {
     const r = await execa(this.path, ['--version'], { reject: false });
@@ -28,19 +47,22 @@ export class Criu {
   /** Dumps the process tree rooted at `pid` into `imagesDir`. Without `leaveRunning` the tree is
    * gone afterwards; on failure CRIU resumes it as it was. */
   async dump(pid: number, imagesDir: string, opts: { leaveRunning?: boolean } = {}): Promise<void> {
+    // --empty-ns net: the sandbox's netns holds only lo, which the shim brings up after a
+    // restore; not dumping its links, routes and rules saves CRIU spawning ip(8) several times.
     const args = ['dump', '-t', String(pid), '-D', imagesDir, '-o', 'dump.log', '-v2',
-      '--network-lock', 'skip', '--manage-cgroups=ignore'];
+      '--network-lock', 'skip', '--manage-cgroups=ignore', '--empty-ns', 'net'];
     if (opts.leaveRunning) args.push('--leave-running');
-    const r = await execa(this.path, args, { reject: false });
-    if (r.exitCode !== 0) {
+    const [file, ...rest] = this.command(args);
+    const r = await run(file!, rest);
+    if (r.code !== 0) {
       const log = await tail(join(imagesDir, 'dump.log'));
       throw new EngineError('DUMP_FAILED', `criu dump failed: ${lastError(log) ?? r.stderr.trim()}`, log);
     }
   }
 
   restoreArgs(imagesDir: string, workDir: string, root: string, pidfile: string): string[] {
-    return [this.path, 'restore', '-d', '-D', imagesDir, '-W', workDir, '-o', 'restore.log', '-v2',
-      '--root', root, '--pidfile', pidfile, '--manage-cgroups=ignore'];
+    return this.command(['restore', '-d', '-D', imagesDir, '-W', workDir, '-o', 'restore.log', '-v2',
+      '--root', root, '--pidfile', pidfile, '--manage-cgroups=ignore', '--empty-ns', 'net']);
   }
 }
 
@@ -50,7 +72,7 @@ export async function tail(file: string, lines = 40): Promise<string> {
 }
 
 /** Lines CRIU logs as errors on every run here: no iptables on the host, no RLIMIT_NOFILE raise. */
-export const HARMLESS = /rlimit|iptables|ip6tables|nftables|(Dumping|Restoring) FAILED/;
+export const HARMLESS = /already assigned|rlimit|iptables|ip6tables|nftables|(Dumping|Restoring) FAILED/;
 
 /** CRIU's own words for what went wrong: the first "Error" line of its log that matters (the cause; later ones are consequences). */
 export function lastError(log: string): string | undefined {

@@ -9,13 +9,16 @@ import { Criu } from './criu.js';
 import { EngineError } from './errors.js';
 import { isAlive, launchUnderShim, type Launched } from './launcher.js';
 import { DataLayout } from './layout.js';
-import { isMounted, mountOverlay, mounts, unmount } from './overlay.js';
+import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
+import { Steps } from './run.js';
 import { AgentError } from './agent/client.js';
 
 export interface EngineOptions {
   dataDir: string;
   criuPath: string;
+  /** A tmpfs directory for CRIU's kernel-probe cache, shared by every data directory. */
+  criuCacheDir: string;
   agentPath: string;
   logger: Logger;
 }
@@ -45,12 +48,14 @@ export class Engine {
   readonly layout: DataLayout;
   readonly criu: Criu;
   readonly cgroups = new Cgroups();
+  private readonly mounter: Mounter;
   private readonly live = new Map<string, Sandbox>();
   private agentLayerId = '';
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
-    this.criu = new Criu(opts.criuPath);
+    this.criu = new Criu(opts.criuPath, opts.agentPath, opts.criuCacheDir);
+    this.mounter = new Mounter(opts.agentPath);
   }
 
   get log(): Logger {
@@ -62,6 +67,7 @@ export class Engine {
       await mkdir(d, { recursive: true });
     }
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
+    await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
     await this.emptyTrash();
   }
 
@@ -84,14 +90,14 @@ export class Engine {
 
   private async mountDisk(spec: SandboxSpec, freshUpper: boolean): Promise<void> {
     const l = this.layout;
-    if (await isMounted(l.merged(spec.id))) await unmount(l.merged(spec.id));
+    if (await isMounted(l.merged(spec.id))) await this.mounter.unmount(l.merged(spec.id));
     if (freshUpper) await this.discard(l.upper(spec.id));
     await mkdir(l.upper(spec.id), { recursive: true });
     await this.discard(l.work(spec.id));
     await mkdir(l.work(spec.id), { recursive: true });
     await mkdir(l.merged(spec.id), { recursive: true });
     await mkdir(l.run(spec.id), { recursive: true });
-    await mountOverlay({
+    await this.mounter.mountOverlay({
       lowers: this.lowers(spec),
       upper: l.relative(l.upper(spec.id)),
       work: l.relative(l.work(spec.id)),
@@ -112,7 +118,7 @@ export class Engine {
     for (const e of await readdir(this.layout.trash)) await rm(join(this.layout.trash, e), { recursive: true, force: true });
   }
 
-  private async launch(spec: SandboxSpec, how: { images: string } | undefined): Promise<Launched> {
+  private async launch(spec: SandboxSpec, how: { images: string; hostname?: string } | undefined): Promise<Launched> {
     const l = this.layout;
     const run = l.run(spec.id);
     await rm(join(run, 'pid'), { force: true });
@@ -139,6 +145,8 @@ export class Engine {
       cgroupProcs,
       failure: 'RESTORE_FAILED',
       detailLog: join(work, 'restore.log'),
+      loopbackUp: true,
+      hostname: how.hostname,
     });
     return launched;
   }
@@ -163,22 +171,20 @@ export class Engine {
 
   /** Restores a memory image onto a fresh upper over the spec's layers. */
   async restore(spec: SandboxSpec, images: string, opts: { setHostname: boolean }): Promise<Sandbox> {
+    const steps = new Steps();
     await this.mountDisk(spec, true);
+    steps.mark('disk');
     try {
-      const launched = await this.launch(spec, { images });
-      if (opts.setHostname) await this.setHostname(launched.pid, spec.hostname);
-      return await this.attach(spec, launched);
+      const launched = await this.launch(spec, { images, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
+      steps.mark('restore');
+      const sb = await this.attach(spec, launched);
+      steps.mark('connect');
+      this.log.debug({ instance: spec.id, steps: steps.ms }, 'restore');
+      return sb;
     } catch (err) {
       await this.teardown(spec.id);
       throw err;
     }
-  }
-
-  /** A restored tree keeps its checkpoint's hostname; a fork wants its own. */
-  private async setHostname(pid: number, hostname: string): Promise<void> {
-    await execa('nsenter', ['-t', String(pid), '-u', 'hostname', hostname]).catch(() =>
-      execa('nsenter', ['-t', String(pid), '-u', '--', '/bin/hostname', hostname], { reject: false }),
-    );
   }
 
   /** Finds a sandbox that outlived the server: alive with the same start time and mounted. */
@@ -204,7 +210,7 @@ export class Engine {
   }
 
   private async teardown(id: string): Promise<void> {
-    await unmount(this.layout.merged(id));
+    await this.mounter.unmount(this.layout.merged(id));
     await this.cgroups.remove(id);
   }
 
@@ -239,27 +245,35 @@ export class Engine {
     await mkdir(images, { recursive: true });
     let pauseMs = 0;
     let dumpError: unknown;
+    const steps = new Steps();
     await sb.pause(async () => {
       const t0 = performance.now();
+      steps.mark('close');
       try {
         await this.criu.dump(sb.pid, images);
       } catch (err) {
         dumpError = err;
         return { pid: sb.pid, startTime: sb.startTime, result: undefined };
       }
+      steps.mark('dump');
       await waitGone(sb.pid, sb.startTime);
-      await unmount(this.layout.merged(spec.id));
+      steps.mark('gone');
+      await this.mounter.unmount(this.layout.merged(spec.id));
+      steps.mark('unmount');
       await this.freezeUpper(spec.id, layerId);
+      steps.mark('rename');
       const next = { ...spec, layers: [layerId, ...spec.layers] };
       try {
-        await mountOverlay({
+        await this.mounter.mountOverlay({
           lowers: this.lowers(next),
           upper: this.layout.relative(this.layout.upper(spec.id)),
           work: this.layout.relative(this.layout.work(spec.id)),
           target: this.layout.merged(spec.id),
           cwd: this.layout.root,
         });
+        steps.mark('mount');
         const launched = await this.launch(next, { images });
+        steps.mark('restore');
         pauseMs = performance.now() - t0;
         return { ...launched, result: undefined };
       } catch (err) {
@@ -268,6 +282,8 @@ export class Engine {
         throw err;
       }
     });
+    steps.mark('reconnect');
+    this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;
     return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
   }
@@ -296,12 +312,17 @@ export class Engine {
     if (!sb) {
       return images ? this.restore(spec, images, { setHostname: false }) : this.boot(spec, { freshUpper: true });
     }
+    const steps = new Steps();
     await sb.pause(async () => {
       await killTree(sb.pid, sb.startTime);
       sb.loseAll(new AgentError(0, 'the instance was rolled back'));
+      steps.mark('kill');
       try {
         await this.mountDisk(spec, true);
+        steps.mark('disk');
         const launched = await this.launch(spec, images ? { images } : undefined);
+        steps.mark(images ? 'restore' : 'boot');
+        this.log.debug({ instance: spec.id, steps: steps.ms }, 'rollback');
         return { ...launched, result: undefined };
       } catch (err) {
         this.live.delete(spec.id);

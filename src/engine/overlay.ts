@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import { execa } from 'execa';
+import { run } from './run.js';
 import { EngineError } from './errors.js';
 
 /** The kernel cuts mount options at one page, silently: check before, verify after. */
@@ -19,23 +19,37 @@ export function overlayOptions(spec: OverlaySpec): string {
   return `lowerdir=${spec.lowers.join(':')},upperdir=${spec.upper},workdir=${spec.work}`;
 }
 
-export async function mountOverlay(spec: OverlaySpec): Promise<void> {
-  if (spec.lowers.length > MAX_LOWER_LAYERS) {
-    throw new EngineError('LAYER_LIMIT', `${spec.lowers.length} lower layers exceed the kernel's ${MAX_LOWER_LAYERS}`);
+/** Mounts and unmounts through the static helper: direct syscalls, a fraction of mount(8)'s
+ * start-up, on the path of every checkpoint pause. */
+export class Mounter {
+  constructor(private readonly helper: string) {}
+
+  async mountOverlay(spec: OverlaySpec): Promise<void> {
+    if (spec.lowers.length > MAX_LOWER_LAYERS) {
+      throw new EngineError('LAYER_LIMIT', `${spec.lowers.length} lower layers exceed the kernel's ${MAX_LOWER_LAYERS}`);
+    }
+    const options = overlayOptions(spec);
+    if (options.length > MAX_MOUNT_OPTIONS) {
+      throw new EngineError('LAYER_LIMIT', `overlay options are ${options.length} bytes, over the kernel's ${MAX_MOUNT_OPTIONS}`);
+    }
+    const r = await run(this.helper, ['mount-overlay', spec.cwd, spec.target, options]);
+    if (r.code !== 0) throw new EngineError('MOUNT_FAILED', r.stderr.trim());
+    const info = await mountInfo(spec.target);
+    if (!info || info.fsType !== 'overlay' || !/upperdir=/.test(info.superOptions)) {
+      await this.unmount(spec.target).catch(() => {});
+      throw new EngineError('MOUNT_FAILED', `overlay on ${spec.target} did not mount as asked`);
+    }
   }
-  const options = overlayOptions(spec);
-  if (options.length > MAX_MOUNT_OPTIONS) {
-    throw new EngineError('LAYER_LIMIT', `overlay options are ${options.length} bytes, over the kernel's ${MAX_MOUNT_OPTIONS}`);
-  }
-  const r = await execa('mount', ['-t', 'overlay', 'overlay', '-o', options, spec.target], {
-    cwd: spec.cwd,
-    reject: false,
-  });
-  if (r.exitCode !== 0) throw new EngineError('MOUNT_FAILED', `mount overlay on ${spec.target}: ${r.stderr.trim()}`);
-  const info = await mountInfo(spec.target);
-  if (!info || info.fsType !== 'overlay' || !/upperdir=/.test(info.superOptions)) {
-    await unmount(spec.target).catch(() => {});
-    throw new EngineError('MOUNT_FAILED', `overlay on ${spec.target} did not mount as asked`);
+
+  async unmount(target: string): Promise<void> {
+    for (let attempt = 0; ; attempt++) {
+      if (!(await isMounted(target))) return;
+      const r = await run(this.helper, ['umount', target]);
+      if (r.code === 0) return;
+      if (attempt >= 100) throw new EngineError('UNMOUNT_FAILED', r.stderr.trim());
+      // A dying sandbox may still pin the mount for a moment after SIGKILL.
+      await new Promise((res) => setTimeout(res, 10));
+    }
   }
 }
 
@@ -67,15 +81,4 @@ export async function mountInfo(target: string): Promise<MountEntry | undefined>
 
 export async function isMounted(target: string): Promise<boolean> {
   return (await mountInfo(target)) !== undefined;
-}
-
-export async function unmount(target: string): Promise<void> {
-  for (let attempt = 0; ; attempt++) {
-    if (!(await isMounted(target))) return;
-    const r = await execa('umount', [target], { reject: false });
-    if (r.exitCode === 0) continue;
-    if (attempt >= 50) throw new EngineError('UNMOUNT_FAILED', `umount ${target}: ${r.stderr.trim()}`);
-    // A dying sandbox may still pin the mount for a moment after SIGKILL.
-    await new Promise((res) => setTimeout(res, 20));
-  }
 }

@@ -7,6 +7,8 @@ import { EngineError } from './errors.js';
 interface Tracked {
   listener: ProcessListener;
   offsets: [number, number];
+  /** False until the agent confirmed the spawn: a spawn waiting at the gate is not re-attached. */
+  spawned: boolean;
 }
 
 /** The live side of one running sandbox: its PID 1 and the connection to its agent. During a
@@ -17,6 +19,8 @@ export class Sandbox {
   private gate: Promise<void> | undefined;
   private readonly tracked = new Map<number, Tracked>();
   private readonly sideClients = new Set<AgentClient>();
+  /** Requests sent and not yet answered: a pause lets them finish before it closes the socket. */
+  private readonly inflight = new Set<Promise<unknown>>();
 
   constructor(
     readonly id: string,
@@ -81,6 +85,7 @@ export class Sandbox {
     let open!: () => void;
     this.gate = new Promise((r) => (open = r));
     try {
+      await Promise.allSettled([...this.inflight]);
       await this.client?.close();
       this.client = undefined;
       await Promise.all([...this.sideClients].map((c) => c.close()));
@@ -93,7 +98,7 @@ export class Sandbox {
       this.pid = out.pid;
       this.startTime = out.startTime;
       await this.connect();
-      for (const [id, t] of this.tracked) this.client!.attach(id, t.offsets[0], t.offsets[1], t.listener);
+      for (const [id, t] of this.tracked) if (t.spawned) this.client!.attach(id, t.offsets[0], t.offsets[1], t.listener);
       return out.result;
     } finally {
       this.gate = undefined;
@@ -117,6 +122,7 @@ export class Sandbox {
   async start(id: number, req: SpawnRequest, listener: ProcessListener): Promise<number> {
     const t: Tracked = {
       offsets: [0, 0],
+      spawned: false,
       listener: {
         onOutput: (stream, offset, data) => {
           const i = stream - 1;
@@ -139,7 +145,9 @@ export class Sandbox {
     };
     this.tracked.set(id, t);
     try {
-      return await (await this.agent()).spawn(id, req, t.listener);
+      const pid = await this.track((await this.agent()).spawn(id, req, t.listener));
+      t.spawned = true;
+      return pid;
     } catch (err) {
       this.tracked.delete(id);
       if (err instanceof AgentError) throw new EngineError('SPAWN_FAILED', err.message);
@@ -152,6 +160,7 @@ export class Sandbox {
   async follow(id: number, offsets: [number, number], listener: ProcessListener): Promise<void> {
     const t: Tracked = {
       offsets: [...offsets],
+      spawned: true,
       listener: {
         onOutput: (stream, offset, data) => {
           t.offsets[stream - 1] = offset + data.length;
@@ -176,6 +185,13 @@ export class Sandbox {
   }
 
   async list(): Promise<AgentProcessInfo[]> {
-    return (await this.agent()).list();
+    return this.track((await this.agent()).list());
+  }
+
+  private track<T>(p: Promise<T>): Promise<T> {
+    this.inflight.add(p);
+    const done = () => this.inflight.delete(p);
+    p.then(done, done);
+    return p;
   }
 }

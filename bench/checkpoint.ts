@@ -1,0 +1,176 @@
+/**
+ * Issue 4: checkpoint pause and time to ready (1 MB and 1 GB of files in the upper), rollback,
+ * fork (1 and 10 at once), 1 GiB of dirty memory, storage after 100 checkpoints. Each next to
+ * a baseline measured in the same run: the raw CRIU + mount steps alone, and a full copy of
+ * the upper.
+ */
+import { mkdir, rename, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { execa } from 'execa';
+import { launchUnderShim } from '../src/engine/launcher.js';
+import { benchServer, sample, stats, table, time, type Stats } from './lib.js';
+
+const N = Number(process.env.BENCH_N ?? 10);
+const LARGE_MB = Number(process.env.BENCH_LARGE_MB ?? 1024);
+const s = await benchServer();
+const engine = s.fp.engine;
+const layout = engine.layout;
+const rows: { name: string; stats: Stats; unit?: string; target?: string }[] = [];
+
+async function instance(body: Record<string, unknown> = {}): Promise<string> {
+  const r = await s.api('POST', '/instances', body);
+  if (r.status !== 201) throw new Error(JSON.stringify(r.body));
+  return r.body.id;
+}
+const exec = (id: string, command: string, timeout_ms = 600_000) => s.api('POST', `/instances/${id}/exec`, { command, timeout_ms });
+async function checkpoint(id: string, body: Record<string, unknown> = {}): Promise<any> {
+  const t = performance.now();
+  const r = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, body);
+  if (r.body.status !== 'ready') throw new Error(JSON.stringify(r.body));
+  return { ...r.body, readyMs: performance.now() - t };
+}
+
+/** The raw steps by hand on a running sandbox: criu dump, umount, rename, mount, criu restore. */
+async function rawCycle(id: string): Promise<number> {
+  const sb = engine.sandbox(id)!;
+  await sb.close();
+  const rec = s.fp.store.instances.get(id)!;
+  const images = join(layout.root, 'raw-images', String(Math.random()).slice(2));
+  await mkdir(images, { recursive: true });
+  const t = performance.now();
+  await execa(engine.criu.path, ['dump', '-t', String(sb.pid), '-D', images, '--network-lock', 'skip', '--manage-cgroups=ignore', '-o', 'dump.log']);
+  while (await execa('umount', [layout.merged(id)], { reject: false }).then((r) => r.exitCode !== 0)) await new Promise((r) => setTimeout(r, 1));
+  const layer = `raw_${Math.random().toString(36).slice(2)}`;
+  await rename(layout.upper(id), layout.layer(layer));
+  await mkdir(layout.upper(id));
+  await rm(layout.work(id), { recursive: true });
+  await mkdir(layout.work(id));
+  const lowers = [layout.relative(layout.layer(layer)), ...rec.layers.map((l) => layout.relative(layout.layer(l))), layout.relative(layout.image(rec.image)), layout.relative(layout.agentLayer(rec.agentLayer))];
+  await execa('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowers.join(':')},upperdir=${layout.relative(layout.upper(id))},workdir=${layout.relative(layout.work(id))}`, layout.merged(id)], { cwd: layout.root });
+  const run = layout.run(id);
+  await rm(join(run, 'pid'), { force: true });
+  const launched = await launchUnderShim({
+    agentPath: s.fp.config.agentPath,
+    command: engine.criu.restoreArgs(images, join(run, 'criu'), layout.merged(id), join(run, 'pid')),
+    pidfile: join(run, 'pid'), statusFile: join(run, 'status'), logFile: join(run, 'shim.log'), cgroupProcs: [], failure: 'RESTORE_FAILED', detailLog: join(run, 'criu', 'restore.log'),
+  });
+  const ms = performance.now() - t;
+  sb.pid = launched.pid;
+  sb.startTime = launched.startTime;
+  await sb.connect();
+  s.fp.store.instances.update(id, { layers: [layer, ...rec.layers], pid: launched.pid, pidStart: launched.startTime });
+  s.fp.store.layers.add(layer);
+  s.fp.store.layers.setRefs(`instance:${id}`, [layer, ...rec.layers]);
+  return ms;
+}
+
+// --- pause and time to ready, small and large uppers ---
+const small = await instance();
+await exec(small, 'true');
+const smallRuns = [];
+for (let i = 0; i < N; i++) {
+  await exec(small, `head -c 1048576 /dev/urandom > /root/f${i}`);
+  smallRuns.push(await checkpoint(small, { memory: true }));
+}
+const rawSmall = await sample(N, async () => {
+  await exec(small, `head -c 1048576 /dev/urandom > /root/raw${Math.random()}`);
+  return rawCycle(small);
+});
+rows.push({ name: 'checkpoint pause, 1 MB in upper', stats: stats(smallRuns.map((r) => r.pause_ms)), target: '≤ 60' });
+rows.push({ name: '  baseline: raw criu+mount steps, 1 MB', stats: rawSmall });
+rows.push({ name: 'checkpoint request → ready, 1 MB', stats: stats(smallRuns.map((r) => r.readyMs)) });
+
+const large = await instance();
+const largeN = Math.max(2, Math.min(N, 3));
+const largeRuns = [];
+const copyLarge: number[] = [];
+for (let i = 0; i < largeN; i++) {
+  await exec(large, `head -c ${LARGE_MB * 1048576} /dev/zero > /root/big${i}`);
+  const dest = join(layout.root, 'copy-baseline');
+  await execa('sync');
+  copyLarge.push(await time(() => execa('cp', ['-a', layout.upper(large), dest])));
+  await rm(dest, { recursive: true, force: true });
+  largeRuns.push(await checkpoint(large, { memory: true }));
+}
+rows.push({ name: `checkpoint pause, ${LARGE_MB} MB in upper`, stats: stats(largeRuns.map((r) => r.pause_ms)), target: 'not growing' });
+rows.push({ name: `checkpoint request → ready, ${LARGE_MB} MB`, stats: stats(largeRuns.map((r) => r.readyMs)) });
+rows.push({ name: `  baseline: full copy of the upper (cp -a), ${LARGE_MB} MB`, stats: stats(copyLarge) });
+await s.api('DELETE', `/instances/${large}`);
+
+// --- rollback ---
+const rb = await instance();
+await exec(rb, 'echo base > /root/f');
+const rbCk = await checkpoint(rb);
+const rollback = await sample(N, async () => {
+  await exec(rb, 'echo changed > /root/f');
+  const t = performance.now();
+  const r = await s.api('POST', `/instances/${rb}/rollback`, { checkpoint_id: rbCk.id });
+  if (r.status !== 200) throw new Error(JSON.stringify(r.body));
+  return performance.now() - t;
+});
+const rollbackFirst = await sample(N, async () => {
+  const t = performance.now();
+  await s.api('POST', `/instances/${rb}/rollback`, { checkpoint_id: rbCk.id });
+  await exec(rb, 'cat /root/f');
+  return performance.now() - t;
+});
+rows.push({ name: 'rollback (memory checkpoint)', stats: rollback, target: '≤ 40' });
+rows.push({ name: 'rollback + first exec', stats: rollbackFirst });
+
+// --- fork ---
+const forkOne = await sample(N, async () => {
+  const t = performance.now();
+  const r = await s.api('POST', `/instances/${rb}/fork`, { checkpoint_id: rbCk.id });
+  const ms = performance.now() - t;
+  await s.api('DELETE', `/instances/${r.body.instances[0].id}`);
+  return ms;
+});
+const forkTen = await sample(Math.max(3, Math.floor(N / 2)), async () => {
+  const t = performance.now();
+  const r = await s.api('POST', `/instances/${rb}/fork`, { checkpoint_id: rbCk.id, count: 10 });
+  const ms = performance.now() - t;
+  await Promise.all(r.body.instances.map((i: { id: string }) => s.api('DELETE', `/instances/${i.id}`)));
+  return ms;
+});
+const bootOne = await sample(N, async () => {
+  const t = performance.now();
+  const id = await instance();
+  const ms = performance.now() - t;
+  await s.api('DELETE', `/instances/${id}`);
+  return ms;
+});
+rows.push({ name: 'fork 1 (memory checkpoint)', stats: forkOne, target: '≤ 40' });
+rows.push({ name: 'fork 10 at once (wall)', stats: forkTen });
+rows.push({ name: '  baseline: create a fresh instance', stats: bootOne });
+
+// --- 1 GiB of dirty memory ---
+const mem = await instance({ limits: { memory_mb: 4096 } });
+await s.api('POST', `/instances/${mem}/processes`, { command: 'x=$(head -c 1073741824 /dev/zero | tr "\\0" a); echo filled > /tmp/filled; sleep 100000' });
+for (;;) {
+  const r = await exec(mem, 'cat /tmp/filled 2>/dev/null');
+  if (r.body.stdout === 'filled\n') break;
+  await new Promise((res) => setTimeout(res, 500));
+}
+const memRuns = [];
+for (let i = 0; i < 2; i++) memRuns.push(await checkpoint(mem, { memory: true }));
+rows.push({ name: 'checkpoint pause, 1 GiB dirty memory', stats: stats(memRuns.map((r) => r.pause_ms)) });
+rows.push({ name: '  memory image size', stats: stats(memRuns.map((r) => r.memory_bytes / 1048576)), unit: 'MiB' });
+await s.api('DELETE', `/instances/${mem}`);
+
+// --- storage after 100 checkpoints of 1 MB each ---
+const st = await instance({ max_checkpoints: 1000 });
+const before = await engine.diskUsage(layout.root);
+let memoryImages = 0;
+for (let i = 0; i < 100; i++) {
+  await exec(st, `head -c 1048576 /dev/urandom > /root/c${i}`);
+  memoryImages += (await checkpoint(st, { memory: true })).memory_bytes;
+}
+const grown = (await engine.diskUsage(layout.root)) - before;
+const changed = 100 * 1048576;
+const fullCopies = Array.from({ length: 100 }, (_, i) => (i + 1) * 1048576).reduce((a, b) => a + b, 0);
+console.log(`\nstorage after 100 checkpoints of a 1 MB change: data dir grew ${(grown / 1048576).toFixed(1)} MiB; ` +
+  `changed bytes ${(changed / 1048576).toFixed(0)} MiB + memory images ${(memoryImages / 1048576).toFixed(1)} MiB = ` +
+  `ratio ${(grown / (changed + memoryImages)).toFixed(3)} (target ≤ 1.2); baseline full copy per checkpoint: ${(fullCopies / 1048576).toFixed(0)} MiB`);
+
+table('checkpoint, rollback, fork (issue 4)', rows);
+await s.close();
