@@ -80,7 +80,7 @@ export async function benchServer(): Promise<BenchServer> {
     },
     async close() {
       await app.close();
-      for (const r of fp.store.instances.all()) await fp.engine.destroy(r.id).catch(() => {});
+      await fp.destroyAll();
       await fp.close();
       await rm(dataDir, { recursive: true, force: true });
     },

@@ -85,10 +85,20 @@ export class Forkpoint {
     };
   }
 
-  /** Stops serving; sandboxes keep running and are re-adopted by the next start. */
+  /** Stops serving once queued jobs are done; sandboxes keep running and are re-adopted by
+   * the next start. */
   async close(): Promise<void> {
+    await this.jobs.drain();
     await this.engine.shutdown();
     this.store.close();
+  }
+
+  /** Deletes every instance, after the jobs under way: for tests and benchmarks. */
+  async destroyAll(): Promise<void> {
+    await this.jobs.drain();
+    for (const rec of this.store.instances.all()) {
+      await this.instances.delete(rec.owner, rec.id, (id) => this.checkpoints.deleteAllOf(id));
+    }
   }
 
   /** Stops every sandbox and unmounts every disk: for tests and `serve --stop-on-exit`. */

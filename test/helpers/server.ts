@@ -72,9 +72,13 @@ export async function startServer(config: Partial<ConfigInput> = {}, existingDat
     async close(opts = {}) {
       await app.close();
       if (!opts.keepSandboxes) {
-        for (const rec of fp.store.instances.all()) await fp.engine.destroy(rec.id).catch(() => {});
+        await fp.destroyAll();
       }
       await fp.close();
+      if (!opts.keepSandboxes) {
+        const left = await overlaysUnder(dataDir);
+        if (left.length) throw new Error(`still mounted after close: ${left.join(', ')}`);
+      }
       if (!opts.keepData && !opts.keepSandboxes) await rm(dataDir, { recursive: true, force: true });
     },
   };
