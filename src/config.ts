@@ -19,6 +19,10 @@ export const configSchema = z.object({
   bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
   checkpointConcurrency: z.coerce.number().int().positive().default(2),
   maxCheckpointsPerInstance: z.coerce.number().int().positive().default(10),
+  /** Past this many layers under an instance, its oldest ones are squashed into one. */
+  squashAfterLayers: z.coerce.number().int().min(2).max(400).default(64),
+  /** How many of the newest layers a squash leaves as they are. */
+  squashKeepLayers: z.coerce.number().int().min(1).max(399).default(16),
   defaultMemoryMb: z.coerce.number().int().positive().default(1024),
   defaultPids: z.coerce.number().int().positive().default(512),
   defaultCpuPercent: z.coerce.number().int().positive().default(100),
@@ -40,6 +44,8 @@ const envNames: Record<keyof Config, string> = {
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
   checkpointConcurrency: 'FORKPOINT_CHECKPOINT_CONCURRENCY',
   maxCheckpointsPerInstance: 'FORKPOINT_MAX_CHECKPOINTS',
+  squashAfterLayers: 'FORKPOINT_SQUASH_AFTER_LAYERS',
+  squashKeepLayers: 'FORKPOINT_SQUASH_KEEP_LAYERS',
   defaultMemoryMb: 'FORKPOINT_DEFAULT_MEMORY_MB',
   defaultPids: 'FORKPOINT_DEFAULT_PIDS',
   defaultCpuPercent: 'FORKPOINT_DEFAULT_CPU_PERCENT',

@@ -41,6 +41,7 @@ export class CheckpointService {
     private readonly locks: KeyedLock,
     private readonly jobs: JobQueue,
     private readonly defaultMax: number,
+    private readonly squash: { after: number; keep: number },
     private readonly log: Logger,
   ) {}
 
@@ -77,6 +78,7 @@ export class CheckpointService {
       memory,
       parentId: inst.headCheckpointId,
       layers: [],
+      baseLayer: inst.baseLayer,
       image: inst.image,
       agentLayer: inst.agentLayer,
       hostname: inst.name,
@@ -136,7 +138,7 @@ export class CheckpointService {
       this.store.layers.setRefs(`checkpoint:${c.id}`, layers);
       const sb = this.engine.sandbox(inst.id);
       this.store.instances.update(inst.id, { layers, headCheckpointId: c.id, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
-      this.store.checkpoints.update(c.id, { layers, pauseMs });
+      this.store.checkpoints.update(c.id, { layers, baseLayer: inst.baseLayer, pauseMs });
     })();
     // The instance runs again; what follows only makes the checkpoint durable and measured.
     if (!c.memory) await rm(images, { recursive: true, force: true });
@@ -146,6 +148,49 @@ export class CheckpointService {
     const memoryBytes = c.memory ? await this.engine.diskUsage(images) : 0;
     this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
+    if (layers.length > this.squash.after) this.track(this.squashOldest(inst.id));
+  }
+
+  private readonly squashing = new Set<Promise<void>>();
+
+  private track(p: Promise<void>): void {
+    this.squashing.add(p);
+    p.catch((err: unknown) => this.log.warn({ err }, 'squash failed; the chain stays as it was')).finally(() => this.squashing.delete(p));
+  }
+
+  /** Resolves when no squash is under way (tests, shutdown). */
+  async idle(): Promise<void> {
+    while (this.squashing.size) await Promise.allSettled([...this.squashing]);
+  }
+
+  /**
+   * Keeps a deep chain inside the kernel's limits: the oldest layers (and the image under them)
+   * become one full-root layer for the instance's future mounts. Checkpoints keep the chains they
+   * were taken on, so none of them sees anything change; the old layers go when nothing uses them.
+   */
+  private async squashOldest(instanceId: string): Promise<void> {
+    const inst = this.store.instances.get(instanceId);
+    if (!inst || inst.layers.length <= this.squash.after) return;
+    const old = inst.layers.slice(this.squash.keep);
+    const into = newId('lyr');
+    this.store.layers.add(into);
+    this.store.layers.setRefs(`squash:${into}`, [into]); // not garbage while it is being built
+    try {
+      await this.engine.squash(old, inst.baseLayer ? null : inst.image, into);
+      await this.locks.run(instanceId, async () => {
+        const cur = this.store.instances.get(instanceId);
+        const suffix = cur?.layers.slice(cur.layers.length - old.length);
+        if (!cur || suffix?.join() !== old.join() || cur.baseLayer !== inst.baseLayer) return; // the chain moved on
+        const layers = [...cur.layers.slice(0, cur.layers.length - old.length), into];
+        // The mounted overlay still uses the old layers until its next mount: keep them too.
+        this.store.layers.setRefs(`instance:${instanceId}`, [...layers, ...old]);
+        this.store.instances.update(instanceId, { layers, baseLayer: true });
+        this.log.info({ instance: instanceId, squashed: old.length, into }, 'squashed old layers');
+      });
+    } finally {
+      this.store.layers.dropHolder(`squash:${into}`);
+      await this.instances.collectLayers();
+    }
   }
 
   private fail(c: CheckpointRecord, reason: string): void {
@@ -173,12 +218,12 @@ export class CheckpointService {
     const c = await this.ready(this.get(owner, instanceId, checkpointId));
     return this.locks.run(instanceId, async () => {
       const inst = this.store.instances.get(instanceId)!;
-      const spec = { ...this.instances.spec(inst), layers: c.layers, agentLayer: c.agentLayer };
+      const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
       const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
       try {
         const sb = await this.engine.replace(spec, images);
         this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
-        return this.instances.running(inst.id, sb, { layers: c.layers, agentLayer: c.agentLayer, headCheckpointId: c.id });
+        return this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
       } catch (err) {
         this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
         throw this.instances.engineFailure(err);
@@ -206,7 +251,7 @@ export class CheckpointService {
         const rec = this.instances.newRecord(
           owner,
           { name: input.name, image: c.image, env: source.env, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
-          { layers: c.layers, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id },
+          { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id },
         );
         return this.locks.run(rec.id, async () => {
           try {

@@ -41,7 +41,10 @@ export class Forkpoint {
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.instances = new InstanceService(this.store, this.engine, this.images, locks, config, log);
-    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, log);
+    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, {
+      after: config.squashAfterLayers,
+      keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
+    }, log);
   }
 
   static async open(config: Config, log: Logger, version: string): Promise<Forkpoint> {
@@ -89,6 +92,7 @@ export class Forkpoint {
    * the next start. */
   async close(): Promise<void> {
     await this.jobs.drain();
+    await this.checkpoints.idle();
     await this.engine.shutdown();
     this.store.close();
   }
@@ -96,6 +100,7 @@ export class Forkpoint {
   /** Deletes every instance, after the jobs under way: for tests and benchmarks. */
   async destroyAll(): Promise<void> {
     await this.jobs.drain();
+    await this.checkpoints.idle();
     for (const rec of this.store.instances.all()) {
       await this.instances.delete(rec.owner, rec.id, (id) => this.checkpoints.deleteAllOf(id));
     }

@@ -83,7 +83,7 @@ export class InstanceService {
   }
 
   spec(rec: InstanceRecord): SandboxSpec {
-    return { id: rec.id, hostname: rec.name, image: rec.image, layers: rec.layers, agentLayer: rec.agentLayer, limits: rec.limits };
+    return { id: rec.id, hostname: rec.name, image: rec.image, layers: rec.layers, baseLayer: rec.baseLayer, agentLayer: rec.agentLayer, limits: rec.limits };
   }
 
   limitsFrom(input: Partial<Limits> | undefined): Limits {
@@ -111,6 +111,7 @@ export class InstanceService {
       image,
       status: 'starting',
       layers: [],
+      baseLayer: false,
       agentLayer: this.engine.currentAgentLayer,
       env: input.env ?? {},
       limits: this.limitsFrom(input.limits),

@@ -30,6 +30,8 @@ export interface SandboxSpec {
   image: string;
   /** Frozen layers under the upper, newest first. */
   layers: string[];
+  /** The oldest layer is a squashed full root: the image does not go under it. */
+  baseLayer: boolean;
   agentLayer: string;
   limits: ResourceLimits;
 }
@@ -79,13 +81,40 @@ export class Engine {
     return this.live.get(id);
   }
 
-  private lowers(spec: Pick<SandboxSpec, 'layers' | 'image' | 'agentLayer'>): string[] {
+  private lowers(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image' | 'agentLayer'>): string[] {
     const l = this.layout;
     return [
       ...spec.layers.map((id) => l.relative(l.layer(id))),
-      l.relative(l.image(spec.image)),
+      ...(spec.baseLayer && spec.layers.length ? [] : [l.relative(l.image(spec.image))]),
       l.relative(l.agentLayer(spec.agentLayer)),
     ];
+  }
+
+  /**
+   * Squashes layers (newest first) and, unless `image` is null, the image under them into one
+   * new full-root layer. The merged view is read through a read-only overlay, where whiteouts
+   * and opaque directories are already resolved, and copied. Nothing mounted changes: the
+   * caller swaps the new layer in for future mounts.
+   */
+  async squash(layers: string[], image: string | null, into: string): Promise<void> {
+    const l = this.layout;
+    const view = join(l.trash, `squash-view-${into}`);
+    const tmp = `${l.layer(into)}.tmp`;
+    await mkdir(view, { recursive: true });
+    await rm(tmp, { recursive: true, force: true });
+    const lowers = [...layers.map((id) => l.relative(l.layer(id))), ...(image ? [l.relative(l.image(image))] : [])];
+    // A read-only overlay needs two lowers; a single layer is copied as it is.
+    if (lowers.length >= 2) await this.mounter.mountReadOnly(lowers, view, l.root);
+    try {
+      const source = lowers.length >= 2 ? view : join(l.root, lowers[0]!);
+      const r = await execa('cp', ['-a', '--', `${source}/.`, tmp], { reject: false });
+      if (r.exitCode !== 0 && !/socket/.test(r.stderr)) throw new EngineError('MOUNT_FAILED', `squash copy: ${r.stderr.trim()}`);
+    } finally {
+      if (lowers.length >= 2) await this.mounter.unmount(view);
+      await rm(view, { recursive: true, force: true });
+    }
+    await execa('sync', ['-f', tmp], { reject: false });
+    await rename(tmp, l.layer(into));
   }
 
   private async mountDisk(spec: SandboxSpec, freshUpper: boolean): Promise<void> {

@@ -41,6 +41,14 @@ export class Mounter {
     }
   }
 
+  /** A read-only overlay of lower layers only, for reading their merged view. */
+  async mountReadOnly(lowers: string[], target: string, cwd: string): Promise<void> {
+    const options = `lowerdir=${lowers.join(':')}`;
+    if (options.length > MAX_MOUNT_OPTIONS) throw new EngineError('LAYER_LIMIT', `overlay options are ${options.length} bytes`);
+    const r = await run(this.helper, ['mount-overlay', cwd, target, options]);
+    if (r.code !== 0) throw new EngineError('MOUNT_FAILED', r.stderr.trim());
+  }
+
   async unmount(target: string): Promise<void> {
     for (let attempt = 0; ; attempt++) {
       if (!(await isMounted(target))) return;

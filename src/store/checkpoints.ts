@@ -13,6 +13,8 @@ export interface CheckpointRecord {
   parentId: string | null;
   /** The instance's whole layer stack at the checkpoint, newest first (the frozen upper first). */
   layers: string[];
+  /** The oldest layer is a squashed full root: no image goes under it. */
+  baseLayer: boolean;
   image: string;
   agentLayer: string;
   hostname: string;
@@ -34,6 +36,7 @@ interface Row {
   memory: number;
   parent_id: string | null;
   layers: string;
+  base_layer: number;
   image: string;
   agent_layer: string;
   hostname: string;
@@ -54,6 +57,7 @@ const fromRow = (r: Row): CheckpointRecord => ({
   memory: r.memory === 1,
   parentId: r.parent_id,
   layers: JSON.parse(r.layers) as string[],
+  baseLayer: r.base_layer === 1,
   image: r.image,
   agentLayer: r.agent_layer,
   hostname: r.hostname,
@@ -71,12 +75,12 @@ export class CheckpointStore {
   insert(c: CheckpointRecord): void {
     this.db
       .prepare(
-        `INSERT INTO checkpoints (id, instance_id, owner, label, status, memory, parent_id, layers, image,
+        `INSERT INTO checkpoints (id, instance_id, owner, label, status, memory, parent_id, layers, base_layer, image,
            agent_layer, hostname, delta_bytes, memory_bytes, pause_ms, error, created_at, ready_at)
-         VALUES (@id, @instanceId, @owner, @label, @status, @memory, @parentId, @layers, @image,
+         VALUES (@id, @instanceId, @owner, @label, @status, @memory, @parentId, @layers, @baseLayer, @image,
            @agentLayer, @hostname, @deltaBytes, @memoryBytes, @pauseMs, @error, @createdAt, @readyAt)`,
       )
-      .run({ ...c, memory: c.memory ? 1 : 0, layers: JSON.stringify(c.layers) });
+      .run({ ...c, memory: c.memory ? 1 : 0, baseLayer: c.baseLayer ? 1 : 0, layers: JSON.stringify(c.layers) });
   }
 
   get(id: string): CheckpointRecord | undefined {
@@ -103,16 +107,16 @@ export class CheckpointStore {
     return { items, nextCursor: start + limit < all.length ? items[items.length - 1]!.id : null };
   }
 
-  update(id: string, patch: Partial<Pick<CheckpointRecord, 'status' | 'layers' | 'deltaBytes' | 'memoryBytes' | 'pauseMs' | 'error' | 'readyAt' | 'instanceId'>>): void {
+  update(id: string, patch: Partial<Pick<CheckpointRecord, 'status' | 'layers' | 'baseLayer' | 'deltaBytes' | 'memoryBytes' | 'pauseMs' | 'error' | 'readyAt' | 'instanceId'>>): void {
     const cur = this.get(id);
     if (!cur) return;
     const next = { ...cur, ...patch };
     this.db
       .prepare(
-        `UPDATE checkpoints SET status=@status, layers=@layers, delta_bytes=@deltaBytes,
+        `UPDATE checkpoints SET status=@status, layers=@layers, base_layer=@baseLayer, delta_bytes=@deltaBytes,
            memory_bytes=@memoryBytes, pause_ms=@pauseMs, error=@error, ready_at=@readyAt WHERE id=@id`,
       )
-      .run({ ...next, layers: JSON.stringify(next.layers) });
+      .run({ ...next, baseLayer: next.baseLayer ? 1 : 0, layers: JSON.stringify(next.layers) });
   }
 
   delete(id: string): void {

@@ -16,6 +16,8 @@ export interface InstanceRecord {
   status: InstanceStatus;
   /** Frozen layers under the instance's upper, newest first. */
   layers: string[];
+  /** The oldest layer is a squashed full root: no image goes under it. */
+  baseLayer: boolean;
   agentLayer: string;
   env: Record<string, string>;
   limits: Limits;
@@ -38,6 +40,7 @@ interface Row {
   image: string;
   status: InstanceStatus;
   layers: string;
+  base_layer: number;
   agent_layer: string;
   env: string;
   limits: string;
@@ -60,6 +63,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   image: r.image,
   status: r.status,
   layers: JSON.parse(r.layers) as string[],
+  baseLayer: r.base_layer === 1,
   agentLayer: r.agent_layer,
   env: JSON.parse(r.env) as Record<string, string>,
   limits: JSON.parse(r.limits) as Limits,
@@ -86,14 +90,15 @@ export class InstanceStore {
   insert(rec: InstanceRecord): void {
     this.db
       .prepare(
-        `INSERT INTO instances (id, owner, name, image, status, layers, agent_layer, env, limits, metadata,
+        `INSERT INTO instances (id, owner, name, image, status, layers, base_layer, agent_layer, env, limits, metadata,
            pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, error, created_at, updated_at)
-         VALUES (@id, @owner, @name, @image, @status, @layers, @agentLayer, @env, @limits, @metadata,
+         VALUES (@id, @owner, @name, @image, @status, @layers, @baseLayer, @agentLayer, @env, @limits, @metadata,
            @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @error, @createdAt, @updatedAt)`,
       )
       .run({
         ...rec,
         layers: JSON.stringify(rec.layers),
+        baseLayer: rec.baseLayer ? 1 : 0,
         env: JSON.stringify(rec.env),
         limits: JSON.stringify(rec.limits),
         metadata: JSON.stringify(rec.metadata),
@@ -134,13 +139,14 @@ export class InstanceStore {
     const next: InstanceRecord = { ...cur, ...patch, updatedAt: new Date().toISOString() };
     this.db
       .prepare(
-        `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, agent_layer=@agentLayer,
+        `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, base_layer=@baseLayer, agent_layer=@agentLayer,
            env=@env, limits=@limits, metadata=@metadata, pid=@pid, pid_start=@pidStart,
            max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, error=@error, updated_at=@updatedAt WHERE id=@id`,
       )
       .run({
         ...next,
         layers: JSON.stringify(next.layers),
+        baseLayer: next.baseLayer ? 1 : 0,
         env: JSON.stringify(next.env),
         limits: JSON.stringify(next.limits),
         metadata: JSON.stringify(next.metadata),

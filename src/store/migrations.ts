@@ -91,4 +91,12 @@ export const migrations: readonly Migration[] = [
     name: 'checkpoint pause',
     sql: `ALTER TABLE checkpoints ADD COLUMN pause_ms REAL;`,
   },
+  {
+    version: 5,
+    name: 'squashed base layers',
+    sql: `
+      -- 1 when the oldest layer of the chain is a squashed full root that replaces the image
+      ALTER TABLE instances ADD COLUMN base_layer INTEGER NOT NULL DEFAULT 0;
+      ALTER TABLE checkpoints ADD COLUMN base_layer INTEGER NOT NULL DEFAULT 0;`,
+  },
 ];
