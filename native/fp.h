@@ -5,4 +5,5 @@ int boot_main(int argc, char **argv);
 int shim_main(int argc, char **argv);
 int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
+int syncfs_main(int argc, char **argv);
 #endif

@@ -5,6 +5,7 @@
  * are relative to DIR, which keeps the option string short (the kernel cuts it at a page). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
@@ -33,4 +34,19 @@ int overlay_main(int argc, char **argv) {
   }
   fprintf(stderr, "usage: fp-agent mount-overlay DIR TARGET OPTIONS | umount TARGET\n");
   return 2;
+}
+
+/* fp-agent syncfs PATH: flush the filesystem PATH is on (sync -f, without coreutils' start-up). */
+int syncfs_main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: fp-agent syncfs PATH\n");
+    return 2;
+  }
+  int fd = open(argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || syncfs(fd) < 0) {
+    fprintf(stderr, "syncfs %s: %s\n", argv[1], strerror(errno));
+    return 1;
+  }
+  close(fd);
+  return 0;
 }

@@ -11,7 +11,7 @@ import { isAlive, launchUnderShim, type Launched } from './launcher.js';
 import { DataLayout } from './layout.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
-import { Steps } from './run.js';
+import { run, Steps } from './run.js';
 import { AgentError } from './agent/client.js';
 
 export interface EngineOptions {
@@ -113,7 +113,7 @@ export class Engine {
       if (lowers.length >= 2) await this.mounter.unmount(view);
       await rm(view, { recursive: true, force: true });
     }
-    await execa('sync', ['-f', tmp], { reject: false });
+    await run(this.opts.agentPath, ['syncfs', tmp]);
     await rename(tmp, l.layer(into));
   }
 
@@ -275,6 +275,10 @@ export class Engine {
     let pauseMs = 0;
     let dumpError: unknown;
     const steps = new Steps();
+    // Unmounting flushes the upper's dirty data; flushing it first, while the sandbox still
+    // runs, leaves the pause only what is written in the meantime.
+    await run(this.opts.agentPath, ['syncfs', this.layout.upper(spec.id)]);
+    steps.mark('presync');
     await sb.pause(async () => {
       const t0 = performance.now();
       steps.mark('close');
@@ -364,7 +368,7 @@ export class Engine {
 
   /** Makes a frozen layer durable: its data reaches the disk before the checkpoint is `ready`. */
   async syncLayer(layerId: string): Promise<void> {
-    await execa('sync', ['-f', this.layout.layer(layerId)], { reject: false });
+    await run(this.opts.agentPath, ['syncfs', this.layout.layer(layerId)]);
   }
 
   async removeLayer(layerId: string): Promise<void> {

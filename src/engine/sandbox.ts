@@ -118,19 +118,18 @@ export class Sandbox {
     this.client = undefined;
   }
 
-  /** Starts a process and follows it until it exits or is lost. */
-  async start(id: number, req: SpawnRequest, listener: ProcessListener): Promise<number> {
+  /** Registers a process to follow across reconnects. Output replayed below the offsets
+   * already seen is dropped, so a re-attach after a pause delivers each byte once. */
+  private register(id: number, offsets: [number, number], spawned: boolean, listener: ProcessListener): Tracked {
     const t: Tracked = {
-      offsets: [0, 0],
-      spawned: false,
+      offsets: [...offsets],
+      spawned,
       listener: {
         onOutput: (stream, offset, data) => {
-          const i = stream - 1;
-          // Replayed bytes already seen before a reconnect are skipped by offset.
-          const seen = t.offsets[i]!;
+          const seen = t.offsets[stream - 1]!;
           if (offset + data.length <= seen) return;
           const fresh = offset < seen ? data.subarray(seen - offset) : data;
-          t.offsets[i] = offset + data.length;
+          t.offsets[stream - 1] = offset + data.length;
           listener.onOutput(stream, offset, fresh);
         },
         onExit: (code, sig) => {
@@ -144,6 +143,12 @@ export class Sandbox {
       },
     };
     this.tracked.set(id, t);
+    return t;
+  }
+
+  /** Starts a process and follows it until it exits or is lost. */
+  async start(id: number, req: SpawnRequest, listener: ProcessListener): Promise<number> {
+    const t = this.register(id, [0, 0], false, listener);
     try {
       const pid = await this.track((await this.agent()).spawn(id, req, t.listener));
       t.spawned = true;
@@ -158,25 +163,7 @@ export class Sandbox {
   /** Follows a process that is already running (after a restart or a restore), from the
    * given offsets on. */
   async follow(id: number, offsets: [number, number], listener: ProcessListener): Promise<void> {
-    const t: Tracked = {
-      offsets: [...offsets],
-      spawned: true,
-      listener: {
-        onOutput: (stream, offset, data) => {
-          t.offsets[stream - 1] = offset + data.length;
-          listener.onOutput(stream, offset, data);
-        },
-        onExit: (code, sig) => {
-          this.tracked.delete(id);
-          listener.onExit(code, sig);
-        },
-        onLost: (err) => {
-          this.tracked.delete(id);
-          listener.onLost(err);
-        },
-      },
-    };
-    this.tracked.set(id, t);
+    const t = this.register(id, offsets, true, listener);
     (await this.agent()).attach(id, offsets[0], offsets[1], t.listener);
   }
 
