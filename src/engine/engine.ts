@@ -381,7 +381,8 @@ export class Engine {
 
   async diskUsage(path: string): Promise<number> {
     if (!existsSync(path)) return 0;
-    const r = await execa('du', ['-sb', '--apparent-size', path], { reject: false });
+    // -x: not into mounted overlays (merged/), which would count every layer again.
+    const r = await execa('du', ['-sbx', '--apparent-size', path], { reject: false });
     const n = Number(r.stdout.split('\t')[0]);
     if (Number.isFinite(n)) return n;
     return (await stat(path)).size;
