@@ -95,6 +95,9 @@ describe('checkpoint jobs', () => {
     const started = await s.api('POST', `/instances/${inst.id}/checkpoints`, { label: 'async' });
     expect(started.status).toBe(202);
     expect(started.body.status).toBe('processing');
+    const early = await s.api('DELETE', `/instances/${inst.id}/checkpoints/${started.body.id}`);
+    expect(early.status).toBe(409);
+    expect(early.body.error.code).toBe('CONFLICT');
     // Calls keep arriving all through the pause: every one waits and succeeds.
     const calls: Promise<any>[] = [];
     let i = 0;

@@ -1,7 +1,10 @@
 import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { overlaysUnder, startServer, type TestServer } from './helpers/server.js';
 
+const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 let s: TestServer;
 beforeAll(async () => {
   s = await startServer();
@@ -58,6 +61,19 @@ describe('instance lifecycle', () => {
     expect((await s.api('POST', `/instances/${inst.id}/exec`, { command: 'id' }, h)).status).toBe(404);
     expect((await s.api('DELETE', `/instances/${inst.id}`, undefined, h)).status).toBe(404);
     expect((await s.api('GET', '/instances', undefined, h)).body.items).toEqual([]);
+  });
+});
+
+describe('images', () => {
+  it('a rootfs tarball imported as a named image boots', async () => {
+    const tarball = join(s.dataDir, 'rootfs.tar.gz');
+    await execa('tar', ['-czf', tarball, '-C', s.fp.engine.layout.image('default'), '.']);
+    await execa(process.execPath, [CLI, 'image', 'import', 'imported', tarball], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir } });
+    const inst = await s.instance({ name: 'from-tar', image: 'imported' });
+    expect(inst.image).toBe('imported');
+    expect((await s.exec(inst.id, { command: 'echo ok; ls /bin/busybox' })).stdout).toBe('ok\n/bin/busybox\n');
+    const again = await execa(process.execPath, [CLI, 'image', 'import', 'imported', tarball], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir }, reject: false });
+    expect(again.exitCode).not.toBe(0); // images are never replaced in place
   });
 });
 
