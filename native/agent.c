@@ -518,6 +518,81 @@ static void do_list(struct conn *c, struct fp_header *h) {
   free(buf);
 }
 
+/* File operations for the host. They run here, inside the sandbox's root, so that a symlink
+ * planted in the sandbox can never lead the host's engine to a path of the host. */
+static const char *payload_path(struct fp_header *h, char *pl, uint32_t skip) {
+  if (h->len <= skip) return NULL;
+  char *z = memchr(pl + skip, 0, h->len - skip);
+  return z ? pl + skip : NULL;
+}
+
+static void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
+  uint32_t mode;
+  const char *path = payload_path(h, pl, 4);
+  if (!path) return send_error(c, h->id, EINVAL, "bad write");
+  memcpy(&mode, pl, 4);
+  const char *data = path + strlen(path) + 1;
+  uint32_t n = (uint32_t)(pl + h->len - data);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
+  if (fd < 0 && errno == ENOENT) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+      *slash = 0;
+      mkdir(dir, 0700);
+      fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
+    }
+  }
+  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  uint32_t off = 0;
+  while (off < n) {
+    ssize_t w = write(fd, data + off, n - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = errno;
+      close(fd);
+      return send_error(c, h->id, e, strerror(e));
+    }
+    off += (uint32_t)w;
+  }
+  close(fd);
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
+static void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
+  uint32_t max;
+  const char *path = payload_path(h, pl, 4);
+  if (!path) return send_error(c, h->id, EINVAL, "bad read");
+  memcpy(&max, pl, 4);
+  if (max > FP_MAX_FRAME - 64) max = FP_MAX_FRAME - 64;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  char *buf = malloc((size_t)max + 1);
+  if (!buf) {
+    close(fd);
+    return send_error(c, h->id, ENOMEM, "no memory");
+  }
+  uint32_t got = 0;
+  for (;;) {
+    ssize_t r = read(fd, buf + got, (size_t)max + 1 - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += (uint32_t)r;
+    if (got == max + 1) break;
+  }
+  close(fd);
+  send_frame(c, FP_T_FILE, got > max ? 1 : 0, h->id, buf, got > max ? max : got);
+  free(buf);
+}
+
+static void do_remove_file(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path) return send_error(c, h->id, EINVAL, "bad remove");
+  if (unlink(path) < 0 && errno != ENOENT) return send_error(c, h->id, errno, strerror(errno));
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
 static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
   switch (h->type) {
     case FP_T_SPAWN: return do_spawn(c, h, pl);
@@ -539,6 +614,9 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
       return;
     }
     case FP_T_PING: return send_frame(c, FP_T_PONG, 0, h->id, NULL, 0);
+    case FP_T_WRITE_FILE: return do_write_file(c, h, pl);
+    case FP_T_READ_FILE: return do_read_file(c, h, pl);
+    case FP_T_REMOVE_FILE: return do_remove_file(c, h, pl);
     default: return send_error(c, h->id, EINVAL, "unknown frame type");
   }
 }

@@ -28,6 +28,9 @@ enum {
   FP_T_LIST = 7,
   FP_T_FORGET = 8,  /* drop the record of an exited process */
   FP_T_PING = 9,
+  FP_T_WRITE_FILE = 10, /* payload: u32 mode, path\0, bytes: create or replace, inside the sandbox's root */
+  FP_T_READ_FILE = 11,  /* payload: u32 max bytes, path\0 */
+  FP_T_REMOVE_FILE = 12, /* payload: path\0; a missing file is not an error */
 };
 
 /* agent -> client */
@@ -38,6 +41,8 @@ enum {
   FP_T_LIST_REPLY = 131,
   FP_T_ERROR = 133,   /* payload: i32 errno, message */
   FP_T_PONG = 134,
+  FP_T_FILE = 135,    /* payload: the file's bytes; flags 1: cut at the requested maximum */
+  FP_T_OK = 136,
 };
 
 enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };

@@ -1,7 +1,9 @@
-import { existsSync } from 'node:fs';
-import { writeFile, rm } from 'node:fs/promises';
+import { existsSync, watch } from 'node:fs';
+import { mkdtemp, readdir, writeFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startServer, type TestServer } from './helpers/server.js';
+import { sleep, startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
 let a: string;
@@ -63,6 +65,32 @@ describe('isolation', () => {
       expect(bnd & (1n << BigInt(cap))).toBe(0n);
     }
     expect(caps.stdout).toMatch(/NoNewPrivs:\s+1/);
+  });
+});
+
+describe('the host is never reached through the sandbox\'s own files', () => {
+  it('symlinks planted in /.fp lead nowhere on the host', async () => {
+    const target = await mkdtemp(join(tmpdir(), 'forkpoint-escape-'));
+    // Anything created there, even if removed again afterwards, is an escape.
+    const seen: string[] = [];
+    const watcher = watch(target, (_event, name) => seen.push(String(name)));
+    try {
+      const inst = await s.instance({ name: 'sneaky' });
+      await s.exec(inst.id, { command: 'true', session: 'main' });
+      await s.exec(inst.id, { command: `rm -rf /.fp/run /.fp/sessions && ln -s ${target} /.fp/run && ln -s ${target}/sessions /.fp/sessions` });
+      const r = await s.api('POST', `/instances/${inst.id}/exec`, { command: 'echo hi', session: 'other' });
+      expect(r.status).toBeLessThan(500);
+      await sleep(100);
+      expect(seen).toEqual([]);
+      expect(await readdir(target)).toEqual([]);
+      // The socket too: replaced by a link to a host socket, the engine refuses to follow it.
+      await s.exec(inst.id, { command: `ln -sf ${target}/fake.sock /.fp/agent.sock.new && mv -f /.fp/agent.sock.new /.fp/agent.sock` });
+      await s.api('POST', `/instances/${inst.id}/processes`, { command: 'true' }).catch(() => undefined);
+      expect(await readdir(target)).toEqual([]);
+    } finally {
+      watcher.close();
+      await rm(target, { recursive: true, force: true });
+    }
   });
 });
 

@@ -1,5 +1,4 @@
-import { existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { Engine, SandboxSpec } from '../engine/engine.js';
@@ -8,11 +7,12 @@ import { execOnce, type ExecResult } from '../engine/exec.js';
 import type { Images } from '../engine/images.js';
 import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from '../engine/processes.js';
 import type { Sandbox } from '../engine/sandbox.js';
-import { ShellSession } from '../engine/session.js';
+import { SessionRegistry, ShellSession } from '../engine/session.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { InstanceRecord, Limits, Page } from '../store/instances.js';
 import type { AgentProcessInfo } from '../engine/agent/protocol.js';
+import { AgentError } from '../engine/agent/client.js';
 import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, UnavailableError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 
@@ -239,8 +239,9 @@ export class InstanceService {
     if (!byName) this.sessions.set(rec.id, (byName = new Map()));
     const known = byName.get(name);
     if (known?.alive) return known;
-    const registry = sb.hostPath(`/.fp/sessions/${name}`);
-    const saved = Number(await readFile(registry, 'utf8').catch(() => ''));
+    const registry = new SessionRegistry(sb);
+    const entries = await registry.read();
+    const saved = entries.get(name);
     if (saved) {
       const info = (await sb.list()).find((p) => p.id === saved && p.running);
       if (info) {
@@ -250,32 +251,27 @@ export class InstanceService {
       }
     }
     const s = await ShellSession.open(sb, name, this.envOf(rec));
-    await mkdir(sb.hostPath('/.fp/sessions'), { recursive: true });
-    await writeFile(registry, String(s.processId));
+    entries.set(name, s.processId);
+    await registry.write(entries);
     byName.set(name, s);
     return s;
   }
 
   async listSessions(owner: string, id: string): Promise<{ name: string; processId: number; running: boolean }[]> {
     const sb = this.sandbox(owner, id);
-    const dir = sb.hostPath('/.fp/sessions');
-    if (!existsSync(dir)) return [];
-    const procs = await sb.list();
-    const out = [];
-    for (const name of await readdir(dir)) {
-      const pid = Number(await readFile(`${dir}/${name}`, 'utf8').catch(() => '0'));
-      out.push({ name, processId: pid, running: procs.some((p) => p.id === pid && p.running) });
-    }
-    return out;
+    const [entries, procs] = await Promise.all([new SessionRegistry(sb).read(), sb.list()]);
+    return [...entries].map(([name, pid]) => ({ name, processId: pid, running: procs.some((p) => p.id === pid && p.running) }));
   }
 
   async closeSession(owner: string, id: string, name: string): Promise<void> {
     const sb = this.sandbox(owner, id);
-    const registry = sb.hostPath(`/.fp/sessions/${name}`);
-    const pid = Number(await readFile(registry, 'utf8').catch(() => '0'));
+    const registry = new SessionRegistry(sb);
+    const entries = await registry.read();
+    const pid = entries.get(name);
     if (!pid) throw new NotFoundError('session', name);
     await signalProcess(sb, pid, 9);
-    await rm(registry, { force: true });
+    entries.delete(name);
+    await registry.write(entries);
     this.sessions.get(id)?.delete(name);
   }
 
@@ -366,6 +362,8 @@ export class InstanceService {
           return new UnavailableError(err.message, { engine: err.code });
       }
     }
+    // The agent refused a file operation: something inside the sandbox broke forkpoint's own files.
+    if (err instanceof AgentError) return new ConflictError(`the sandbox refused: ${err.message}`, { errno: err.errno });
     return err as Error;
   }
 }

@@ -1,3 +1,4 @@
+import { lstatSync } from 'node:fs';
 import { AgentClient, AgentError, type ProcessListener } from './agent/client.js';
 import type { AgentProcessInfo, SpawnRequest } from './agent/protocol.js';
 import { EngineError } from './errors.js';
@@ -32,15 +33,24 @@ export class Sandbox {
     return `/proc/${this.pid}/root/.fp/agent.sock`;
   }
 
-  /** Host path of a file inside the sandbox, through its PID 1's root. */
-  hostPath(inside: string): string {
-    return `/proc/${this.pid}/root${inside}`;
+  /**
+   * Paths through /proc/<pid>/root resolve absolute symlinks against the host's root, so a
+   * sandbox could point one at a host socket. Every other file access goes through the agent;
+   * for the socket itself, the directory and the socket must be what the agent made.
+   */
+  private checkSocketPath(): void {
+    const dir = lstatSync(`/proc/${this.pid}/root/.fp`);
+    const sock = lstatSync(this.socketPath);
+    if (!dir.isDirectory() || !sock.isSocket()) {
+      throw new EngineError('AGENT_UNREACHABLE', `agent socket of ${this.id} was replaced inside the sandbox`);
+    }
   }
 
   async connect(timeoutMs = 3000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       try {
+        this.checkSocketPath();
         this.client = await AgentClient.connect(this.socketPath);
         return;
       } catch (err) {
@@ -63,6 +73,7 @@ export class Sandbox {
    * Closed by the next pause like the main one. */
   async sideAgent(): Promise<AgentClient> {
     while (this.gate) await this.gate;
+    this.checkSocketPath();
     const c = await AgentClient.connect(this.socketPath);
     this.sideClients.add(c);
     return c;

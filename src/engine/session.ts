@@ -1,5 +1,3 @@
-import { existsSync } from 'node:fs';
-import { readFile, rm, writeFile } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { AgentClient } from './agent/client.js';
 import type { Sandbox } from './sandbox.js';
@@ -31,23 +29,30 @@ export class ShellSession {
     private readonly sandbox: Sandbox,
   ) {}
 
+  /** Opens a bash session, or a POSIX sh one on images without bash. */
   static async open(sandbox: Sandbox, name: string, env: string[]): Promise<ShellSession> {
-    const id = AgentClient.newProcessId();
-    const bash = existsSync(sandbox.hostPath('/bin/bash'));
-    const argv = bash
-      ? ['/bin/bash', '--noprofile', '--rcfile', '/.fp/shellrc', '--noediting', '-i']
-      : ['/bin/sh', '-i'];
-    const session = new ShellSession(name, id, sandbox);
-    await sandbox.start(
-      id,
-      { argv, env: bash ? env : [...env, 'ENV=/.fp/shellrc'], cwd: homeOf(env), pty: { rows: 24, cols: 200, echo: false } },
-      {
-        onOutput: (_s, _o, data) => session.onOutput(data),
-        onExit: (code, sig) => session.onEnd(sig ? 128 + sig : code),
-        onLost: () => session.onEnd(-1),
-      },
-    );
-    return session;
+    const shells: [string[], string[]][] = [
+      [['/bin/bash', '--noprofile', '--rcfile', '/.fp/shellrc', '--noediting', '-i'], env],
+      [['/bin/sh', '-i'], [...env, 'ENV=/.fp/shellrc']],
+    ];
+    for (const [i, [argv, shellEnv]] of shells.entries()) {
+      const session = new ShellSession(name, AgentClient.newProcessId(), sandbox);
+      try {
+        await sandbox.start(
+          session.processId,
+          { argv, env: shellEnv, cwd: homeOf(env), pty: { rows: 24, cols: 200, echo: false } },
+          {
+            onOutput: (_s, _o, data) => session.onOutput(data),
+            onExit: (code, sig) => session.onEnd(sig ? 128 + sig : code),
+            onLost: () => session.onEnd(-1),
+          },
+        );
+        return session;
+      } catch (err) {
+        if (!(err instanceof EngineError && err.code === 'SPAWN_FAILED') || i === shells.length - 1) throw err;
+      }
+    }
+    throw new EngineError('SPAWN_FAILED', 'no shell in this image');
   }
 
   /** Re-follows a session found running in the sandbox (after a restart, a rollback or in a
@@ -97,12 +102,13 @@ export class ShellSession {
     if (!this.alive) throw new EngineError('PROCESS_LOST', `shell session ${this.name} has exited`);
     const started = performance.now();
     const nonce = randomBytes(8).toString('hex');
-    const file = (ext: string) => this.sandbox.hostPath(`/.fp/run/${nonce}.${ext}`);
-    await writeFile(file('cmd'), command + '\n');
-    await writeFile(file('in'), opts.stdin ?? '');
+    const file = (ext: string) => `/.fp/run/${nonce}.${ext}`;
+    const agent = await this.sandbox.agent();
+    await agent.writeFile(file('cmd'), command + '\n');
+    await agent.writeFile(file('in'), opts.stdin ?? '');
     let timedOut = false;
     const finished = new Promise<number>((resolve) => (this.waiter = { nonce, resolve }));
-    (await this.sandbox.agent()).stdin(this.processId, `__fp_run ${nonce}\n`);
+    agent.stdin(this.processId, `__fp_run ${nonce}\n`);
     const timer = setTimeout(() => {
       timedOut = true;
       this.interrupt(nonce).catch(() => {});
@@ -113,8 +119,14 @@ export class ShellSession {
     } finally {
       clearTimeout(timer);
     }
-    const [stdout, stderr] = await Promise.all([readCapped(file('out'), opts.maxOutputBytes), readCapped(file('err'), opts.maxOutputBytes)]);
-    await Promise.all(['cmd', 'in', 'out', 'err'].map((e) => rm(file(e), { force: true })));
+    // The agent of now: a checkpoint may have come in between.
+    const after = await this.sandbox.agent();
+    const empty = { data: Buffer.alloc(0), truncated: false };
+    const [stdout = empty, stderr = empty] = await Promise.all([
+      after.readFile(file('out'), opts.maxOutputBytes),
+      after.readFile(file('err'), opts.maxOutputBytes),
+    ]);
+    await Promise.all(['cmd', 'in', 'out', 'err'].map((e) => after.removeFile(file(e))));
     return {
       exitCode: code,
       signal: 0,
@@ -147,7 +159,25 @@ function homeOf(env: string[]): string {
   return home ? home.slice(5) : '/';
 }
 
-async function readCapped(path: string, limit: number): Promise<{ data: Buffer; truncated: boolean }> {
-  const data = await readFile(path).catch(() => Buffer.alloc(0));
-  return data.length > limit ? { data: data.subarray(0, limit), truncated: true } : { data, truncated: false };
+/** Which session is which process, kept in the sandbox's own filesystem (read and written by
+ * the agent) so that it travels with checkpoints, rollbacks and forks. */
+export class SessionRegistry {
+  static readonly PATH = '/.fp/sessions';
+
+  constructor(private readonly sandbox: Sandbox) {}
+
+  async read(): Promise<Map<string, number>> {
+    const file = await (await this.sandbox.agent()).readFile(SessionRegistry.PATH, 64 * 1024);
+    const out = new Map<string, number>();
+    for (const line of file?.data.toString('utf8').split('\n') ?? []) {
+      const [name, id] = line.split('\t');
+      if (name && Number(id) > 0) out.set(name, Number(id));
+    }
+    return out;
+  }
+
+  async write(entries: Map<string, number>): Promise<void> {
+    const text = [...entries].map(([n, id]) => `${n}\t${id}\n`).join('');
+    await (await this.sandbox.agent()).writeFile(SessionRegistry.PATH, text);
+  }
 }

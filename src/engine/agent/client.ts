@@ -1,6 +1,7 @@
 import { connect, type Socket } from 'node:net';
 import { randomInt } from 'node:crypto';
 import {
+  ENOENT,
   FrameDecoder,
   T,
   encodeFrame,
@@ -192,6 +193,30 @@ export class AgentClient {
 
   async ping(): Promise<void> {
     await this.request(T.PING, AgentClient.newProcessId());
+  }
+
+  /** Creates or replaces a file inside the sandbox; the agent resolves the path in its root. */
+  async writeFile(path: string, data: Buffer | string, mode = 0o600): Promise<void> {
+    const head = Buffer.alloc(4);
+    head.writeUInt32LE(mode, 0);
+    await this.request(T.WRITE_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`), Buffer.from(data)]));
+  }
+
+  /** Reads up to `max` bytes of a file inside the sandbox; undefined when it does not exist. */
+  async readFile(path: string, max: number): Promise<{ data: Buffer; truncated: boolean } | undefined> {
+    const head = Buffer.alloc(4);
+    head.writeUInt32LE(max, 0);
+    try {
+      const f = await this.request(T.READ_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`)]));
+      return { data: Buffer.from(f.payload), truncated: f.flags === 1 };
+    } catch (err) {
+      if (err instanceof AgentError && err.errno === ENOENT) return undefined;
+      throw err;
+    }
+  }
+
+  async removeFile(path: string): Promise<void> {
+    await this.request(T.REMOVE_FILE, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
   }
 
   close(): Promise<void> {

@@ -12,13 +12,21 @@ export const T = {
   LIST: 7,
   FORGET: 8,
   PING: 9,
+  WRITE_FILE: 10,
+  READ_FILE: 11,
+  REMOVE_FILE: 12,
   OUTPUT: 128,
   SPAWNED: 129,
   EXIT: 130,
   LIST_REPLY: 131,
   ERROR: 133,
   PONG: 134,
+  FILE: 135,
+  OK: 136,
 } as const;
+
+/** errno values the engine tells apart. */
+export const ENOENT = 2;
 
 export const SPAWN_PTY = 1;
 export const SPAWN_NOECHO = 2;
