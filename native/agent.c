@@ -6,6 +6,7 @@
  * something CRIU can dump: pipes, ptys of the sandbox's own devpts, unix sockets, plain
  * memory. No pidfd, signalfd, epoll, inotify or io_uring. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -589,7 +590,52 @@ static void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
 static void do_remove_file(struct conn *c, struct fp_header *h, char *pl) {
   const char *path = payload_path(h, pl, 0);
   if (!path) return send_error(c, h->id, EINVAL, "bad remove");
-  if (unlink(path) < 0 && errno != ENOENT) return send_error(c, h->id, errno, strerror(errno));
+  if (unlink(path) < 0 && errno != ENOENT && !(errno == EISDIR && rmdir(path) == 0))
+    return send_error(c, h->id, errno, strerror(errno));
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
+static void do_list_dir(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path) return send_error(c, h->id, EINVAL, "bad list");
+  DIR *d = opendir(path);
+  if (!d) return send_error(c, h->id, errno, strerror(errno));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  struct dirent *e;
+  while (f && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || strchr(e->d_name, '\n') || strchr(e->d_name, '\t')) continue;
+    struct stat st;
+    char type = 'o';
+    long long size = 0;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : S_ISLNK(st.st_mode) ? 'l' : 'o';
+      size = (long long)st.st_size;
+    }
+    fprintf(f, "%s\t%c\t%lld\n", e->d_name, type, size);
+  }
+  closedir(d);
+  if (!f) return send_error(c, h->id, ENOMEM, "no memory");
+  fclose(f);
+  send_frame(c, FP_T_FILE, 0, h->id, buf, (uint32_t)len);
+  free(buf);
+}
+
+static void do_mkdir(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path || path[0] != '/') return send_error(c, h->id, EINVAL, "bad mkdir");
+  char dir[4096];
+  snprintf(dir, sizeof(dir), "%s", path);
+  for (char *p = dir + 1;; p++) {
+    if (*p == '/' || *p == 0) {
+      char saved = *p;
+      *p = 0;
+      if (mkdir(dir, 0755) < 0 && errno != EEXIST) return send_error(c, h->id, errno, strerror(errno));
+      if (!saved) break;
+      *p = saved;
+    }
+  }
   send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
 }
 
@@ -617,6 +663,8 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
     case FP_T_WRITE_FILE: return do_write_file(c, h, pl);
     case FP_T_READ_FILE: return do_read_file(c, h, pl);
     case FP_T_REMOVE_FILE: return do_remove_file(c, h, pl);
+    case FP_T_LIST_DIR: return do_list_dir(c, h, pl);
+    case FP_T_MKDIR: return do_mkdir(c, h, pl);
     default: return send_error(c, h->id, EINVAL, "unknown frame type");
   }
 }

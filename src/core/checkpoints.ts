@@ -52,6 +52,13 @@ export class CheckpointService {
     return c;
   }
 
+  /** A checkpoint by id alone, for callers that do not name its instance. */
+  find(owner: string, id: string): CheckpointRecord {
+    const c = this.store.checkpoints.get(id);
+    if (!c || c.owner !== owner) throw new NotFoundError('checkpoint', id);
+    return c;
+  }
+
   list(owner: string, instanceId: string, limit: number, cursor?: string): Page<CheckpointRecord> {
     this.instances.get(owner, instanceId);
     return this.store.checkpoints.page(instanceId, limit, cursor);
@@ -90,7 +97,9 @@ export class CheckpointService {
       readyAt: null,
     };
     this.store.checkpoints.insert(c);
-    const done = this.jobs.enqueue(c.id, instanceId, () => this.run(c));
+    // From now on the instance's callers wait for the dump: the checkpoint is of this moment.
+    const release = this.engine.sandbox(instanceId)?.hold() ?? (() => {});
+    const done = this.jobs.enqueue(c.id, instanceId, () => this.run(c, release).finally(release));
     done.catch(() => {});
     return { checkpoint: c, done };
   }
@@ -109,7 +118,7 @@ export class CheckpointService {
     for (const v of victims) this.removeRecord(v);
   }
 
-  private async run(c: CheckpointRecord): Promise<void> {
+  private async run(c: CheckpointRecord, release: () => void): Promise<void> {
     const inst = this.store.instances.get(c.instanceId);
     if (!inst) return this.fail(c, 'the instance was deleted');
     const layerId = newId('lyr');
@@ -120,7 +129,7 @@ export class CheckpointService {
       if (inst.status === 'running') {
         // A disk-only checkpoint of a running instance still goes through a dump so the
         // instance keeps running; its memory image is dropped afterwards.
-        pauseMs = (await this.engine.freezeRunning(this.instances.spec(inst), layerId, images)).pauseMs;
+        pauseMs = (await this.engine.freezeRunning(this.instances.spec(inst), layerId, images, release)).pauseMs;
       } else {
         await this.engine.freezeStopped(inst.id, layerId);
       }

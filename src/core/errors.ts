@@ -55,6 +55,13 @@ export class UnauthenticatedError extends ForkpointError {
   }
 }
 
+export class PayloadTooLargeError extends ForkpointError {
+  override readonly name = 'PayloadTooLargeError';
+  constructor(message: string, details?: unknown) {
+    super('PAYLOAD_TOO_LARGE', message, details);
+  }
+}
+
 export class UnavailableError extends ForkpointError {
   override readonly name = 'UnavailableError';
   constructor(message: string, details?: unknown) {

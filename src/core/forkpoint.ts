@@ -7,6 +7,7 @@ import { Images } from '../engine/images.js';
 import { isMounted } from '../engine/overlay.js';
 import { openStore, type Store } from '../store/index.js';
 import { CheckpointService } from './checkpoints.js';
+import { FileService } from './files.js';
 import { InstanceService } from './instances.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 
@@ -28,6 +29,7 @@ export class Forkpoint {
   readonly images: Images;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
+  readonly files: FileService;
   private readonly jobs: JobQueue;
 
   constructor(
@@ -41,6 +43,7 @@ export class Forkpoint {
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.instances = new InstanceService(this.store, this.engine, this.images, locks, config, log);
+    this.files = new FileService(this.instances, log);
     this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),

@@ -268,7 +268,7 @@ export class Engine {
    * pause; their commands go on afterwards. On a failed dump the sandbox runs on untouched.
    * `images` receives the memory image; `spec.layers` are the layers before the freeze.
    */
-  async freezeRunning(spec: SandboxSpec, layerId: string, images: string): Promise<FreezeResult> {
+  async freezeRunning(spec: SandboxSpec, layerId: string, images: string, release?: () => void): Promise<FreezeResult> {
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
     await mkdir(images, { recursive: true });
@@ -314,7 +314,7 @@ export class Engine {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    });
+    }, release);
     steps.mark('reconnect');
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;

@@ -1,5 +1,5 @@
 import { lstatSync } from 'node:fs';
-import { AgentClient, AgentError, type ProcessListener } from './agent/client.js';
+import { AgentClient, AgentClosedError, AgentError, type ProcessListener } from './agent/client.js';
 import type { AgentProcessInfo, SpawnRequest } from './agent/protocol.js';
 import { EngineError } from './errors.js';
 
@@ -18,6 +18,9 @@ interface Tracked {
 export class Sandbox {
   private client: AgentClient | undefined;
   private gate: Promise<void> | undefined;
+  /** Held between a checkpoint request and its pause: calls that come after the request wait,
+   * so that the checkpoint is of the state as it was when asked for. */
+  private held: { gate: Promise<void>; open: () => void; count: number } | undefined;
   private readonly tracked = new Map<number, Tracked>();
   private readonly sideClients = new Set<AgentClient>();
   /** Requests sent and not yet answered: a pause lets them finish before it closes the socket. */
@@ -62,17 +65,51 @@ export class Sandbox {
     }
   }
 
+  /** Holds new callers back until the returned release is called (or a pause takes over). */
+  hold(): () => void {
+    if (!this.held) {
+      let open!: () => void;
+      const gate = new Promise<void>((r) => (open = r));
+      this.held = { gate, open, count: 0 };
+    }
+    const h = this.held;
+    h.count++;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      if (--h.count === 0 && this.held === h) {
+        this.held = undefined;
+        h.open();
+      }
+    };
+  }
+
   /** The connection, once no pause is under way. */
   async agent(): Promise<AgentClient> {
-    while (this.gate) await this.gate;
+    while (this.gate || this.held) await (this.gate ?? this.held!.gate);
     if (!this.client?.isOpen) await this.connect();
     return this.client!;
+  }
+
+  /**
+   * Runs an idempotent request (files, listings) on the agent. One that meets a connection
+   * closed by a pause is sent again on the next connection, after the pause.
+   */
+  async call<T>(request: (agent: AgentClient) => Promise<T>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await request(await this.agent());
+      } catch (err) {
+        if (!(err instanceof AgentClosedError) || attempt >= 3) throw err;
+      }
+    }
   }
 
   /** A connection of its own, for readers that must not share the main one's subscriptions.
    * Closed by the next pause like the main one. */
   async sideAgent(): Promise<AgentClient> {
-    while (this.gate) await this.gate;
+    while (this.gate || this.held) await (this.gate ?? this.held!.gate);
     this.checkSocketPath();
     const c = await AgentClient.connect(this.socketPath);
     this.sideClients.add(c);
@@ -91,10 +128,14 @@ export class Sandbox {
   /** Runs `work` with every connection to the agent closed (CRIU cannot dump them) and new
    * callers held at the gate. `work` returns the new PID 1 and start time, or undefined when the
    * sandbox is gone for good. Tracked processes are re-attached afterwards. */
-  async pause<T>(work: () => Promise<{ pid: number; startTime: string; result: T } | undefined>): Promise<T | undefined> {
+  async pause<T>(
+    work: () => Promise<{ pid: number; startTime: string; result: T } | undefined>,
+    release?: () => void,
+  ): Promise<T | undefined> {
     while (this.gate) await this.gate;
     let open!: () => void;
     this.gate = new Promise((r) => (open = r));
+    release?.(); // the gate holds callers from here on
     try {
       await Promise.allSettled([...this.inflight]);
       await this.client?.close();
@@ -183,7 +224,7 @@ export class Sandbox {
   }
 
   async list(): Promise<AgentProcessInfo[]> {
-    return this.track((await this.agent()).list());
+    return this.call((a) => a.list());
   }
 
   private track<T>(p: Promise<T>): Promise<T> {

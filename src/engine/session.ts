@@ -103,12 +103,12 @@ export class ShellSession {
     const started = performance.now();
     const nonce = randomBytes(8).toString('hex');
     const file = (ext: string) => `/.fp/run/${nonce}.${ext}`;
-    const agent = await this.sandbox.agent();
-    await agent.writeFile(file('cmd'), command + '\n');
-    await agent.writeFile(file('in'), opts.stdin ?? '');
+    const sb = this.sandbox;
+    await sb.call((a) => a.writeFile(file('cmd'), command + '\n'));
+    await sb.call((a) => a.writeFile(file('in'), opts.stdin ?? ''));
     let timedOut = false;
     const finished = new Promise<number>((resolve) => (this.waiter = { nonce, resolve }));
-    agent.stdin(this.processId, `__fp_run ${nonce}\n`);
+    (await sb.agent()).stdin(this.processId, `__fp_run ${nonce}\n`);
     const timer = setTimeout(() => {
       timedOut = true;
       this.interrupt(nonce).catch(() => {});
@@ -119,14 +119,12 @@ export class ShellSession {
     } finally {
       clearTimeout(timer);
     }
-    // The agent of now: a checkpoint may have come in between.
-    const after = await this.sandbox.agent();
     const empty = { data: Buffer.alloc(0), truncated: false };
     const [stdout = empty, stderr = empty] = await Promise.all([
-      after.readFile(file('out'), opts.maxOutputBytes),
-      after.readFile(file('err'), opts.maxOutputBytes),
+      sb.call((a) => a.readFile(file('out'), opts.maxOutputBytes)),
+      sb.call((a) => a.readFile(file('err'), opts.maxOutputBytes)),
     ]);
-    await Promise.all(['cmd', 'in', 'out', 'err'].map((e) => after.removeFile(file(e))));
+    await Promise.all(['cmd', 'in', 'out', 'err'].map((e) => sb.call((a) => a.removeFile(file(e)))));
     return {
       exitCode: code,
       signal: 0,
@@ -167,7 +165,7 @@ export class SessionRegistry {
   constructor(private readonly sandbox: Sandbox) {}
 
   async read(): Promise<Map<string, number>> {
-    const file = await (await this.sandbox.agent()).readFile(SessionRegistry.PATH, 64 * 1024);
+    const file = await this.sandbox.call((a) => a.readFile(SessionRegistry.PATH, 64 * 1024));
     const out = new Map<string, number>();
     for (const line of file?.data.toString('utf8').split('\n') ?? []) {
       const [name, id] = line.split('\t');
@@ -178,6 +176,6 @@ export class SessionRegistry {
 
   async write(entries: Map<string, number>): Promise<void> {
     const text = [...entries].map(([n, id]) => `${n}\t${id}\n`).join('');
-    await (await this.sandbox.agent()).writeFile(SessionRegistry.PATH, text);
+    await this.sandbox.call((a) => a.writeFile(SessionRegistry.PATH, text));
   }
 }

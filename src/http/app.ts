@@ -9,6 +9,7 @@ import { installErrorHandling } from './errors.js';
 import { checkpointRoutes } from './routes/checkpoints.js';
 import { healthRoutes } from './routes/health.js';
 import { instanceRoutes } from './routes/instances.js';
+import { openComputerRoutes } from './opencomputer/routes.js';
 
 export interface AppOptions {
   forkpoint: Forkpoint;
@@ -48,5 +49,6 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(healthRoutes(opts.forkpoint));
   await app.register(instanceRoutes(opts.forkpoint));
   await app.register(checkpointRoutes(opts.forkpoint));
+  await app.register(openComputerRoutes(opts.forkpoint), { prefix: '/api' });
   return app;
 }

@@ -6,8 +6,10 @@ import {
   T,
   encodeFrame,
   encodeSpawn,
+  parseDir,
   parseList,
   type AgentProcessInfo,
+  type DirEntry,
   type Frame,
   type SpawnRequest,
 } from './protocol.js';
@@ -19,6 +21,14 @@ export class AgentError extends Error {
     message: string,
   ) {
     super(message);
+  }
+}
+
+/** The connection closed before the answer came: a pause, or the sandbox went away. */
+export class AgentClosedError extends Error {
+  override readonly name = 'AgentClosedError';
+  constructor() {
+    super('agent connection closed');
   }
 }
 
@@ -115,14 +125,14 @@ export class AgentClient {
 
   private onClose(): void {
     this.closed = true;
-    for (const p of this.pending.values()) p.reject(new Error('agent connection closed'));
+    for (const p of this.pending.values()) p.reject(new AgentClosedError());
     this.pending.clear();
     this.listeners.clear();
     for (const w of this.closeWaiters.splice(0)) w();
   }
 
   private request(type: number, id: number, payload?: Buffer, flags = 0): Promise<Frame> {
-    if (this.closed) return Promise.reject(new Error('agent connection closed'));
+    if (this.closed) return Promise.reject(new AgentClosedError());
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
       this.socket.write(encodeFrame(type, id, payload, flags));
@@ -215,8 +225,17 @@ export class AgentClient {
     }
   }
 
+  /** Removes a file or an empty directory; a missing one is no error. */
   async removeFile(path: string): Promise<void> {
     await this.request(T.REMOVE_FILE, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+  }
+
+  async listDir(path: string): Promise<DirEntry[]> {
+    return parseDir((await this.request(T.LIST_DIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`))).payload);
+  }
+
+  async mkdir(path: string): Promise<void> {
+    await this.request(T.MKDIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
   }
 
   close(): Promise<void> {

@@ -15,6 +15,8 @@ export const T = {
   WRITE_FILE: 10,
   READ_FILE: 11,
   REMOVE_FILE: 12,
+  LIST_DIR: 13,
+  MKDIR: 14,
   OUTPUT: 128,
   SPAWNED: 129,
   EXIT: 130,
@@ -124,5 +126,24 @@ export function parseList(payload: Buffer): AgentProcessInfo[] {
         stderrBytes: Number(err),
         command: cmd.join('\t'),
       };
+    });
+}
+
+export interface DirEntry {
+  name: string;
+  type: 'dir' | 'file' | 'link' | 'other';
+  size: number;
+}
+
+const TYPES: Record<string, DirEntry['type']> = { d: 'dir', f: 'file', l: 'link', o: 'other' };
+
+export function parseDir(payload: Buffer): DirEntry[] {
+  return payload
+    .toString('utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => {
+      const [name, t, size] = line.split('\t');
+      return { name: name!, type: TYPES[t!] ?? 'other', size: Number(size) };
     });
 }

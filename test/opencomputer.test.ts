@@ -1,0 +1,71 @@
+import { Sandbox } from '@opencomputer/sdk';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServer, type TestServer } from './helpers/server.js';
+
+let s: TestServer;
+let opts: { apiUrl: string; apiKey: string };
+beforeAll(async () => {
+  s = await startServer();
+  opts = { apiUrl: s.url, apiKey: s.token };
+});
+afterAll(async () => s?.close());
+
+describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => {
+  it('creates a sandbox, runs commands, reads and writes files, connects and kills', async () => {
+    const sb = await Sandbox.create({ ...opts, envs: { GREETING: 'hi' }, metadata: { via: 'sdk' } });
+    expect(sb.sandboxId).toMatch(/^inst_/);
+    expect(sb.status).toBe('running');
+    const r = await sb.exec.run('echo $GREETING; echo oops >&2; exit 3');
+    expect(r).toEqual({ exitCode: 3, stdout: 'hi\n', stderr: 'oops\n' });
+    expect((await sb.exec.run('pwd', { cwd: '/tmp' })).stdout).toBe('/tmp\n');
+
+    await sb.files.write('/work/notes/a.txt', 'hello files\n');
+    expect(await sb.files.read('/work/notes/a.txt')).toBe('hello files\n');
+    await sb.files.write('/work/bin.dat', new Uint8Array([0, 1, 2, 255]));
+    expect(Array.from(await sb.files.readBytes('/work/bin.dat'))).toEqual([0, 1, 2, 255]);
+    await sb.files.makeDir('/work/empty/deep');
+    const entries = await sb.files.list('/work');
+    expect(entries.map((e) => [e.name, e.isDir]).sort()).toEqual([['bin.dat', false], ['empty', true], ['notes', true]]);
+    expect(await sb.files.exists('/work/notes/a.txt')).toBe(true);
+    await sb.files.remove('/work/notes/a.txt');
+    expect(await sb.files.exists('/work/notes/a.txt')).toBe(false);
+    expect((await sb.exec.run('cat /work/bin.dat | wc -c')).stdout.trim()).toBe('4');
+
+    const again = await Sandbox.connect(sb.sandboxId, opts);
+    expect(await again.isRunning()).toBe(true);
+    await again.kill();
+    await expect(Sandbox.connect(sb.sandboxId, opts)).rejects.toThrow(/404/);
+  });
+
+  it('checkpoints, restores in place, and creates a sandbox from a checkpoint', async () => {
+    const sb = await Sandbox.create(opts);
+    await sb.files.write('/root/state.txt', 'before\n');
+    const cp = await sb.createCheckpoint('before');
+    expect(cp).toMatchObject({ sandboxId: sb.sandboxId, name: 'before' });
+    await sb.files.write('/root/state.txt', 'after\n');
+    await sb.restoreCheckpoint(cp.id);
+    expect(await sb.files.read('/root/state.txt')).toBe('before\n');
+    const list = await sb.listCheckpoints();
+    expect(list.map((c) => c.id)).toEqual([cp.id]);
+    expect(list[0]!.status).toBe('ready');
+
+    const fork = await Sandbox.createFromCheckpoint(cp.id, opts);
+    expect(fork.sandboxId).not.toBe(sb.sandboxId);
+    expect(await fork.files.read('/root/state.txt')).toBe('before\n');
+    await fork.files.write('/root/state.txt', 'fork\n');
+    expect(await sb.files.read('/root/state.txt')).toBe('before\n');
+
+    await sb.hibernate();
+    expect((await Sandbox.connect(sb.sandboxId, opts)).status).toBe('hibernated');
+    await sb.wake();
+    expect(await sb.files.read('/root/state.txt')).toBe('before\n');
+    await sb.deleteCheckpoint(cp.id);
+    expect(await sb.listCheckpoints()).toEqual([]);
+    await fork.kill();
+    await sb.kill();
+  });
+
+  it('a wrong key is refused', async () => {
+    await expect(Sandbox.create({ apiUrl: s.url, apiKey: 'nope' })).rejects.toThrow(/401/);
+  });
+});
