@@ -13,6 +13,7 @@ const spec = (id: string) => ({
   hostname: id.replace('_', '-'),
   image: 'default',
   layers: [],
+  baseLayer: false,
   agentLayer: engine.currentAgentLayer,
   limits: { memoryMb: 512, pids: 256, cpuPercent: 100 },
 });
