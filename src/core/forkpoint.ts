@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import { Engine } from '../engine/engine.js';
@@ -74,8 +74,7 @@ export class Forkpoint {
 
   async health(): Promise<HealthReport> {
     const criu = await this.engine.criu.version().catch(() => undefined);
-    const overlay = await import('node:fs/promises')
-      .then((fs) => fs.readFile('/proc/filesystems', 'utf8'))
+    const overlay = await readFile('/proc/filesystems', 'utf8')
       .then((t) => /\toverlay$/m.test(t))
       .catch(() => false);
     const root = process.getuid?.() === 0;

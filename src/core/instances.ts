@@ -7,6 +7,7 @@ import { execOnce, type ExecResult } from '../engine/exec.js';
 import type { Images } from '../engine/images.js';
 import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from '../engine/processes.js';
 import type { Sandbox } from '../engine/sandbox.js';
+import { processStartTime } from '../engine/launcher.js';
 import { SessionRegistry, ShellSession } from '../engine/session.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
@@ -342,7 +343,6 @@ export class InstanceService {
   private async killLeftover(id: string): Promise<void> {
     const pid = Number(await readFile(`${this.engine.layout.run(id)}/pid`, 'utf8').catch(() => '0'));
     if (!pid) return;
-    const { processStartTime } = await import('../engine/launcher.js');
     const start = await processStartTime(pid).catch(() => undefined);
     if (start) await this.engine.killStray(pid, start);
   }
