@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
-import { AgentError } from '../engine/agent/client.js';
+import { AgentError, type AgentClient } from '../engine/agent/client.js';
 import { ENOENT, type DirEntry } from '../engine/agent/protocol.js';
-import { InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
+import { ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
 import type { InstanceService } from './instances.js';
 
 export const MAX_FILE_BYTES = 8 * 1024 * 1024 - 4096;
@@ -19,8 +19,15 @@ export class FileService {
     return p;
   }
 
-  private sandbox(owner: string, id: string) {
-    return this.instances.sandbox(owner, id);
+  /** Runs one file operation on the instance's agent, with agent errors as API errors. */
+  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentClient, path: string) => Promise<T>): Promise<T> {
+    const sb = this.instances.sandbox(owner, id);
+    const p = this.path(path);
+    try {
+      return await sb.call((agent) => fn(agent, p));
+    } catch (err) {
+      throw this.failed(err, path);
+    }
   }
 
   private failed(err: unknown, path: string): Error {
@@ -28,59 +35,36 @@ export class FileService {
       if (err.errno === ENOENT) return new NotFoundError('file', path);
       return new InvalidRequestError(`${path}: ${err.message}`, { path, errno: err.errno });
     }
-    this.log.error({ err, path }, 'file operation failed');
+    if (!(err instanceof ForkpointError)) this.log.error({ err, path }, 'file operation failed');
     return err as Error;
   }
 
   async read(owner: string, id: string, path: string): Promise<Buffer> {
-    const sb = this.sandbox(owner, id);
-    try {
-      const file = await sb.call((a) => a.readFile(this.path(path), MAX_FILE_BYTES));
-      if (!file) throw new NotFoundError('file', path);
-      if (file.truncated) throw new PayloadTooLargeError(`${path} is larger than ${MAX_FILE_BYTES} bytes`);
-      return file.data;
-    } catch (err) {
-      throw this.failed(err, path);
-    }
+    const file = await this.op(owner, id, path, (a, p) => a.readFile(p, MAX_FILE_BYTES));
+    if (!file) throw new NotFoundError('file', path);
+    if (file.truncated) throw new PayloadTooLargeError(`${path} is larger than ${MAX_FILE_BYTES} bytes`);
+    return file.data;
   }
 
+  /** Writes a whole file, making its parent directories. */
   async write(owner: string, id: string, path: string, data: Buffer): Promise<void> {
     if (data.length > MAX_FILE_BYTES) throw new PayloadTooLargeError(`files are written up to ${MAX_FILE_BYTES} bytes at a time`);
-    const sb = this.sandbox(owner, id);
-    try {
-      const p = this.path(path);
+    await this.op(owner, id, path, async (a, p) => {
       const parent = p.slice(0, p.lastIndexOf('/'));
-      if (parent) await sb.call((a) => a.mkdir(parent));
-      await sb.call((a) => a.writeFile(p, data, 0o644));
-    } catch (err) {
-      throw this.failed(err, path);
-    }
+      if (parent) await a.mkdir(parent);
+      await a.writeFile(p, data, 0o644);
+    });
   }
 
   async remove(owner: string, id: string, path: string): Promise<void> {
-    const sb = this.sandbox(owner, id);
-    try {
-      await sb.call((a) => a.removeFile(this.path(path)));
-    } catch (err) {
-      throw this.failed(err, path);
-    }
+    await this.op(owner, id, path, (a, p) => a.removeFile(p));
   }
 
   async list(owner: string, id: string, path: string): Promise<DirEntry[]> {
-    const sb = this.sandbox(owner, id);
-    try {
-      return await sb.call((a) => a.listDir(this.path(path)));
-    } catch (err) {
-      throw this.failed(err, path);
-    }
+    return this.op(owner, id, path, (a, p) => a.listDir(p));
   }
 
   async mkdir(owner: string, id: string, path: string): Promise<void> {
-    const sb = this.sandbox(owner, id);
-    try {
-      await sb.call((a) => a.mkdir(this.path(path)));
-    } catch (err) {
-      throw this.failed(err, path);
-    }
+    await this.op(owner, id, path, (a, p) => a.mkdir(p));
   }
 }
