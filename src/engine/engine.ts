@@ -119,7 +119,7 @@ export class Engine {
 
   private async mountDisk(spec: SandboxSpec, freshUpper: boolean): Promise<void> {
     const l = this.layout;
-    if (await isMounted(l.merged(spec.id))) await this.mounter.unmount(l.merged(spec.id));
+    await this.mounter.unmount(l.merged(spec.id)); // a no-op when nothing is mounted
     if (freshUpper) await this.discard(l.upper(spec.id));
     await mkdir(l.upper(spec.id), { recursive: true });
     await this.discard(l.work(spec.id));
