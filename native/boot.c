@@ -10,16 +10,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <net/if.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -41,42 +39,64 @@ static void fail(const char *fmt, ...) {
   _exit(1);
 }
 
-static void make_dev(const char *name, mode_t mode, unsigned maj, unsigned min) {
-  char path[64];
-  snprintf(path, sizeof(path), "dev/%s", name);
-  if (mknod(path, S_IFCHR | mode, makedev(maj, min)) < 0) fail("mknod %s", path);
-  chmod(path, mode);
+static int make_dev(const char *dir, const char *name, mode_t mode, unsigned maj, unsigned min) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  if (mknod(path, S_IFCHR | mode, makedev(maj, min)) < 0 && errno != EEXIST) return -1;
+  return chmod(path, mode);
 }
 
+static int make_link(const char *dir, const char *name, const char *target) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  return symlink(target, path) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* The device nodes, links and mount points a sandbox's /dev holds, created in DIR. */
+static int populate_dev(const char *dir) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/pts", dir);
+  if (mkdir(path, 0755) < 0 && errno != EEXIST) return -1;
+  snprintf(path, sizeof(path), "%s/shm", dir);
+  if ((mkdir(path, 01777) < 0 && errno != EEXIST) || chmod(path, 01777) < 0) return -1;
+  if (make_dev(dir, "null", 0666, 1, 3) || make_dev(dir, "zero", 0666, 1, 5) || make_dev(dir, "full", 0666, 1, 7) ||
+      make_dev(dir, "random", 0666, 1, 8) || make_dev(dir, "urandom", 0666, 1, 9) || make_dev(dir, "tty", 0666, 5, 0))
+    return -1;
+  if (make_link(dir, "ptmx", "pts/ptmx") || make_link(dir, "fd", "/proc/self/fd") || make_link(dir, "stdin", "/proc/self/fd/0") ||
+      make_link(dir, "stdout", "/proc/self/fd/1") || make_link(dir, "stderr", "/proc/self/fd/2"))
+    return -1;
+  return 0;
+}
+
+/* fp-agent mkdev DIR: fills the agent layer's /dev, so that sandboxes need no tmpfs there
+ * (CRIU saves a tmpfs by running tar and gzip, on every dump and every restore). */
+int mkdev_main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: fp-agent mkdev DIR\n");
+    return 2;
+  }
+  if (populate_dev(argv[1]) < 0) {
+    perror("mkdev");
+    return 1;
+  }
+  return 0;
+}
+
+static int is_chardev(const char *path, unsigned maj, unsigned min) {
+  struct stat st;
+  return lstat(path, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(maj, min);
+}
+
+/* /dev comes from the agent layer; a tmpfs only when the image hides it (or the instance
+ * runs on an agent layer from before /dev was in it). */
 static void setup_dev(void) {
-  if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC | MS_STRICTATIME, "mode=755,size=65536k") < 0)
-    fail("mount /dev");
-  make_dev("null", 0666, 1, 3);
-  make_dev("zero", 0666, 1, 5);
-  make_dev("full", 0666, 1, 7);
-  make_dev("random", 0666, 1, 8);
-  make_dev("urandom", 0666, 1, 9);
-  make_dev("tty", 0666, 5, 0);
-  mkdir("dev/pts", 0755);
-  mkdir("dev/shm", 01777);
-  chmod("dev/shm", 01777);
+  if (!is_chardev("dev/null", 1, 3) || !is_chardev("dev/tty", 5, 0)) {
+    if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC | MS_STRICTATIME, "mode=755,size=65536k") < 0)
+      fail("mount /dev");
+    if (populate_dev("dev") < 0) fail("populate /dev");
+  }
   if (mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
     fail("mount devpts");
-  if (symlink("pts/ptmx", "dev/ptmx") < 0) fail("symlink ptmx");
-  if (symlink("/proc/self/fd", "dev/fd") < 0 || symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
-      symlink("/proc/self/fd/1", "dev/stdout") < 0 || symlink("/proc/self/fd/2", "dev/stderr") < 0)
-    fail("symlink fd");
-}
-
-static void loopback_up(void) {
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s < 0) fail("socket");
-  struct ifreq ifr = {0};
-  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
-  if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) fail("get lo flags");
-  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
-  if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) fail("lo up");
-  close(s);
 }
 
 /* Docker's default set, less CAP_MKNOD: everything else leaves the bounding set. */
@@ -137,7 +157,7 @@ static void sandbox_child(const char *root, const char *hostname) {
   if (umount2(".", MNT_DETACH) < 0) fail("detach old root");
   if (chdir("/") < 0) fail("chdir /");
   if (sethostname(hostname, strlen(hostname)) < 0) fail("sethostname");
-  loopback_up();
+  if (loopback_up() < 0) fail("lo up");
   if (setsid() < 0) fail("setsid");
   close_host_fds();
   /* The agent is the last thing the OOM killer should pick; it resets this for its children. */

@@ -6,4 +6,6 @@ int shim_main(int argc, char **argv);
 int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);
+int loopback_up(void);
+int mkdev_main(int argc, char **argv);
 #endif

@@ -1,9 +1,10 @@
-/* fp-agent: one static binary, three roles.
+/* fp-agent: one static binary, several roles.
  *   shim -- CMD...   host side: subreaper that outlives CMD and reaps the sandbox it leaves
  *   boot OPTIONS     host side: builds the sandbox's namespaces and root, then execs init
  *   init             inside the sandbox: PID 1, the agent
  *   criu-run         host side: CRIU with its kernel-probe cache on a private /run
- *   mount-overlay, umount, syncfs   host side: the syscalls, without util-linux's start-up */
+ *   mount-overlay, umount, syncfs   host side: the syscalls, without util-linux's start-up
+ *   mkdev DIR        host side: the device nodes of the agent layer's /dev */
 #include <stdio.h>
 #include <string.h>
 
@@ -17,6 +18,7 @@ int main(int argc, char **argv) {
   if (argc >= 2 && (!strcmp(argv[1], "mount-overlay") || !strcmp(argv[1], "umount")))
     return overlay_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "syncfs")) return syncfs_main(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "mkdev")) return mkdev_main(argc - 1, argv + 1);
   fprintf(stderr, "usage: fp-agent init | boot OPTIONS | shim --status FILE -- CMD... | criu-run --cache DIR -- CRIU...\n");
   return 2;
 }

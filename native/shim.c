@@ -11,18 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
-#include <net/if.h>
-#include <sys/ioctl.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "fp.h"
 
-/* A netns restored with `criu --empty-ns net` has lo down: bring it up from the host side.
- * A fork also gets its own hostname, set in its uts namespace. */
-static int fix_restored(const char *pidfile, const char *hostname) {
+/* Fixes a restored sandbox from the host side: a netns CRIU made with `--empty-ns net` (older
+ * images) has lo down, and a fork gets its own hostname in its uts namespace. */
+static int fix_restored(const char *pidfile, int lo, const char *hostname) {
   FILE *f = fopen(pidfile, "re");
   int pid = 0;
   if (!f) return -1;
@@ -30,33 +27,29 @@ static int fix_restored(const char *pidfile, const char *hostname) {
   fclose(f);
   if (pid <= 0) return -1;
   char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/ns/net", pid);
-  int ns = open(path, O_RDONLY | O_CLOEXEC);
-  if (ns < 0 || setns(ns, CLONE_NEWNET) < 0) return -1;
-  close(ns);
   if (hostname) {
     snprintf(path, sizeof(path), "/proc/%d/ns/uts", pid);
     int uts = open(path, O_RDONLY | O_CLOEXEC);
     if (uts < 0 || setns(uts, CLONE_NEWUTS) < 0 || sethostname(hostname, strlen(hostname)) < 0) return -1;
     close(uts);
   }
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct ifreq ifr = {0};
-  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
-  int rc = s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0 ? -1 : 0;
-  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
-  if (rc == 0) rc = ioctl(s, SIOCSIFFLAGS, &ifr);
-  if (s >= 0) close(s);
-  return rc;
+  if (!lo) return 0;
+  snprintf(path, sizeof(path), "/proc/%d/ns/net", pid);
+  int ns = open(path, O_RDONLY | O_CLOEXEC);
+  if (ns < 0 || setns(ns, CLONE_NEWNET) < 0) return -1;
+  close(ns);
+  return loopback_up();
 }
 
 int shim_main(int argc, char **argv) {
-  const char *status_file = NULL, *lo_pidfile = NULL, *hostname = NULL;
+  const char *status_file = NULL, *restored_pidfile = NULL, *hostname = NULL;
+  int lo = 0;
   int i = 1;
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--status") && i + 1 < argc) status_file = argv[++i];
     else if (!strcmp(argv[i], "--cgroup-procs") && i + 1 < argc) i++;
-    else if (!strcmp(argv[i], "--loopback-up") && i + 1 < argc) lo_pidfile = argv[++i];
+    else if (!strcmp(argv[i], "--restored") && i + 1 < argc) restored_pidfile = argv[++i];
+    else if (!strcmp(argv[i], "--loopback-up")) lo = 1;
     else if (!strcmp(argv[i], "--hostname") && i + 1 < argc) hostname = argv[++i];
     else if (!strcmp(argv[i], "--")) { i++; break; }
   }
@@ -98,7 +91,7 @@ int shim_main(int argc, char **argv) {
     }
     if (pid == cmd) {
       cmd_status = st;
-      if (lo_pidfile && WIFEXITED(st) && WEXITSTATUS(st) == 0 && fix_restored(lo_pidfile, hostname) < 0) {
+      if (restored_pidfile && WIFEXITED(st) && WEXITSTATUS(st) == 0 && fix_restored(restored_pidfile, lo, hostname) < 0) {
         fprintf(stderr, "shim: cannot set up the restored sandbox's lo or hostname: %s\n", strerror(errno));
         st = 1 << 8;
       }

@@ -1,3 +1,4 @@
+import { readdirSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -19,8 +20,8 @@ export class Criu {
     private readonly cacheDir: string,
   ) {}
 
-  private command(args: string[]): string[] {
-    return [this.helper, 'criu-run', '--cache', this.cacheDir, '--', this.path, ...args];
+  private command(netns: string[], args: string[]): string[] {
+    return [this.helper, 'criu-run', '--cache', this.cacheDir, ...netns, '--', this.path, ...args];
   }
 
   /** Mounts the cache tmpfs once per boot of the machine; shared by every data directory. */
@@ -47,12 +48,12 @@ export class Criu {
   /** Dumps the process tree rooted at `pid` into `imagesDir`. Without `leaveRunning` the tree is
    * gone afterwards; on failure CRIU resumes it as it was. */
   async dump(pid: number, imagesDir: string, opts: { leaveRunning?: boolean } = {}): Promise<void> {
-    // --empty-ns net: the sandbox's netns holds only lo, which the shim brings up after a
-    // restore; not dumping its links, routes and rules saves CRIU spawning ip(8) several times.
+    // CRIU runs inside the sandbox's netns, which it then leaves out of the image: it holds
+    // only lo, and a restore gets a fresh one (see native/criu_run.c).
     const args = ['dump', '-t', String(pid), '-D', imagesDir, '-o', 'dump.log', '-v2',
-      '--network-lock', 'skip', '--manage-cgroups=ignore', '--empty-ns', 'net'];
+      '--network-lock', 'skip', '--manage-cgroups=ignore'];
     if (opts.leaveRunning) args.push('--leave-running');
-    const [file, ...rest] = this.command(args);
+    const [file, ...rest] = this.command(['--netns-of', String(pid)], args);
     const r = await run(file!, rest);
     if (r.code !== 0) {
       const log = await tail(join(imagesDir, 'dump.log'));
@@ -60,9 +61,16 @@ export class Criu {
     }
   }
 
+  /** Images made before CRIU ran inside the sandbox's netns carry an (empty) netns of their own. */
+  hasOwnNetns(imagesDir: string): boolean {
+    return readdirSync(imagesDir).some((f) => f.startsWith('netns-'));
+  }
+
   restoreArgs(imagesDir: string, workDir: string, root: string, pidfile: string): string[] {
-    return this.command(['restore', '-d', '-D', imagesDir, '-W', workDir, '-o', 'restore.log', '-v2',
-      '--root', root, '--pidfile', pidfile, '--manage-cgroups=ignore', '--empty-ns', 'net']);
+    const args = ['restore', '-d', '-D', imagesDir, '-W', workDir, '-o', 'restore.log', '-v2',
+      '--root', root, '--pidfile', pidfile, '--manage-cgroups=ignore'];
+    if (this.hasOwnNetns(imagesDir)) return this.command([], [...args, '--empty-ns', 'net']);
+    return this.command(['--new-netns'], args);
   }
 }
 

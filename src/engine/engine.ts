@@ -174,7 +174,7 @@ export class Engine {
       cgroupProcs,
       failure: 'RESTORE_FAILED',
       detailLog: join(work, 'restore.log'),
-      loopbackUp: true,
+      loopbackUp: this.criu.hasOwnNetns(how.images),
       hostname: how.hostname,
     });
     return launched;

@@ -23,7 +23,7 @@ export async function launchUnderShim(opts: {
   failure: 'BOOT_FAILED' | 'RESTORE_FAILED';
   /** A log with more detail than stderr, read on failure (CRIU's). */
   detailLog?: string;
-  /** Bring lo up in the new sandbox's netns (restores made with `--empty-ns net`). */
+  /** Bring lo up in the restored sandbox's netns (images that carry a netns of their own). */
   loopbackUp?: boolean;
   /** A fork's own hostname, set in its uts namespace after the restore. */
   hostname?: string | undefined;
@@ -31,7 +31,8 @@ export async function launchUnderShim(opts: {
   const log = openSync(opts.logFile, 'a');
   const args = ['shim', '--status', opts.statusFile];
   for (const p of opts.cgroupProcs) args.push('--cgroup-procs', p);
-  if (opts.loopbackUp) args.push('--loopback-up', opts.pidfile);
+  if (opts.loopbackUp || opts.hostname) args.push('--restored', opts.pidfile);
+  if (opts.loopbackUp) args.push('--loopback-up');
   if (opts.hostname) args.push('--hostname', opts.hostname);
   args.push('--', ...opts.command);
   const child = spawn(opts.agentPath, args, { detached: true, stdio: ['ignore', 'pipe', log] });
