@@ -51,8 +51,9 @@ async function rawCycle(id: string): Promise<number> {
   await rm(join(run, 'pid'), { force: true });
   const launched = await launchUnderShim({
     agentPath: s.fp.config.agentPath,
-    command: engine.criu.restoreArgs(images, join(run, 'criu'), layout.merged(id), join(run, 'pid')),
-    pidfile: join(run, 'pid'), statusFile: join(run, 'status'), logFile: join(run, 'shim.log'), cgroupProcs: [], failure: 'RESTORE_FAILED', detailLog: join(run, 'criu', 'restore.log'),
+    command: [s.fp.config.agentPath, 'criu-run', '--cache', s.fp.config.criuCacheDir, '--', engine.criu.path, 'restore', '-d', '-D', images, '-W', join(run, 'criu'),
+      '-o', 'restore.log', '--root', layout.merged(id), '--pidfile', join(run, 'pid'), '--manage-cgroups=ignore'],
+    pidfile: join(run, 'pid'), statusFile: join(run, 'status'), logFile: join(run, 'shim.log'), cgroupProcs: [], failure: 'RESTORE_FAILED',
   });
   const ms = performance.now() - t;
   sb.pid = launched.pid;

@@ -175,15 +175,22 @@ static void sandbox_child(const char *root, const char *hostname) {
 }
 
 int boot_main(int argc, char **argv) {
-  const char *root = NULL, *hostname = "sandbox", *pidfile = NULL;
+  const char *root = NULL, *hostname = "sandbox", *pidfile = NULL, *ov_dir = NULL, *ov_options = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--root")) root = argv[i + 1];
     else if (!strcmp(argv[i], "--hostname")) hostname = argv[i + 1];
     else if (!strcmp(argv[i], "--pidfile")) pidfile = argv[i + 1];
+    else if (!strcmp(argv[i], "--overlay") && i + 2 < argc) ov_dir = argv[i + 1], ov_options = argv[i + 2], i++;
   }
   if (!root || !pidfile) {
     fprintf(stderr, "boot: --root and --pidfile are required\n");
     return 2;
+  }
+  /* --overlay DIR OPTIONS: mount the disk on --root first, in the host's mount namespace. */
+  char err[512];
+  if (ov_dir && replace_overlay(ov_dir, root, ov_options, err, sizeof(err)) < 0) {
+    fprintf(stderr, "boot: %s\n", err);
+    return 1;
   }
   if (unshare(CLONE_NEWPID) < 0) {
     perror("boot: unshare");

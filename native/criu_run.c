@@ -1,4 +1,5 @@
-/* fp-agent criu-run --cache DIR [--netns-of PID | --new-netns] -- CRIU ARGS...
+/* fp-agent criu-run --cache DIR [--netns-of PID | --new-netns] [--overlay DIR TARGET OPTIONS]
+ *                  [--swrk [--pidfile FILE]] -- CRIU ARGS...
  *
  * CRIU keeps its kernel-probe cache (kdat) only when /run is a tmpfs; on hosts whose /run is
  * not, every call re-probes the kernel (15-20 ms). This runs CRIU in a mount namespace of its
@@ -7,43 +8,258 @@
  * CRIU also dumps and restores a network namespace only when it differs from its own, and
  * doing so costs it a sysfs mount and two walks of the host's conntrack table (~20 ms). The
  * sandbox's netns holds nothing but lo, so CRIU runs inside it instead: --netns-of PID for a
- * dump, --new-netns (a fresh netns with lo up, inherited by the restored tree) for a restore. */
+ * dump, --new-netns (a fresh netns with lo up, inherited by the restored tree) for a restore.
+ *
+ * --overlay mounts the sandbox's disk first (see replace_overlay), saving the restore path a
+ * process of its own.
+ *
+ * --swrk starts CRIU as an RPC worker (`criu swrk`) and relays requests to it, so that CRIU's
+ * own start-up (dynamic loading, kernel probes: ~10 ms) happens before a pause, not in it.
+ * Frames on stdin, answers on fd 3, each a u32 little-endian length, a kind byte and data:
+ *   'O' PATH                    open a directory for CRIU  -> 'K' its fd number, in decimal
+ *   'M' DIR\0TARGET\0OPTIONS    replace_overlay            -> 'K'
+ *   'R' criu_req (protobuf)     passed to CRIU             -> 'R' criu_resp
+ *   'H' PID\0HOSTNAME           set the hostname in PID's uts namespace (a fork's) -> 'K'
+ *   'L' PID                     bring lo up in PID's netns (images with a netns)   -> 'K'
+ *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
+ *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
+ *                               it restores is born inside the sandbox's limits     -> 'K'
+ * and 'E' MESSAGE for a failure. With --pidfile, the pid of a restored tree is written there
+ * as soon as CRIU answers, so that a server that dies meanwhile can still find it. EOF on stdin ends the worker; with it CRIU, whose restored
+ * tree passes to the shim above. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <stdint.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fp.h"
 
-static int enter_netns_of(const char *pid) {
+#define REPLY_FD 3
+#define MAX_FRAME (1 << 20)
+
+static int read_full(int fd, void *buf, size_t len) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = read(fd, (char *)buf + got, len - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len) {
+  size_t put = 0;
+  while (put < len) {
+    ssize_t n = write(fd, (const char *)buf + put, len - put);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    put += (size_t)n;
+  }
+  return 0;
+}
+
+static int reply(char kind, const void *data, size_t len) {
+  uint8_t head[5];
+  uint32_t n = (uint32_t)len + 1;
+  for (int k = 0; k < 4; k++) head[k] = (uint8_t)(n >> (8 * k));
+  head[4] = (uint8_t)kind;
+  return write_full(REPLY_FD, head, 5) < 0 || write_full(REPLY_FD, data, len) < 0 ? -1 : 0;
+}
+
+static int reply_text(char kind, const char *text) {
+  return reply(kind, text, strlen(text));
+}
+
+/* The restored root's pid in a criu_resp: field 4 (restore), its field 1 (pid). Just enough
+ * protobuf to write the pidfile without waiting for the server. */
+static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  *v = 0;
+  for (int shift = 0; *p < end && shift < 64; shift += 7) {
+    uint8_t b = *(*p)++;
+    *v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) return 0;
+  }
+  return -1;
+}
+
+static long field_varint(const uint8_t *p, const uint8_t *end, unsigned want_field, unsigned want_sub) {
+  while (p < end) {
+    uint64_t key, v;
+    if (varint(&p, end, &key) < 0) return -1;
+    unsigned field = (unsigned)(key >> 3), type = key & 7;
+    if (type == 0) {
+      if (varint(&p, end, &v) < 0) return -1;
+      if (field == want_field && !want_sub) return (long)v;
+    } else if (type == 2) {
+      if (varint(&p, end, &v) < 0 || v > (uint64_t)(end - p)) return -1;
+      if (field == want_field && want_sub) return field_varint(p, p + v, want_sub, 0);
+      p += v;
+    } else if (type == 5) p += 4;
+    else if (type == 1) p += 8;
+    else return -1;
+  }
+  return -1;
+}
+
+static void write_pidfile(const char *path, const uint8_t *resp, size_t len) {
+  long pid = field_varint(resp, resp + len, 4, 1);
+  if (pid <= 0) return;
+  FILE *f = fopen(path, "we");
+  if (!f) return;
+  fprintf(f, "%ld\n", pid);
+  fclose(f);
+}
+
+static int enter_ns_of(const char *pid, const char *ns, int type) {
   char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/ns/net", atoi(pid));
+  snprintf(path, sizeof(path), "/proc/%d/ns/%s", atoi(pid), ns);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
-  int rc = setns(fd, CLONE_NEWNET);
+  int rc = setns(fd, type);
   close(fd);
   return rc;
 }
 
+static int relay(int sk, pid_t criu, const char *pidfile_arg) {
+  static char buf[MAX_FRAME + 1];
+  static char pidfile_buf[4096];
+  const char *pidfile = pidfile_arg;
+  for (;;) {
+    uint8_t head[4];
+    if (read_full(0, head, 4) < 0) break;
+    uint32_t n = head[0] | head[1] << 8 | head[2] << 16 | (uint32_t)head[3] << 24;
+    if (n < 1 || n > MAX_FRAME || read_full(0, buf, n) < 0) break;
+    buf[n] = 0;
+    char kind = buf[0], *data = buf + 1;
+    size_t len = n - 1;
+    char msg[512];
+    if (kind == 'O') {
+      int fd = open(data, O_RDONLY | O_DIRECTORY);
+      if (fd < 0) snprintf(msg, sizeof(msg), "open %.400s: %s", data, strerror(errno));
+      else snprintf(msg, sizeof(msg), "%d", fd);
+      if (reply_text(fd < 0 ? 'E' : 'K', msg) < 0) break;
+    } else if (kind == 'M') {
+      /* Three NUL-separated fields; buf[n] is a NUL too, so strlen stays inside the frame. */
+      size_t a = strlen(data), b = a < len ? strlen(data + a + 1) : 0;
+      int rc = -1;
+      if (a + 1 + b + 1 > len) snprintf(msg, sizeof(msg), "bad mount request");
+      else rc = replace_overlay(data, data + a + 1, data + a + b + 2, msg, sizeof(msg));
+      if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
+    } else if (kind == 'R') {
+      ssize_t got = -1;
+      if (send(sk, data, len, 0) == (ssize_t)len) {
+        do got = recv(sk, buf, MAX_FRAME, 0); while (got < 0 && errno == EINTR);
+      }
+      if (got <= 0) {
+        int st = 0;
+        snprintf(msg, sizeof(msg), "criu swrk went away%s", waitpid(criu, &st, WNOHANG) == criu ? " (it exited)" : "");
+        reply_text('E', msg);
+        break;
+      }
+      if (pidfile) write_pidfile(pidfile, (const uint8_t *)buf, (size_t)got);
+      if (reply('R', buf, (size_t)got) < 0) break;
+    } else if (kind == 'H') {
+      const char *name = data + strlen(data) + 1;
+      int rc = strlen(data) + 1 < len && enter_ns_of(data, "uts", CLONE_NEWUTS) == 0 && sethostname(name, strlen(name)) == 0;
+      if (!rc) snprintf(msg, sizeof(msg), "hostname of %.32s: %s", data, strerror(errno));
+      if (reply_text(rc ? 'K' : 'E', rc ? "" : msg) < 0) break;
+    } else if (kind == 'P') {
+      snprintf(pidfile_buf, sizeof(pidfile_buf), "%.4000s", data);
+      pidfile = pidfile_buf;
+      if (reply_text('K', "") < 0) break;
+    } else if (kind == 'C') {
+      int rc = 1;
+      char self[24];
+      snprintf(self, sizeof(self), "%d", (int)criu);
+      for (const char *procs = data; rc && procs < data + len; procs += strlen(procs) + 1) {
+        int fd = open(procs, O_WRONLY | O_CLOEXEC);
+        rc = fd >= 0 && write(fd, self, strlen(self)) > 0;
+        if (!rc) snprintf(msg, sizeof(msg), "join %.400s: %s", procs, strerror(errno));
+        if (fd >= 0) close(fd);
+      }
+      if (reply_text(rc ? 'K' : 'E', rc ? "" : msg) < 0) break;
+    } else if (kind == 'L') {
+      int rc = enter_ns_of(data, "net", CLONE_NEWNET) == 0 && loopback_up() == 0;
+      if (!rc) snprintf(msg, sizeof(msg), "lo of %.32s: %s", data, strerror(errno));
+      if (reply_text(rc ? 'K' : 'E', rc ? "" : msg) < 0) break;
+    } else {
+      reply_text('E', "unknown request");
+    }
+  }
+  close(sk);
+  int st = 0;
+  while (waitpid(criu, &st, 0) < 0 && errno == EINTR) {}
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int run_swrk(char **criu_argv, const char *pidfile) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) < 0) {
+    perror("criu-run: socketpair");
+    return 1;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("criu-run: fork");
+    return 1;
+  }
+  if (pid == 0) {
+    close(sv[0]);
+    close(0);
+    close(REPLY_FD);
+    int argc = 0;
+    while (criu_argv[argc]) argc++;
+    char fdarg[16];
+    snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+    char **argv = calloc((size_t)argc + 3, sizeof(char *));
+    if (!argv) _exit(127);
+    for (int k = 0; k < argc; k++) argv[k] = criu_argv[k];
+    argv[argc] = "swrk";
+    argv[argc + 1] = fdarg;
+    execv(argv[0], argv);
+    perror("criu-run: exec");
+    _exit(127);
+  }
+  close(sv[1]);
+  return relay(sv[0], pid, pidfile);
+}
+
 int criu_run_main(int argc, char **argv) {
-  const char *cache = NULL, *netns_of = NULL;
-  int new_netns = 0;
+  const char *cache = NULL, *netns_of = NULL, *pidfile = NULL, *ov_dir = NULL, *ov_target = NULL, *ov_options = NULL;
+  int new_netns = 0, swrk = 0;
   int i = 1;
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--cache") && i + 1 < argc) cache = argv[++i];
     else if (!strcmp(argv[i], "--netns-of") && i + 1 < argc) netns_of = argv[++i];
     else if (!strcmp(argv[i], "--new-netns")) new_netns = 1;
+    else if (!strcmp(argv[i], "--swrk")) swrk = 1;
+    else if (!strcmp(argv[i], "--pidfile") && i + 1 < argc) pidfile = argv[++i];
+    else if (!strcmp(argv[i], "--overlay") && i + 3 < argc) {
+      ov_dir = argv[++i];
+      ov_target = argv[++i];
+      ov_options = argv[++i];
+    }
     else if (!strcmp(argv[i], "--")) { i++; break; }
   }
   if (i >= argc) {
     fprintf(stderr, "criu-run: no command\n");
     return 2;
   }
-  if (netns_of && enter_netns_of(netns_of) < 0) {
+  char err[512];
+  if (ov_dir && replace_overlay(ov_dir, ov_target, ov_options, err, sizeof(err)) < 0) {
+    fprintf(stderr, "criu-run: %s\n", err);
+    return 1;
+  }
+  if (netns_of && enter_ns_of(netns_of, "net", CLONE_NEWNET) < 0) {
     perror("criu-run: enter the sandbox's netns");
     return 1;
   }
@@ -58,6 +274,7 @@ int criu_run_main(int argc, char **argv) {
       /* Without the cache CRIU still works, only slower. */
     }
   }
+  if (swrk) return run_swrk(argv + i, pidfile);
   execv(argv[i], argv + i);
   perror("criu-run: exec");
   return 127;

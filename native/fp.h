@@ -7,5 +7,7 @@ int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);
 int loopback_up(void);
+#include <stddef.h>
+int replace_overlay(const char *dir, const char *target, const char *options, char *err, size_t errlen);
 int mkdev_main(int argc, char **argv);
 #endif

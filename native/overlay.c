@@ -9,9 +9,38 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "fp.h"
+
+#define OVERLAYFS_SUPER_MAGIC 0x794c7630
+
+/* Mounts an overlay on TARGET in place of whatever is there: the old mount is detached
+ * (lazily: its last user, if any, lets go of it later, which keeps its flush off the
+ * checkpoint pause), then the new one is mounted with OPTIONS, relative to DIR, and checked.
+ * Returns 0, or -1 with a message in ERR. */
+int replace_overlay(const char *dir, const char *target, const char *options, char *err, size_t errlen) {
+  if (umount2(target, MNT_DETACH) < 0 && errno != EINVAL) {
+    snprintf(err, errlen, "detach %s: %s", target, strerror(errno));
+    return -1;
+  }
+  int cwd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (chdir(dir) < 0 || mount("overlay", target, "overlay", 0, options) < 0) {
+    snprintf(err, errlen, "mount overlay on %s: %s", target, strerror(errno));
+    return -1;
+  }
+  struct statfs st;
+  if (statfs(target, &st) < 0 || st.f_type != OVERLAYFS_SUPER_MAGIC) {
+    snprintf(err, errlen, "%s is not an overlay after mounting it", target);
+    return -1;
+  }
+  if (cwd >= 0) {
+    if (fchdir(cwd) < 0) {}
+    close(cwd);
+  }
+  return 0;
+}
 
 int overlay_main(int argc, char **argv) {
   if (argc == 4 && !strcmp(argv[0], "mount-overlay")) {

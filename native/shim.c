@@ -1,8 +1,8 @@
 /* fp-agent shim: the parent of one sandbox, like conmon or containerd-shim.
  *
  * The machine's PID 1 may not reap orphans, and Node cannot make itself a subreaper, so each
- * sandbox gets this small process: it becomes a child subreaper, runs CMD (a boot or a
- * `criu restore -d`), adopts the sandbox's PID 1 when CMD exits, and reaps it when the
+ * sandbox gets this small process: it becomes a child subreaper, runs CMD (a boot, or a CRIU
+ * worker that restores), adopts the sandbox's PID 1 when CMD exits, and reaps it when the
  * sandbox dies, writing the last exit status to --status. It exits when it has no children. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -17,40 +17,12 @@
 
 #include "fp.h"
 
-/* Fixes a restored sandbox from the host side: a netns CRIU made with `--empty-ns net` (older
- * images) has lo down, and a fork gets its own hostname in its uts namespace. */
-static int fix_restored(const char *pidfile, int lo, const char *hostname) {
-  FILE *f = fopen(pidfile, "re");
-  int pid = 0;
-  if (!f) return -1;
-  if (fscanf(f, "%d", &pid) != 1) pid = 0;
-  fclose(f);
-  if (pid <= 0) return -1;
-  char path[64];
-  if (hostname) {
-    snprintf(path, sizeof(path), "/proc/%d/ns/uts", pid);
-    int uts = open(path, O_RDONLY | O_CLOEXEC);
-    if (uts < 0 || setns(uts, CLONE_NEWUTS) < 0 || sethostname(hostname, strlen(hostname)) < 0) return -1;
-    close(uts);
-  }
-  if (!lo) return 0;
-  snprintf(path, sizeof(path), "/proc/%d/ns/net", pid);
-  int ns = open(path, O_RDONLY | O_CLOEXEC);
-  if (ns < 0 || setns(ns, CLONE_NEWNET) < 0) return -1;
-  close(ns);
-  return loopback_up();
-}
-
 int shim_main(int argc, char **argv) {
-  const char *status_file = NULL, *restored_pidfile = NULL, *hostname = NULL;
-  int lo = 0;
+  const char *status_file = NULL;
   int i = 1;
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--status") && i + 1 < argc) status_file = argv[++i];
     else if (!strcmp(argv[i], "--cgroup-procs") && i + 1 < argc) i++;
-    else if (!strcmp(argv[i], "--restored") && i + 1 < argc) restored_pidfile = argv[++i];
-    else if (!strcmp(argv[i], "--loopback-up")) lo = 1;
-    else if (!strcmp(argv[i], "--hostname") && i + 1 < argc) hostname = argv[++i];
     else if (!strcmp(argv[i], "--")) { i++; break; }
   }
   if (i >= argc) {
@@ -91,14 +63,12 @@ int shim_main(int argc, char **argv) {
     }
     if (pid == cmd) {
       cmd_status = st;
-      if (restored_pidfile && WIFEXITED(st) && WEXITSTATUS(st) == 0 && fix_restored(restored_pidfile, lo, hostname) < 0) {
-        fprintf(stderr, "shim: cannot set up the restored sandbox's lo or hostname: %s\n", strerror(errno));
-        st = 1 << 8;
-      }
       /* The engine reads this line to learn that the boot or restore is over. */
       printf("exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
       fflush(stdout);
       if (devnull >= 0) dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2);
+      /* and no other pipe to the engine either (fd 3 carries a CRIU worker's answers) */
+      closefrom(3);
     } else {
       last_status = st;
     }

@@ -28,11 +28,19 @@ export class Cgroups {
     return join(ROOT, this.group, id);
   }
 
+  /** cgroup.procs files of the groups this process made and set, by instance and limits: a
+   * checkpoint's restore goes back into the same groups without writing them again. */
+  private readonly made = new Map<string, { key: string; procs: string[] }>();
+
   /** Creates the sandbox's cgroups and returns the `cgroup.procs` files to join. */
   async create(id: string, limits: ResourceLimits): Promise<string[]> {
+    const key = `${limits.memoryMb}/${limits.pids}/${limits.cpuPercent}`;
+    const known = this.made.get(id);
+    if (known?.key === key && known.procs.every((p) => existsSync(p))) return known.procs;
     try {
-      if (this.version === 2) return [await this.createV2(id, limits)];
-      return await this.createV1(id, limits);
+      const procs = this.version === 2 ? [await this.createV2(id, limits)] : await this.createV1(id, limits);
+      this.made.set(id, { key, procs });
+      return procs;
     } catch (err) {
       throw new EngineError('CGROUP_FAILED', `cgroup for ${id}: ${(err as Error).message}`);
     }
@@ -89,6 +97,7 @@ export class Cgroups {
   }
 
   async remove(id: string): Promise<void> {
+    this.made.delete(id);
     const dirs =
       this.version === 2 ? [this.v2Dir(id)] : ['memory', 'pids', 'cpu'].map((c) => this.v1Dir(c, id));
     for (const dir of dirs) {

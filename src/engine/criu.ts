@@ -12,17 +12,12 @@ export interface CriuVersion {
 }
 
 /** CRIU, run through `fp-agent criu-run` so that its kernel-probe cache lives on a tmpfs
- * (`cacheDir`) even where /run is not one. The restore side is started under a shim. */
+ * (`cacheDir`) even where /run is not one, and as an RPC worker (see criu-worker.ts). */
 export class Criu {
   constructor(
     readonly path: string,
-    private readonly helper: string,
     private readonly cacheDir: string,
   ) {}
-
-  private command(netns: string[], args: string[]): string[] {
-    return [this.helper, 'criu-run', '--cache', this.cacheDir, ...netns, '--', this.path, ...args];
-  }
 
   /** Mounts the cache tmpfs once per boot of the machine; shared by every data directory. */
   async ensureCache(): Promise<void> {
@@ -45,32 +40,16 @@ export class Criu {
     return r.exitCode === 0;
   }
 
-  /** Dumps the process tree rooted at `pid` into `imagesDir`. Without `leaveRunning` the tree is
-   * gone afterwards; on failure CRIU resumes it as it was. */
-  async dump(pid: number, imagesDir: string, opts: { leaveRunning?: boolean } = {}): Promise<void> {
-    // CRIU runs inside the sandbox's netns, which it then leaves out of the image: it holds
-    // only lo, and a restore gets a fresh one (see native/criu_run.c).
-    const args = ['dump', '-t', String(pid), '-D', imagesDir, '-o', 'dump.log', '-v2',
-      '--network-lock', 'skip', '--manage-cgroups=ignore'];
-    if (opts.leaveRunning) args.push('--leave-running');
-    const [file, ...rest] = this.command(['--netns-of', String(pid)], args);
-    const r = await run(file!, rest);
-    if (r.code !== 0) {
-      const log = await tail(join(imagesDir, 'dump.log'));
-      throw new EngineError('DUMP_FAILED', `criu dump failed: ${lastError(log) ?? r.stderr.trim()}`, log);
-    }
+  /** `fp-agent criu-run --swrk`: a CRIU RPC worker, in the sandbox's netns (`netnsOf`, for a
+   * dump) or a fresh one, which a restored tree inherits. */
+  workerCommand(where: { netnsOf: number } | { fresh: true }): string[] {
+    const netns = 'netnsOf' in where ? ['--netns-of', String(where.netnsOf)] : ['--new-netns'];
+    return ['criu-run', '--cache', this.cacheDir, ...netns, '--swrk', '--', this.path];
   }
 
   /** Images made before CRIU ran inside the sandbox's netns carry an (empty) netns of their own. */
   hasOwnNetns(imagesDir: string): boolean {
     return readdirSync(imagesDir).some((f) => f.startsWith('netns-'));
-  }
-
-  restoreArgs(imagesDir: string, workDir: string, root: string, pidfile: string): string[] {
-    const args = ['restore', '-d', '-D', imagesDir, '-W', workDir, '-o', 'restore.log', '-v2',
-      '--root', root, '--pidfile', pidfile, '--manage-cgroups=ignore'];
-    if (this.hasOwnNetns(imagesDir)) return this.command([], [...args, '--empty-ns', 'net']);
-    return this.command(['--new-netns'], args);
   }
 }
 

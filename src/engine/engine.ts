@@ -1,13 +1,14 @@
-import { existsSync } from 'node:fs';
+import { existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
 import { mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
-import { Criu } from './criu.js';
+import { Criu, lastError, tail } from './criu.js';
 import { EngineError } from './errors.js';
-import { isAlive, launchUnderShim, type Launched } from './launcher.js';
+import { isAlive, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
+import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from './layout.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
@@ -52,11 +53,12 @@ export class Engine {
   readonly cgroups = new Cgroups();
   private readonly mounter: Mounter;
   private readonly live = new Map<string, Sandbox>();
+  private readonly restorers = new RestorerPool(() => this.startRestorer());
   private agentLayerId = '';
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
-    this.criu = new Criu(opts.criuPath, opts.agentPath, opts.criuCacheDir);
+    this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
   }
 
@@ -71,6 +73,7 @@ export class Engine {
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
     await this.emptyTrash();
+    this.restorers.refill();
   }
 
   get currentAgentLayer(): string {
@@ -117,29 +120,36 @@ export class Engine {
     await rename(tmp, l.layer(into));
   }
 
-  private async mountDisk(spec: SandboxSpec, freshUpper: boolean): Promise<void> {
+  /** Readies the instance's disk directories; the helper that starts the sandbox mounts them
+   * (in place of what is mounted there now). Synchronous: a handful of quick syscalls on the
+   * path of every restore, not worth a trip each through the thread pool. */
+  private prepareDisk(spec: SandboxSpec, freshUpper: boolean): void {
     const l = this.layout;
-    await this.mounter.unmount(l.merged(spec.id)); // a no-op when nothing is mounted
-    if (freshUpper) await this.discard(l.upper(spec.id));
-    await mkdir(l.upper(spec.id), { recursive: true });
-    await this.discard(l.work(spec.id));
-    await mkdir(l.work(spec.id), { recursive: true });
-    await mkdir(l.merged(spec.id), { recursive: true });
-    await mkdir(l.run(spec.id), { recursive: true });
-    await this.mounter.mountOverlay({
-      lowers: this.lowers(spec),
-      upper: l.relative(l.upper(spec.id)),
-      work: l.relative(l.work(spec.id)),
-      target: l.merged(spec.id),
-      cwd: l.root,
-    });
+    if (freshUpper) this.discard(l.upper(spec.id));
+    mkdirSync(l.upper(spec.id), { recursive: true });
+    this.discard(l.work(spec.id));
+    for (const dir of [l.work(spec.id), l.merged(spec.id), l.run(spec.id)]) mkdirSync(dir, { recursive: true });
+  }
+
+  private overlay(spec: SandboxSpec, withTarget: boolean): string[] {
+    const l = this.layout;
+    return Mounter.helperArgs(
+      {
+        lowers: this.lowers(spec),
+        upper: l.relative(l.upper(spec.id)),
+        work: l.relative(l.work(spec.id)),
+        target: l.merged(spec.id),
+        cwd: l.root,
+      },
+      withTarget,
+    );
   }
 
   /** Moves a directory to the trash (a rename) and deletes it in the background. */
-  private async discard(dir: string): Promise<void> {
+  private discard(dir: string): void {
     if (!existsSync(dir)) return;
     const dest = join(this.layout.trash, `${Date.now()}-${Math.random().toString(36).slice(2)}`);
-    await rename(dir, dest);
+    renameSync(dir, dest);
     void rm(dest, { recursive: true, force: true }).catch(() => {});
   }
 
@@ -147,37 +157,65 @@ export class Engine {
     for (const e of await readdir(this.layout.trash)) await rm(join(this.layout.trash, e), { recursive: true, force: true });
   }
 
-  private async launch(spec: SandboxSpec, how: { images: string; hostname?: string } | undefined): Promise<Launched> {
+  /** Boots the sandbox under a shim; `fp-agent boot` mounts its disk on the way. */
+  private async launchBoot(spec: SandboxSpec): Promise<Launched> {
     const l = this.layout;
     const run = l.run(spec.id);
     await rm(join(run, 'pid'), { force: true });
-    const cgroupProcs = await this.cgroups.create(spec.id, spec.limits);
-    if (!how) {
-      return launchUnderShim({
-        agentPath: this.opts.agentPath,
-        command: [this.opts.agentPath, 'boot', '--root', l.merged(spec.id), '--hostname', spec.hostname, '--pidfile', join(run, 'pid')],
-        pidfile: join(run, 'pid'),
-        statusFile: join(run, 'status'),
-        logFile: join(run, 'shim.log'),
-        cgroupProcs,
-        failure: 'BOOT_FAILED',
-      });
-    }
-    const work = join(run, 'criu');
-    await mkdir(work, { recursive: true });
-    const launched = await launchUnderShim({
+    return launchUnderShim({
       agentPath: this.opts.agentPath,
-      command: this.criu.restoreArgs(how.images, work, l.merged(spec.id), join(run, 'pid')),
+      command: [this.opts.agentPath, 'boot', '--root', l.merged(spec.id), '--hostname', spec.hostname, '--pidfile', join(run, 'pid'), ...this.overlay(spec, false)],
       pidfile: join(run, 'pid'),
       statusFile: join(run, 'status'),
       logFile: join(run, 'shim.log'),
-      cgroupProcs,
-      failure: 'RESTORE_FAILED',
-      detailLog: join(work, 'restore.log'),
-      loopbackUp: this.criu.hasOwnNetns(how.images),
-      hostname: how.hostname,
+      cgroupProcs: await this.cgroups.create(spec.id, spec.limits),
+      failure: 'BOOT_FAILED',
     });
-    return launched;
+  }
+
+  /** A CRIU restore worker under a shim of its own, warming up; it belongs to no instance yet. */
+  private startRestorer(): Restorer {
+    const w = workerUnderShim({
+      agentPath: this.opts.agentPath,
+      command: [this.opts.agentPath, ...this.criu.workerCommand({ fresh: true })],
+      logFile: join(this.layout.root, 'restorers.log'),
+      cgroupProcs: [],
+    });
+    const ready = w.worker.ready();
+    ready.catch(() => {});
+    return { worker: w.worker, ready };
+  }
+
+  /** Restores `images` with a started restorer: mounts the disk in place of the old one, moves
+   * CRIU into the sandbox's cgroups, restores, fixes up the new namespaces, lets CRIU go. */
+  private async restoreWith(r: Restorer, spec: SandboxSpec, images: string, hostname?: string): Promise<Launched> {
+    const l = this.layout;
+    const run = l.run(spec.id);
+    const work = join(run, 'criu');
+    try {
+      mkdirSync(work, { recursive: true });
+      rmSync(join(run, 'pid'), { force: true });
+      const cgroupProcs = await this.cgroups.create(spec.id, spec.limits);
+      await r.ready;
+      await r.worker.setPidfile(join(run, 'pid'));
+      const [, dir, target, options] = this.overlay(spec, true);
+      await r.worker.mountOverlay(dir!, target!, options!);
+      await r.worker.joinCgroups(cgroupProcs);
+      const ownNetns = this.criu.hasOwnNetns(images);
+      const resp = await r.worker.restore({ imagesDir: images, workDir: work, root: l.merged(spec.id), ownNetns });
+      const pid = resp.restore?.pid;
+      if (!resp.success || !pid) {
+        const log = await tail(join(work, 'restore.log'));
+        throw new EngineError('RESTORE_FAILED', lastError(log) ?? resp.cr_errmsg ?? 'criu restore failed', log);
+      }
+      if (hostname) await r.worker.setHostname(pid, hostname);
+      if (ownNetns) await r.worker.loopbackUp(pid);
+      return { pid, startTime: await processStartTime(pid) };
+    } catch (err) {
+      throw err instanceof EngineError && err.code === 'RESTORE_FAILED' ? err : new EngineError('RESTORE_FAILED', (err as Error).message);
+    } finally {
+      r.worker.end();
+    }
   }
 
   private async attach(spec: SandboxSpec, launched: Launched): Promise<Sandbox> {
@@ -189,9 +227,9 @@ export class Engine {
 
   /** Boots a sandbox on the instance's disk (a fresh upper when `fresh`). */
   async boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<Sandbox> {
-    await this.mountDisk(spec, opts.freshUpper);
+    this.prepareDisk(spec, opts.freshUpper);
     try {
-      return await this.attach(spec, await this.launch(spec, undefined));
+      return await this.attach(spec, await this.launchBoot(spec));
     } catch (err) {
       await this.teardown(spec.id);
       throw err;
@@ -201,18 +239,22 @@ export class Engine {
   /** Restores a memory image onto a fresh upper over the spec's layers. */
   async restore(spec: SandboxSpec, images: string, opts: { setHostname: boolean }): Promise<Sandbox> {
     const steps = new Steps();
-    await this.mountDisk(spec, true);
-    steps.mark('disk');
+    const restorer = this.restorers.take();
     try {
-      const launched = await this.launch(spec, { images, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
+      this.prepareDisk(spec, true);
+      steps.mark('disk');
+      const launched = await this.restoreWith(restorer, spec, images, opts.setHostname ? spec.hostname : undefined);
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
       steps.mark('connect');
       this.log.debug({ instance: spec.id, steps: steps.ms }, 'restore');
       return sb;
     } catch (err) {
+      restorer.worker.end();
       await this.teardown(spec.id);
       throw err;
+    } finally {
+      this.restorers.refill();
     }
   }
 
@@ -246,7 +288,7 @@ export class Engine {
   /** Stops and removes everything of the instance but the frozen layers. */
   async destroy(id: string): Promise<void> {
     await this.stop(id);
-    await this.discard(this.layout.instance(id));
+    this.discard(this.layout.instance(id));
   }
 
   /** Kills a stray sandbox the store does not know, by pid. */
@@ -263,8 +305,8 @@ export class Engine {
   }
 
   /**
-   * The checkpoint cycle on a running sandbox: dump (which stops it), unmount, freeze the
-   * upper into a new layer by rename, mount a fresh upper over it, restore. Callers see a
+   * The checkpoint cycle on a running sandbox: dump (which stops it), freeze the upper into a
+   * new layer by rename, mount a fresh upper over it in place of the old overlay, restore. Callers see a
    * pause; their commands go on afterwards. On a failed dump the sandbox runs on untouched.
    * `images` receives the memory image; `spec.layers` are the layers before the freeze.
    */
@@ -275,47 +317,57 @@ export class Engine {
     let pauseMs = 0;
     let dumpError: unknown;
     const steps = new Steps();
-    // Unmounting flushes the upper's dirty data; flushing it first, while the sandbox still
-    // runs, leaves the pause only what is written in the meantime.
-    await run(this.opts.agentPath, ['syncfs', this.layout.upper(spec.id)]);
-    steps.mark('presync');
+    // Both CRIUs start while the sandbox still runs; the pause pays for their work only.
+    const dumper = worker(this.opts.agentPath, this.criu.workerCommand({ netnsOf: sb.pid }), join(this.layout.run(spec.id), 'dump-worker.log'));
+    const restorer = this.restorers.take();
+    try {
+      // Unmounting flushes the upper's dirty data; flushing it first, while the sandbox still
+      // runs, leaves only what is written in the meantime to the background.
+      await Promise.all([
+        run(this.opts.agentPath, ['syncfs', this.layout.upper(spec.id)]),
+        dumper.worker.ready(),
+        restorer.ready,
+        this.cgroups.create(spec.id, spec.limits),
+      ]);
+    } catch (err) {
+      dumper.worker.end();
+      restorer.worker.end();
+      throw err instanceof EngineError && err.code === 'CGROUP_FAILED' ? err : new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`);
+    }
+    steps.mark('warm-up');
     await sb.pause(async () => {
       const t0 = performance.now();
       steps.mark('close');
-      try {
-        await this.criu.dump(sb.pid, images);
-      } catch (err) {
-        dumpError = err;
+      const dumped = await dumper.worker.dump({ pid: sb.pid, imagesDir: images }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      dumper.worker.end();
+      if (!dumped.success) {
+        restorer.worker.end();
+        const log = await tail(join(images, 'dump.log'));
+        dumpError = new EngineError('DUMP_FAILED', `criu dump failed: ${lastError(log) ?? dumped.cr_errmsg ?? 'no reason given'}`, log);
         return { pid: sb.pid, startTime: sb.startTime, result: undefined };
       }
       steps.mark('dump');
       await waitGone(sb.pid, sb.startTime);
       steps.mark('gone');
-      await this.mounter.unmount(this.layout.merged(spec.id));
-      steps.mark('unmount');
-      await this.freezeUpper(spec.id, layerId);
-      steps.mark('rename');
+      // The old overlay stays mounted, with no one left using it, until the restorer mounts
+      // the new one in its place: renaming its upper away is safe meanwhile.
       const next = { ...spec, layers: [layerId, ...spec.layers] };
       try {
-        await this.mounter.mountOverlay({
-          lowers: this.lowers(next),
-          upper: this.layout.relative(this.layout.upper(spec.id)),
-          work: this.layout.relative(this.layout.work(spec.id)),
-          target: this.layout.merged(spec.id),
-          cwd: this.layout.root,
-        });
-        steps.mark('mount');
-        const launched = await this.launch(next, { images });
+        this.freezeUpper(spec.id, layerId);
+        steps.mark('rename');
+        const launched = await this.restoreWith(restorer, next, images);
         steps.mark('restore');
         pauseMs = performance.now() - t0;
         return { ...launched, result: undefined };
       } catch (err) {
+        restorer.worker.end();
         this.live.delete(spec.id);
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
     }, release);
     steps.mark('reconnect');
+    this.restorers.refill();
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;
     return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
@@ -324,15 +376,15 @@ export class Engine {
   /** Freezes the upper of a stopped (unmounted) instance into a layer. */
   async freezeStopped(id: string, layerId: string): Promise<void> {
     if (await isMounted(this.layout.merged(id))) throw new EngineError('NOT_RUNNING', `instance ${id} is mounted`);
-    await this.freezeUpper(id, layerId);
+    this.freezeUpper(id, layerId);
   }
 
-  private async freezeUpper(id: string, layerId: string): Promise<void> {
+  private freezeUpper(id: string, layerId: string): void {
     const l = this.layout;
-    await rename(l.upper(id), l.layer(layerId));
-    await mkdir(l.upper(id));
-    await this.discard(l.work(id));
-    await mkdir(l.work(id));
+    renameSync(l.upper(id), l.layer(layerId));
+    mkdirSync(l.upper(id));
+    this.discard(l.work(id));
+    mkdirSync(l.work(id));
   }
 
   /**
@@ -347,22 +399,26 @@ export class Engine {
     }
     const steps = new Steps();
     await sb.pause(async () => {
+      // A warm CRIU if the pool has one; else it starts while the old sandbox goes.
+      const restorer = images ? this.restorers.take() : undefined;
       await killTree(sb.pid, sb.startTime);
       sb.loseAll(new AgentError(0, 'the instance was rolled back'));
       steps.mark('kill');
       try {
-        await this.mountDisk(spec, true);
+        this.prepareDisk(spec, true);
         steps.mark('disk');
-        const launched = await this.launch(spec, images ? { images } : undefined);
+        const launched = restorer ? await this.restoreWith(restorer, spec, images!) : await this.launchBoot(spec);
         steps.mark(images ? 'restore' : 'boot');
         this.log.debug({ instance: spec.id, steps: steps.ms }, 'rollback');
         return { ...launched, result: undefined };
       } catch (err) {
+        restorer?.worker.end();
         this.live.delete(spec.id);
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
     });
+    this.restorers.refill();
     return sb;
   }
 
@@ -372,11 +428,11 @@ export class Engine {
   }
 
   async removeLayer(layerId: string): Promise<void> {
-    await this.discard(this.layout.layer(layerId));
+    this.discard(this.layout.layer(layerId));
   }
 
   async removeCheckpointImages(checkpointId: string): Promise<void> {
-    await this.discard(this.layout.checkpoint(checkpointId));
+    this.discard(this.layout.checkpoint(checkpointId));
   }
 
   async diskUsage(path: string): Promise<number> {
@@ -389,6 +445,7 @@ export class Engine {
   }
 
   async shutdown(): Promise<void> {
+    this.restorers.close();
     for (const sb of this.live.values()) await sb.close();
     this.live.clear();
   }

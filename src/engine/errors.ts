@@ -10,7 +10,8 @@ export type EngineErrorCode =
   | 'PROCESS_LOST'
   | 'SPAWN_FAILED'
   | 'NOT_RUNNING'
-  | 'CGROUP_FAILED';
+  | 'CGROUP_FAILED'
+  | 'CRIU_FAILED';
 
 export class EngineError extends Error {
   override readonly name = 'EngineError';

@@ -1,7 +1,9 @@
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { openSync, closeSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
+import type { Readable } from 'node:stream';
+import { CriuWorker } from './criu-worker.js';
 import { EngineError } from './errors.js';
 import { HARMLESS, tail } from './criu.js';
 
@@ -11,61 +13,86 @@ export interface Launched {
   startTime: string;
 }
 
-/** Starts `command` under a shim (a subreaper that stays the parent of the sandbox) and
- * resolves once the command is done and the sandbox's PID 1 is in `pidfile`. */
-export async function launchUnderShim(opts: {
+interface ShimOptions {
   agentPath: string;
   command: string[];
-  pidfile: string;
-  statusFile: string;
+  /** Where the shim writes the sandbox's last exit status, if anywhere. */
+  statusFile?: string;
   logFile: string;
   cgroupProcs: string[];
-  failure: 'BOOT_FAILED' | 'RESTORE_FAILED';
-  /** A log with more detail than stderr, read on failure (CRIU's). */
-  detailLog?: string;
-  /** Bring lo up in the restored sandbox's netns (images that carry a netns of their own). */
-  loopbackUp?: boolean;
-  /** A fork's own hostname, set in its uts namespace after the restore. */
-  hostname?: string | undefined;
-}): Promise<Launched> {
+}
+
+interface StartedShim {
+  child: ChildProcess;
+  /** The command's exit code, as the shim reports it. */
+  exit: Promise<number>;
+}
+
+/** Spawns a shim (a subreaper that stays the parent of the sandbox) running `command`, with
+ * fd 3 a pipe back to us for commands that answer on it. */
+function startShim(opts: ShimOptions): StartedShim {
   const log = openSync(opts.logFile, 'a');
-  const args = ['shim', '--status', opts.statusFile];
+  const args = ['shim', ...(opts.statusFile ? ['--status', opts.statusFile] : [])];
   for (const p of opts.cgroupProcs) args.push('--cgroup-procs', p);
-  if (opts.loopbackUp || opts.hostname) args.push('--restored', opts.pidfile);
-  if (opts.loopbackUp) args.push('--loopback-up');
-  if (opts.hostname) args.push('--hostname', opts.hostname);
   args.push('--', ...opts.command);
-  const child = spawn(opts.agentPath, args, { detached: true, stdio: ['ignore', 'pipe', log] });
+  const child = spawn(opts.agentPath, args, { detached: true, stdio: ['pipe', 'pipe', log, 'pipe'] });
   closeSync(log);
   child.on('error', () => {});
-  const code = await new Promise<number>((resolve) => {
+  const exit = new Promise<number>((resolve) => {
     const lines = createInterface({ input: child.stdout! });
     let done = false;
+    const finish = (code: number) => {
+      if (done) return;
+      done = true;
+      child.stdout?.destroy();
+      child.stdio[3]?.destroy();
+      child.unref();
+      resolve(code);
+    };
     lines.on('line', (line) => {
       const m = /^exit (\d+)$/.exec(line);
-      if (m && !done) {
-        done = true;
-        resolve(Number(m[1]));
-      }
+      if (m) finish(Number(m[1]));
     });
-    child.once('exit', (c) => {
-      if (!done) {
-        done = true;
-        resolve(c ?? 1);
-      }
-    });
+    child.once('exit', (c) => finish(c ?? 1));
   });
-  child.stdout?.destroy();
-  child.unref();
-  if (code !== 0) {
-    const detail = opts.detailLog ? await tail(opts.detailLog) : '';
-    const stderr = await tail(opts.logFile, 10);
-    const reason = firstUseful(detail) ?? stderr.trim().split('\n').pop() ?? `exit ${code}`;
-    throw new EngineError(opts.failure, reason, detail || stderr);
-  }
+  return { child, exit };
+}
+
+async function failure(code: BootFailure, exitCode: number, logFile: string, detailLog?: string): Promise<EngineError> {
+  const detail = detailLog ? await tail(detailLog) : '';
+  const stderr = await tail(logFile, 10);
+  const reason = firstUseful(detail) ?? stderr.trim().split('\n').pop() ?? `exit ${exitCode}`;
+  return new EngineError(code, reason, detail || stderr);
+}
+
+type BootFailure = 'BOOT_FAILED' | 'RESTORE_FAILED';
+
+/** Starts `command` (a boot) under a shim and resolves once it is done and the sandbox's PID 1
+ * is in `pidfile`. */
+export async function launchUnderShim(opts: ShimOptions & { pidfile: string; failure: BootFailure }): Promise<Launched> {
+  const { child, exit } = startShim(opts);
+  child.stdin?.end();
+  const code = await exit;
+  if (code !== 0) throw await failure(opts.failure, code, opts.logFile);
   const pid = Number((await readFile(opts.pidfile, 'utf8')).trim());
   if (!Number.isInteger(pid) || pid <= 0) throw new EngineError(opts.failure, `no pid in ${opts.pidfile}`);
   return { pid, startTime: await processStartTime(pid) };
+}
+
+/** A CRIU worker (`criu-run --swrk`) under a shim: what it restores stays the shim's. */
+export function workerUnderShim(opts: ShimOptions): { worker: CriuWorker; exit: Promise<number> } {
+  const { child, exit } = startShim(opts);
+  return { worker: new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit), exit };
+}
+
+/** A CRIU worker of our own (for dumps, which leave nothing behind to parent). */
+export function worker(agentPath: string, args: string[], logFile: string): { worker: CriuWorker; exit: Promise<number> } {
+  const log = openSync(logFile, 'a');
+  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'] });
+  closeSync(log);
+  child.on('error', () => {});
+  const exit = new Promise<number>((resolve) => child.once('exit', (c) => resolve(c ?? 1)));
+  return { worker: new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit), exit };
 }
 
 function firstUseful(log: string): string | undefined {

@@ -20,11 +20,13 @@ export function overlayOptions(spec: OverlaySpec): string {
 }
 
 /** Mounts and unmounts through the static helper: direct syscalls, a fraction of mount(8)'s
- * start-up, on the path of every checkpoint pause. */
+ * start-up. A sandbox's own disk is mounted by the helper that starts it (`helperArgs`). */
 export class Mounter {
   constructor(private readonly helper: string) {}
 
-  async mountOverlay(spec: OverlaySpec): Promise<void> {
+  /** The arguments `fp-agent boot` and `criu-run` take to mount a sandbox's disk themselves
+   * (`--overlay DIR [TARGET] OPTIONS`), checked against the kernel's limits first. */
+  static helperArgs(spec: OverlaySpec, withTarget: boolean): string[] {
     if (spec.lowers.length > MAX_LOWER_LAYERS) {
       throw new EngineError('LAYER_LIMIT', `${spec.lowers.length} lower layers exceed the kernel's ${MAX_LOWER_LAYERS}`);
     }
@@ -32,13 +34,7 @@ export class Mounter {
     if (options.length > MAX_MOUNT_OPTIONS) {
       throw new EngineError('LAYER_LIMIT', `overlay options are ${options.length} bytes, over the kernel's ${MAX_MOUNT_OPTIONS}`);
     }
-    const r = await run(this.helper, ['mount-overlay', spec.cwd, spec.target, options]);
-    if (r.code !== 0) throw new EngineError('MOUNT_FAILED', r.stderr.trim());
-    const info = await mountInfo(spec.target);
-    if (!info || info.fsType !== 'overlay' || !/upperdir=/.test(info.superOptions)) {
-      await this.unmount(spec.target).catch(() => {});
-      throw new EngineError('MOUNT_FAILED', `overlay on ${spec.target} did not mount as asked`);
-    }
+    return ['--overlay', spec.cwd, ...(withTarget ? [spec.target] : []), options];
   }
 
   /** A read-only overlay of lower layers only, for reading their merged view. */

@@ -1,0 +1,175 @@
+import type { Readable, Writable } from 'node:stream';
+import protobuf from 'protobufjs';
+import { EngineError } from './errors.js';
+
+/** The part of CRIU's RPC messages (images/rpc.proto, proto2) forkpoint sends and reads;
+ * the field numbers are CRIU's. */
+const root = protobuf.parse(`
+  syntax = "proto2";
+  message criu_opts {
+    required int32 images_dir_fd = 1;
+    optional int32 pid = 2;
+    optional bool leave_running = 3;
+    optional int32 log_level = 9;
+    optional string log_file = 10;
+    optional string root = 13;
+    optional int32 work_dir_fd = 17;
+    optional int32 manage_cgroups_mode = 34;
+    optional uint32 empty_ns = 38;
+  }
+  message criu_req {
+    required int32 type = 1;
+    optional criu_opts opts = 2;
+    optional bool keep_open = 4;
+  }
+  message criu_restore_resp { required int32 pid = 1; }
+  message criu_resp {
+    required int32 type = 1;
+    required bool success = 2;
+    optional criu_restore_resp restore = 4;
+    optional int32 cr_errno = 7;
+    optional string cr_errmsg = 9;
+  }
+`, { keepCase: true }).root;
+const Req = root.lookupType('criu_req');
+const Resp = root.lookupType('criu_resp');
+
+export const REQ = { DUMP: 1, RESTORE: 2, VERSION: 10 } as const;
+const CG_IGNORE = 0;
+const CLONE_NEWNET = 0x40000000;
+
+export interface CriuResponse {
+  type: number;
+  success: boolean;
+  restore?: { pid: number };
+  cr_errno?: number;
+  cr_errmsg?: string;
+}
+
+interface Frame {
+  kind: string;
+  data: Buffer;
+}
+
+/**
+ * One `criu swrk` behind `fp-agent criu-run --swrk`: started ahead of the work, so CRIU's
+ * start-up is paid before a pause, then driven by request frames (see native/criu_run.c).
+ * A worker serves one dump or one restore; `end()` lets it go.
+ */
+export class CriuWorker {
+  private pending = Buffer.alloc(0);
+  private readonly waiting: { resolve: (f: Frame) => void; reject: (e: Error) => void }[] = [];
+  private gone: Error | undefined;
+
+  constructor(
+    private readonly input: Writable,
+    output: Readable,
+    exited: Promise<unknown>,
+  ) {
+    input.on('error', () => {});
+    output.on('data', (chunk: Buffer) => this.receive(chunk));
+    void exited.then(() => this.fail(new EngineError('CRIU_FAILED', 'the CRIU worker exited')));
+  }
+
+  private receive(chunk: Buffer): void {
+    this.pending = Buffer.concat([this.pending, chunk]);
+    while (this.pending.length >= 5) {
+      const n = this.pending.readUInt32LE(0);
+      if (this.pending.length < 4 + n) break;
+      const frame = { kind: String.fromCharCode(this.pending[4]!), data: this.pending.subarray(5, 4 + n) };
+      this.pending = this.pending.subarray(4 + n);
+      this.waiting.shift()?.resolve(frame);
+    }
+  }
+
+  private fail(err: Error): void {
+    this.gone ??= err;
+    for (const w of this.waiting.splice(0)) w.reject(err);
+  }
+
+  private async request(kind: string, data: Buffer | string): Promise<Buffer> {
+    if (this.gone) throw this.gone;
+    const body = typeof data === 'string' ? Buffer.from(data) : data;
+    const head = Buffer.alloc(5);
+    head.writeUInt32LE(body.length + 1, 0);
+    head[4] = kind.charCodeAt(0);
+    const frame = new Promise<Frame>((resolve, reject) => this.waiting.push({ resolve, reject }));
+    this.input.write(Buffer.concat([head, body]));
+    const answer = await frame;
+    if (answer.kind === 'E') throw new EngineError('CRIU_FAILED', answer.data.toString('utf8'));
+    return answer.data;
+  }
+
+  /** Opens a directory in the relay, for CRIU to reach as /proc/<relay>/fd/<n>. */
+  async openDir(path: string): Promise<number> {
+    return Number((await this.request('O', path)).toString('utf8'));
+  }
+
+  /** Mounts an overlay in place of what is mounted on `target` (criu-run --overlay). */
+  async mountOverlay(dir: string, target: string, options: string): Promise<void> {
+    await this.request('M', `${dir}\0${target}\0${options}`);
+  }
+
+  /** Where the relay writes the restored root's pid the moment CRIU reports it. */
+  async setPidfile(path: string): Promise<void> {
+    await this.request('P', path);
+  }
+
+  /** Moves CRIU into the sandbox's cgroups: what it restores is born inside them. */
+  async joinCgroups(procsFiles: string[]): Promise<void> {
+    if (procsFiles.length) await this.request('C', procsFiles.join('\0'));
+  }
+
+  async setHostname(pid: number, hostname: string): Promise<void> {
+    await this.request('H', `${pid}\0${hostname}`);
+  }
+
+  async loopbackUp(pid: number): Promise<void> {
+    await this.request('L', String(pid));
+  }
+
+  private async rpc(req: Record<string, unknown>): Promise<CriuResponse> {
+    const bytes = Req.encode(Req.fromObject(req)).finish();
+    const answer = await this.request('R', Buffer.from(bytes));
+    return Resp.toObject(Resp.decode(answer)) as CriuResponse;
+  }
+
+  /** Resolves once CRIU itself is up and answering, its start-up done. */
+  async ready(): Promise<void> {
+    const r = await this.rpc({ type: REQ.VERSION, keep_open: true });
+    if (!r.success) throw new EngineError('CRIU_FAILED', 'CRIU did not answer its version');
+  }
+
+  async dump(opts: { pid: number; imagesDir: string; leaveRunning?: boolean }): Promise<CriuResponse> {
+    const fd = await this.openDir(opts.imagesDir);
+    return this.rpc({
+      type: REQ.DUMP,
+      opts: { images_dir_fd: fd, pid: opts.pid, leave_running: opts.leaveRunning ?? false, log_level: 2, log_file: 'dump.log', manage_cgroups_mode: CG_IGNORE },
+    });
+  }
+
+  /** `ownNetns`: images that carry an (empty) netns of their own, from before CRIU ran inside
+   * the sandbox's; CRIU recreates it (lo down). */
+  async restore(opts: { imagesDir: string; workDir: string; root: string; ownNetns: boolean }): Promise<CriuResponse> {
+    const images = await this.openDir(opts.imagesDir);
+    const work = await this.openDir(opts.workDir);
+    return this.rpc({
+      type: REQ.RESTORE,
+      opts: {
+        images_dir_fd: images,
+        work_dir_fd: work,
+        root: opts.root,
+        log_level: 2,
+        log_file: 'restore.log',
+        manage_cgroups_mode: CG_IGNORE,
+        ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET } : {}),
+      },
+    });
+  }
+
+  /** Lets the worker go: CRIU exits, and a restored tree passes to the shim above it. */
+  end(): void {
+    this.fail(new EngineError('CRIU_FAILED', 'the CRIU worker was ended'));
+    this.input.end();
+  }
+}
