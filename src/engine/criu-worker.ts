@@ -87,6 +87,7 @@ export class CriuWorker {
     for (const w of this.waiting.splice(0)) w.reject(err);
   }
 
+  /** Requests are answered in order, so several can be in flight at once. */
   private async request(kind: string, data: Buffer | string): Promise<Buffer> {
     if (this.gone) throw this.gone;
     const body = typeof data === 'string' ? Buffer.from(data) : data;
@@ -140,24 +141,22 @@ export class CriuWorker {
     if (!r.success) throw new EngineError('CRIU_FAILED', 'CRIU did not answer its version');
   }
 
-  async dump(opts: { pid: number; imagesDir: string; leaveRunning?: boolean }): Promise<CriuResponse> {
-    const fd = await this.openDir(opts.imagesDir);
+  /** `imagesFd`: from `openDir`, which can be done ahead of the pause. */
+  async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.DUMP,
-      opts: { images_dir_fd: fd, pid: opts.pid, leave_running: opts.leaveRunning ?? false, log_level: 2, log_file: 'dump.log', manage_cgroups_mode: CG_IGNORE },
+      opts: { images_dir_fd: opts.imagesFd, pid: opts.pid, leave_running: opts.leaveRunning ?? false, log_level: 2, log_file: 'dump.log', manage_cgroups_mode: CG_IGNORE },
     });
   }
 
   /** `ownNetns`: images that carry an (empty) netns of their own, from before CRIU ran inside
    * the sandbox's; CRIU recreates it (lo down). */
-  async restore(opts: { imagesDir: string; workDir: string; root: string; ownNetns: boolean }): Promise<CriuResponse> {
-    const images = await this.openDir(opts.imagesDir);
-    const work = await this.openDir(opts.workDir);
+  async restore(opts: { imagesFd: number; workFd: number; root: string; ownNetns: boolean }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,
       opts: {
-        images_dir_fd: images,
-        work_dir_fd: work,
+        images_dir_fd: opts.imagesFd,
+        work_dir_fd: opts.workFd,
         root: opts.root,
         log_level: 2,
         log_file: 'restore.log',

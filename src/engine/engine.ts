@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, renameSync } from 'node:fs';
 import { mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -41,6 +41,13 @@ export interface FreezeResult {
   layerId: string;
   /** The pause the sandbox saw, dump to first answer, in ms. */
   pauseMs: number;
+}
+
+interface PreparedRestore {
+  cgroupProcs: string[];
+  imagesFd: number;
+  workFd: number;
+  ownNetns: boolean;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -186,33 +193,36 @@ export class Engine {
     return { worker: w.worker, ready };
   }
 
-  /** Restores `images` with a started restorer: mounts the disk in place of the old one, moves
-   * CRIU into the sandbox's cgroups, restores, fixes up the new namespaces, lets CRIU go. */
-  private async restoreWith(r: Restorer, spec: SandboxSpec, images: string, hostname?: string): Promise<Launched> {
-    const l = this.layout;
-    const run = l.run(spec.id);
+  /** What a restore needs that can be had before the old sandbox is gone: CRIU warm, the
+   * directories open in its relay, the pidfile named (the relay writes it the moment CRIU
+   * answers), the cgroups made. */
+  private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string): Promise<PreparedRestore> {
+    const run = this.layout.run(spec.id);
     const work = join(run, 'criu');
+    mkdirSync(work, { recursive: true });
+    const [cgroupProcs] = await Promise.all([this.cgroups.create(spec.id, spec.limits), r.ready]);
+    const [imagesFd, workFd] = await Promise.all([r.worker.openDir(images), r.worker.openDir(work), r.worker.setPidfile(join(run, 'pid'))]);
+    return { cgroupProcs, imagesFd, workFd, ownNetns: this.criu.hasOwnNetns(images) };
+  }
+
+  /** Restores with a prepared restorer: mounts the disk in place of the old one, moves CRIU
+   * into the sandbox's cgroups, restores, fixes up the new namespaces, lets CRIU go. */
+  private async restoreWith(r: Restorer, spec: SandboxSpec, prepared: Promise<PreparedRestore>, hostname?: string): Promise<Launched> {
+    const l = this.layout;
     try {
-      mkdirSync(work, { recursive: true });
-      rmSync(join(run, 'pid'), { force: true });
-      const cgroupProcs = await this.cgroups.create(spec.id, spec.limits);
-      await r.ready;
-      await r.worker.setPidfile(join(run, 'pid'));
+      const p = await prepared;
       const [, dir, target, options] = this.overlay(spec, true);
-      await r.worker.mountOverlay(dir!, target!, options!);
-      await r.worker.joinCgroups(cgroupProcs);
-      const ownNetns = this.criu.hasOwnNetns(images);
-      const resp = await r.worker.restore({ imagesDir: images, workDir: work, root: l.merged(spec.id), ownNetns });
+      await Promise.all([r.worker.mountOverlay(dir!, target!, options!), r.worker.joinCgroups(p.cgroupProcs)]);
+      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), ownNetns: p.ownNetns });
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
-        const log = await tail(join(work, 'restore.log'));
+        const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
         throw new EngineError('RESTORE_FAILED', lastError(log) ?? resp.cr_errmsg ?? 'criu restore failed', log);
       }
-      if (hostname) await r.worker.setHostname(pid, hostname);
-      if (ownNetns) await r.worker.loopbackUp(pid);
+      await Promise.all([hostname ? r.worker.setHostname(pid, hostname) : undefined, p.ownNetns ? r.worker.loopbackUp(pid) : undefined]);
       return { pid, startTime: await processStartTime(pid) };
     } catch (err) {
-      throw err instanceof EngineError && err.code === 'RESTORE_FAILED' ? err : new EngineError('RESTORE_FAILED', (err as Error).message);
+      throw err instanceof EngineError && (err.code === 'RESTORE_FAILED' || err.code === 'LAYER_LIMIT') ? err : new EngineError('RESTORE_FAILED', (err as Error).message);
     } finally {
       r.worker.end();
     }
@@ -243,7 +253,8 @@ export class Engine {
     try {
       this.prepareDisk(spec, true);
       steps.mark('disk');
-      const launched = await this.restoreWith(restorer, spec, images, opts.setHostname ? spec.hostname : undefined);
+      const prepared = this.prepareRestore(restorer, spec, images);
+      const launched = await this.restoreWith(restorer, spec, prepared, opts.setHostname ? spec.hostname : undefined);
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
       steps.mark('connect');
@@ -320,14 +331,16 @@ export class Engine {
     // Both CRIUs start while the sandbox still runs; the pause pays for their work only.
     const dumper = worker(this.opts.agentPath, this.criu.workerCommand({ netnsOf: sb.pid }), join(this.layout.run(spec.id), 'dump-worker.log'));
     const restorer = this.restorers.take();
+    const next = { ...spec, layers: [layerId, ...spec.layers] };
+    const prepared = this.prepareRestore(restorer, next, images);
+    let imagesFd: number;
     try {
       // Unmounting flushes the upper's dirty data; flushing it first, while the sandbox still
       // runs, leaves only what is written in the meantime to the background.
-      await Promise.all([
+      [imagesFd] = await Promise.all([
+        dumper.worker.ready().then(() => dumper.worker.openDir(images)),
         run(this.opts.agentPath, ['syncfs', this.layout.upper(spec.id)]),
-        dumper.worker.ready(),
-        restorer.ready,
-        this.cgroups.create(spec.id, spec.limits),
+        prepared,
       ]);
     } catch (err) {
       dumper.worker.end();
@@ -338,7 +351,7 @@ export class Engine {
     await sb.pause(async () => {
       const t0 = performance.now();
       steps.mark('close');
-      const dumped = await dumper.worker.dump({ pid: sb.pid, imagesDir: images }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      const dumped = await dumper.worker.dump({ pid: sb.pid, imagesFd }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.worker.end();
       if (!dumped.success) {
         restorer.worker.end();
@@ -351,11 +364,10 @@ export class Engine {
       steps.mark('gone');
       // The old overlay stays mounted, with no one left using it, until the restorer mounts
       // the new one in its place: renaming its upper away is safe meanwhile.
-      const next = { ...spec, layers: [layerId, ...spec.layers] };
       try {
         this.freezeUpper(spec.id, layerId);
         steps.mark('rename');
-        const launched = await this.restoreWith(restorer, next, images);
+        const launched = await this.restoreWith(restorer, next, prepared);
         steps.mark('restore');
         pauseMs = performance.now() - t0;
         return { ...launched, result: undefined };
@@ -401,13 +413,15 @@ export class Engine {
     await sb.pause(async () => {
       // A warm CRIU if the pool has one; else it starts while the old sandbox goes.
       const restorer = images ? this.restorers.take() : undefined;
+      const prepared = restorer && images ? this.prepareRestore(restorer, spec, images) : undefined;
+      prepared?.catch(() => {});
       await killTree(sb.pid, sb.startTime);
       sb.loseAll(new AgentError(0, 'the instance was rolled back'));
       steps.mark('kill');
       try {
         this.prepareDisk(spec, true);
         steps.mark('disk');
-        const launched = restorer ? await this.restoreWith(restorer, spec, images!) : await this.launchBoot(spec);
+        const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared) : await this.launchBoot(spec);
         steps.mark(images ? 'restore' : 'boot');
         this.log.debug({ instance: spec.id, steps: steps.ms }, 'rollback');
         return { ...launched, result: undefined };
