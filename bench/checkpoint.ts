@@ -81,6 +81,29 @@ rows.push({ name: 'checkpoint pause, 1 MB in upper', stats: stats(smallRuns.map(
 rows.push({ name: '  baseline: raw criu+mount steps, 1 MB', stats: rawSmall });
 rows.push({ name: 'checkpoint request → ready, 1 MB', stats: stats(smallRuns.map((r) => r.readyMs)) });
 
+// A sandbox with a live shell session running a loop: four processes for CRIU, not one.
+const busy = await instance();
+await s.api('POST', `/instances/${busy}/exec`, { session: 'main', command: 'cd /tmp; (while true; do i=$((i+1)); echo $i > /tmp/c; sleep 0.05; done) &' });
+const busyRuns: { id: string; pause_ms: number }[] = [];
+for (let i = 0; i < N; i++) busyRuns.push(await checkpoint(busy, { memory: true }));
+const busyRollback = await sample(N, async () => {
+  const t = performance.now();
+  const r = await s.api('POST', `/instances/${busy}/rollback`, { checkpoint_id: busyRuns[0].id });
+  if (r.status !== 200) throw new Error(JSON.stringify(r.body));
+  return performance.now() - t;
+});
+const busyFork = await sample(N, async () => {
+  const t = performance.now();
+  const r = await s.api('POST', `/instances/${busy}/fork`, { checkpoint_id: busyRuns[0].id });
+  const ms = performance.now() - t;
+  await s.api('DELETE', `/instances/${r.body.instances[0].id}`);
+  return ms;
+});
+rows.push({ name: 'checkpoint pause, shell session + loop running', stats: stats(busyRuns.map((r) => r.pause_ms)), target: '≤ 60' });
+rows.push({ name: 'rollback, shell session + loop running', stats: busyRollback, target: '≤ 40' });
+rows.push({ name: 'fork 1, shell session + loop running', stats: busyFork, target: '≤ 40' });
+await s.api('DELETE', `/instances/${busy}`);
+
 const large = await instance();
 const largeN = Math.max(2, Math.min(N, 3));
 const largeRuns = [];

@@ -2,7 +2,8 @@
  *   shim -- CMD...   host side: subreaper that outlives CMD and reaps the sandbox it leaves
  *   boot OPTIONS     host side: builds the sandbox's namespaces and root, then execs init
  *   init             inside the sandbox: PID 1, the agent
- *   criu-run         host side: CRIU with its kernel-probe cache on a private /run
+ *   criu-run         host side: CRIU with its kernel-probe cache on a private /run, in the
+ *                    sandbox's netns or a fresh one; with --swrk, a warm RPC worker
  *   mount-overlay, umount, syncfs   host side: the syscalls, without util-linux's start-up
  *   mkdev DIR        host side: the device nodes of the agent layer's /dev */
 #include <stdio.h>

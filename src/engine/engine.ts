@@ -7,7 +7,7 @@ import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
 import { Criu, lastError, tail } from './criu.js';
 import { EngineError } from './errors.js';
-import { isAlive, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
+import { isAlive, isAliveSync, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
 import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from './layout.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
@@ -207,12 +207,20 @@ export class Engine {
 
   /** Restores with a prepared restorer: mounts the disk in place of the old one, moves CRIU
    * into the sandbox's cgroups, restores, fixes up the new namespaces, lets CRIU go. */
-  private async restoreWith(r: Restorer, spec: SandboxSpec, prepared: Promise<PreparedRestore>, hostname?: string): Promise<Launched> {
+  private async restoreWith(
+    r: Restorer,
+    spec: SandboxSpec,
+    prepared: Promise<PreparedRestore>,
+    opts: { hostname?: string; oldGone?: Promise<void> } = {},
+  ): Promise<Launched> {
     const l = this.layout;
+    const { hostname, oldGone } = opts;
     try {
       const p = await prepared;
       const [, dir, target, options] = this.overlay(spec, true);
-      await Promise.all([r.worker.mountOverlay(dir!, target!, options!), r.worker.joinCgroups(p.cgroupProcs)]);
+      // The sandbox this one replaces must be gone before CRIU forks into the same cgroups
+      // (their limits would count both); mounting the disk need not wait for it.
+      await Promise.all([r.worker.mountOverlay(dir!, target!, options!), r.worker.joinCgroups(p.cgroupProcs), oldGone]);
       const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), ownNetns: p.ownNetns });
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
@@ -254,7 +262,7 @@ export class Engine {
       this.prepareDisk(spec, true);
       steps.mark('disk');
       const prepared = this.prepareRestore(restorer, spec, images);
-      const launched = await this.restoreWith(restorer, spec, prepared, opts.setHostname ? spec.hostname : undefined);
+      const launched = await this.restoreWith(restorer, spec, prepared, opts.setHostname ? { hostname: spec.hostname } : {});
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
       steps.mark('connect');
@@ -415,13 +423,13 @@ export class Engine {
       const restorer = images ? this.restorers.take() : undefined;
       const prepared = restorer && images ? this.prepareRestore(restorer, spec, images) : undefined;
       prepared?.catch(() => {});
-      await killTree(sb.pid, sb.startTime);
+      const oldGone = killTree(sb.pid, sb.startTime);
+      oldGone.catch(() => {});
       sb.loseAll(new AgentError(0, 'the instance was rolled back'));
-      steps.mark('kill');
       try {
         this.prepareDisk(spec, true);
         steps.mark('disk');
-        const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared) : await this.launchBoot(spec);
+        const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { oldGone }) : await oldGone.then(() => this.launchBoot(spec));
         steps.mark(images ? 'restore' : 'boot');
         this.log.debug({ instance: spec.id, steps: steps.ms }, 'rollback');
         return { ...launched, result: undefined };
@@ -465,15 +473,17 @@ export class Engine {
   }
 }
 
-async function killTree(pid: number, startTime: string): Promise<void> {
-  if (!(await isAlive(pid, startTime))) return;
+/** Sends SIGKILL at once (the check and the signal are synchronous) and resolves when the
+ * process is gone. */
+function killTree(pid: number, startTime: string): Promise<void> {
+  if (!isAliveSync(pid, startTime)) return Promise.resolve();
   try {
     // PID 1 of a pid namespace takes every process of the namespace with it.
     process.kill(pid, 'SIGKILL');
   } catch {
-    return;
+    return Promise.resolve();
   }
-  await waitGone(pid, startTime);
+  return waitGone(pid, startTime);
 }
 
 async function waitGone(pid: number, startTime: string, timeoutMs = 10_000): Promise<void> {

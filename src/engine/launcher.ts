@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { openSync, closeSync } from 'node:fs';
+import { closeSync, openSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
@@ -110,11 +110,19 @@ export async function processStartTime(pid: number): Promise<string> {
 
 /** Alive: the same process (pid and start time) and not a zombie waiting for its reaper. */
 export async function isAlive(pid: number, startTime: string): Promise<boolean> {
+  return aliveIn(await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => ''), startTime);
+}
+
+export function isAliveSync(pid: number, startTime: string): boolean {
   try {
-    const stat = await readFile(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return fields[19] === startTime && fields[0] !== 'Z' && fields[0] !== 'X';
+    return aliveIn(readFileSync(`/proc/${pid}/stat`, 'utf8'), startTime);
   } catch {
     return false;
   }
+}
+
+function aliveIn(stat: string, startTime: string): boolean {
+  if (!stat) return false;
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return fields[19] === startTime && fields[0] !== 'Z' && fields[0] !== 'X';
 }

@@ -7,40 +7,49 @@ export interface Restorer {
   ready: Promise<void>;
 }
 
+interface Spare {
+  restorer: Restorer;
+  failed: boolean;
+}
+
 /**
- * Keeps one restorer warm, so that a fork or a rollback finds CRIU already started (its
- * start-up is ~10 ms of each restore otherwise). Restorers belong to no instance until
- * taken: the shim parents whatever its CRIU restores, and CRIU joins the instance's cgroups
- * just before it forks the restored tree.
+ * Keeps a few restorers warm, so that a fork or a rollback finds CRIU already started (its
+ * start-up is ~10-15 ms of a restore otherwise). Two, so that operations back to back do not
+ * wait for the replacement of the one just used; an idle one costs ~8 MB. Restorers belong to
+ * no instance until taken: the shim parents whatever its CRIU restores, and CRIU joins the
+ * instance's cgroups just before it forks the restored tree.
  */
 export class RestorerPool {
-  private spare: { restorer: Restorer; failed: boolean } | undefined;
+  private readonly spares: Spare[] = [];
   private closed = false;
 
-  constructor(private readonly start: () => Restorer) {}
+  constructor(
+    private readonly start: () => Restorer,
+    private readonly size = 2,
+  ) {}
 
-  /** A warm restorer if there is one, a fresh one otherwise. The caller calls `refill()` when
-   * its own work is done: a CRIU starting meanwhile would compete with it for the CPU. */
+  /** The oldest warm restorer, or a fresh one. The caller calls `refill()` once its own work
+   * is done: a CRIU starting meanwhile would compete with it for the CPU. */
   take(): Restorer {
-    const spare = this.spare;
-    this.spare = undefined;
-    if (spare && !spare.failed) return spare.restorer;
-    spare?.restorer.worker.end();
+    for (let spare = this.spares.shift(); spare; spare = this.spares.shift()) {
+      if (!spare.failed) return spare.restorer;
+      spare.restorer.worker.end();
+    }
     return this.start();
   }
 
   refill(): void {
-    if (this.closed || this.spare) return;
-    const entry = { restorer: this.start(), failed: false };
-    entry.restorer.ready.catch(() => {
-      entry.failed = true;
-    });
-    this.spare = entry;
+    while (!this.closed && this.spares.length < this.size) {
+      const spare: Spare = { restorer: this.start(), failed: false };
+      spare.restorer.ready.catch(() => {
+        spare.failed = true;
+      });
+      this.spares.push(spare);
+    }
   }
 
   close(): void {
     this.closed = true;
-    this.spare?.restorer.worker.end();
-    this.spare = undefined;
+    for (const spare of this.spares.splice(0)) spare.restorer.worker.end();
   }
 }
