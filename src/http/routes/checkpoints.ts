@@ -26,12 +26,11 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: Checkpoint, 202: Checkpoint, ...errorResponses },
       },
     }, async (req, reply) => {
-      const { checkpoint, done } = fp.checkpoints.create(req.owner, req.params.id, {
+      const { checkpoint } = fp.checkpoints.create(req.owner, req.params.id, {
         label: req.body.label, memory: req.body.memory, retention: req.body.retention,
       });
       if (!req.query.wait) return reply.code(202).send(checkpointView(checkpoint));
-      await Promise.race([done.catch(() => {}), new Promise((r) => setTimeout(r, WAIT_MS))]);
-      return reply.code(200).send(checkpointView(fp.checkpoints.get(req.owner, req.params.id, checkpoint.id)));
+      return reply.code(200).send(checkpointView(await fp.checkpoints.wait(req.owner, req.params.id, checkpoint.id, WAIT_MS)));
     });
 
     app.get('/instances/:id/checkpoints', {
