@@ -1,10 +1,13 @@
-import { readdirSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { EngineError } from './errors.js';
 import { isMounted } from './overlay.js';
 import { run } from './run.js';
+
+const FORMAT_FILE = 'forkpoint-format';
+const FORMAT = 2;
 
 export interface CriuVersion {
   version: string;
@@ -47,9 +50,15 @@ export class Criu {
     return ['criu-run', '--cache', this.cacheDir, ...netns, '--swrk', '--', this.path];
   }
 
-  /** Images made before CRIU ran inside the sandbox's netns carry an (empty) netns of their own. */
+  /** Marks a memory image as made by CRIU inside the sandbox's netns (and with /dev in the
+   * agent layer). Images without the mark come from earlier versions: their tree has a netns
+   * of its own, which CRIU recreates empty, with lo down. */
+  markFormat(imagesDir: string): void {
+    writeFileSync(join(imagesDir, FORMAT_FILE), `${FORMAT}\n`);
+  }
+
   hasOwnNetns(imagesDir: string): boolean {
-    return readdirSync(imagesDir).some((f) => f.startsWith('netns-'));
+    return !existsSync(join(imagesDir, FORMAT_FILE));
   }
 }
 

@@ -333,6 +333,7 @@ export class Engine {
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
     await mkdir(images, { recursive: true });
+    this.criu.markFormat(images);
     let pauseMs = 0;
     let dumpError: unknown;
     const steps = new Steps();
