@@ -12,6 +12,11 @@ export interface ResourceLimits {
 const ROOT = '/sys/fs/cgroup';
 const CPU_PERIOD_US = 100_000;
 
+/** The devices a sandbox may open, as Docker allows them: null, zero, full, random, urandom,
+ * tty, ptmx and its own ptys. The sandbox cannot mknod, but an image can carry device nodes
+ * (and the agent layer does): on cgroup v1 the devices controller keeps it to these. */
+const ALLOWED_DEVICES = ['c 1:3 rwm', 'c 1:5 rwm', 'c 1:7 rwm', 'c 1:8 rwm', 'c 1:9 rwm', 'c 5:0 rwm', 'c 5:2 rwm', 'c 136:* rwm'];
+
 /** Per-sandbox cgroups on the unified hierarchy (v2) or the v1 controllers of a hybrid host. */
 export class Cgroups {
   readonly version: 1 | 2;
@@ -63,6 +68,13 @@ export class Cgroups {
       await writeFile(join(cpu, 'cpu.cfs_quota_us'), String(Math.round((CPU_PERIOD_US * limits.cpuPercent) / 100)));
       procs.push(join(cpu, 'cgroup.procs'));
     }
+    const devices = this.v1Dir('devices', id);
+    if (existsSync(join(ROOT, 'devices'))) {
+      await mkdir(devices, { recursive: true });
+      await writeFile(join(devices, 'devices.deny'), 'a');
+      for (const rule of ALLOWED_DEVICES) await writeFile(join(devices, 'devices.allow'), rule);
+      procs.push(join(devices, 'cgroup.procs'));
+    }
     return procs;
   }
 
@@ -99,7 +111,7 @@ export class Cgroups {
   async remove(id: string): Promise<void> {
     this.made.delete(id);
     const dirs =
-      this.version === 2 ? [this.v2Dir(id)] : ['memory', 'pids', 'cpu'].map((c) => this.v1Dir(c, id));
+      this.version === 2 ? [this.v2Dir(id)] : ['memory', 'pids', 'cpu', 'devices'].map((c) => this.v1Dir(c, id));
     for (const dir of dirs) {
       for (let attempt = 0; attempt < 50; attempt++) {
         try {
