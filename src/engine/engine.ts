@@ -386,9 +386,8 @@ export class Engine {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    }, release);
+    }, release).finally(() => this.restorers.refill());
     steps.mark('reconnect');
-    this.restorers.refill();
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;
     return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
@@ -440,8 +439,7 @@ export class Engine {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    });
-    this.restorers.refill();
+    }).finally(() => this.restorers.refill());
     return sb;
   }
 
