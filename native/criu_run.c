@@ -133,6 +133,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   static char buf[MAX_FRAME + 1];
   static char pidfile_buf[4096];
   const char *pidfile = pidfile_arg;
+  int old_root = -1;
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -152,7 +153,12 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       size_t a = strlen(data), b = a < len ? strlen(data + a + 1) : 0;
       int rc = -1;
       if (a + 1 + b + 1 > len) snprintf(msg, sizeof(msg), "bad mount request");
-      else rc = replace_overlay(data, data + a + 1, data + a + b + 2, msg, sizeof(msg));
+      else {
+        /* Pin the old overlay before detaching it: its superblock then goes (and syncs the whole
+         * filesystem under it, ~10 ms) only when this relay exits, after the restore. */
+        if (old_root < 0) old_root = open(data + a + 1, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        rc = replace_overlay(data, data + a + 1, data + a + b + 2, msg, sizeof(msg));
+      }
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else if (kind == 'R') {
       ssize_t got = -1;

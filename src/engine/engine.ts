@@ -44,7 +44,6 @@ export interface FreezeResult {
 }
 
 interface PreparedRestore {
-  cgroupProcs: string[];
   imagesFd: number;
   workFd: number;
   ownNetns: boolean;
@@ -193,20 +192,28 @@ export class Engine {
     return { worker: w.worker, ready };
   }
 
-  /** What a restore needs that can be had before the old sandbox is gone: CRIU warm, the
-   * directories open in its relay, the pidfile named (the relay writes it the moment CRIU
-   * answers), the cgroups made. */
+  /** What a restore needs that can be had before the old sandbox is gone: CRIU warm and in the
+   * sandbox's cgroups, the directories open in its relay, the pidfile named (the relay writes
+   * it the moment CRIU answers). */
   private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string): Promise<PreparedRestore> {
     const run = this.layout.run(spec.id);
     const work = join(run, 'criu');
     mkdirSync(work, { recursive: true });
     const [cgroupProcs] = await Promise.all([this.cgroups.create(spec.id, spec.limits), r.ready]);
-    const [imagesFd, workFd] = await Promise.all([r.worker.openDir(images), r.worker.openDir(work), r.worker.setPidfile(join(run, 'pid'))]);
-    return { cgroupProcs, imagesFd, workFd, ownNetns: this.criu.hasOwnNetns(images) };
+    // Joining the cgroups early is safe: a move charges no memory already in use (and pids
+    // limits bind forks, not moves). It is not cheap: the first attach after a while waits out
+    // an RCU grace period (~5-10 ms here), better spent before a pause than in it.
+    const [imagesFd, workFd] = await Promise.all([
+      r.worker.openDir(images),
+      r.worker.openDir(work),
+      r.worker.setPidfile(join(run, 'pid')),
+      r.worker.joinCgroups(cgroupProcs),
+    ]);
+    return { imagesFd, workFd, ownNetns: this.criu.hasOwnNetns(images) };
   }
 
-  /** Restores with a prepared restorer: mounts the disk in place of the old one, moves CRIU
-   * into the sandbox's cgroups, restores, fixes up the new namespaces, lets CRIU go. */
+  /** Restores with a prepared restorer: mounts the disk in place of the old one, restores,
+   * fixes up the new namespaces, lets CRIU go. */
   private async restoreWith(
     r: Restorer,
     spec: SandboxSpec,
@@ -220,8 +227,10 @@ export class Engine {
       const [, dir, target, options] = this.overlay(spec, true);
       // The sandbox this one replaces must be gone before CRIU forks into the same cgroups
       // (their limits would count both); mounting the disk need not wait for it.
-      await Promise.all([r.worker.mountOverlay(dir!, target!, options!), r.worker.joinCgroups(p.cgroupProcs), oldGone]);
+      await Promise.all([r.worker.mountOverlay(dir!, target!, options!), oldGone]);
+      const t = performance.now();
       const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), ownNetns: p.ownNetns });
+      this.log.debug({ instance: spec.id, ms: Math.round((performance.now() - t) * 100) / 100 }, 'criu restore');
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
@@ -273,7 +282,7 @@ export class Engine {
       await this.teardown(spec.id);
       throw err;
     } finally {
-      this.restorers.refill();
+      this.restorers.refillSoon();
     }
   }
 
@@ -386,7 +395,7 @@ export class Engine {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    }, release).finally(() => this.restorers.refill());
+    }, release).finally(() => this.restorers.refillSoon());
     steps.mark('reconnect');
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;
@@ -439,7 +448,7 @@ export class Engine {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    }).finally(() => this.restorers.refill());
+    }).finally(() => this.restorers.refillSoon());
     return sb;
   }
 

@@ -15,8 +15,10 @@ export interface OverlaySpec {
   cwd: string;
 }
 
+/** `index=off` whatever the kernel's default: a checkpoint mounts the frozen upper as a lower
+ * while the old overlay, pinned until the restore is done, still has it as its upper. */
 export function overlayOptions(spec: OverlaySpec): string {
-  return `lowerdir=${spec.lowers.join(':')},upperdir=${spec.upper},workdir=${spec.work}`;
+  return `lowerdir=${spec.lowers.join(':')},upperdir=${spec.upper},workdir=${spec.work},index=off`;
 }
 
 /** Mounts and unmounts through the static helper: direct syscalls, a fraction of mount(8)'s

@@ -22,13 +22,14 @@ interface Spare {
 export class RestorerPool {
   private readonly spares: Spare[] = [];
   private closed = false;
+  private timer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly start: () => Restorer,
     private readonly size = 2,
   ) {}
 
-  /** The oldest warm restorer, or a fresh one. The caller calls `refill()` once its own work
+  /** The oldest warm restorer, or a fresh one. The caller calls `refillSoon()` once its own work
    * is done: a CRIU starting meanwhile would compete with it for the CPU. */
   take(): Restorer {
     for (let spare = this.spares.shift(); spare; spare = this.spares.shift()) {
@@ -36,6 +37,17 @@ export class RestorerPool {
       spare.restorer.worker.end();
     }
     return this.start();
+  }
+
+  /** Refills a moment later: spawning costs the event loop a few milliseconds, which the
+   * callers released by the operation just done should not wait for. */
+  refillSoon(delayMs = 25): void {
+    if (this.timer || this.closed) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      this.refill();
+    }, delayMs);
+    this.timer.unref();
   }
 
   refill(): void {
@@ -50,6 +62,7 @@ export class RestorerPool {
 
   close(): void {
     this.closed = true;
+    clearTimeout(this.timer);
     for (const spare of this.spares.splice(0)) spare.restorer.worker.end();
   }
 }
