@@ -1,6 +1,7 @@
-import { statSync } from 'node:fs';
+import { readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AgentClient } from '../src/engine/agent/client.js';
 import { eventually, sleep, startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
@@ -88,6 +89,22 @@ describe('checkpoint → change → rollback', () => {
 });
 
 describe('checkpoint jobs', () => {
+  it('a closed connection is closed on the agent\'s side too before anything is dumped', async () => {
+    // A warm CRIU dumps within a millisecond of the pause: a socket the host has let go of
+    // but the agent has not yet closed would fail the dump ("Unix socket N not found").
+    const inst = await s.instance();
+    const sb = s.fp.engine.sandbox(inst.id)!;
+    const agentFds = () => readdirSync(`/proc/${sb.pid}/fd`).length;
+    const before = agentFds();
+    for (let i = 0; i < 20; i++) {
+      const c = await AgentClient.connect(sb.socketPath);
+      await eventually(async () => agentFds() === before + 1);
+      await c.close();
+      expect(agentFds()).toBe(before);
+    }
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
   it('answers 202 processing, then becomes ready; exec during the checkpoint waits and succeeds', async () => {
     const inst = await s.instance({ name: 'busy' });
     const long = s.exec(inst.id, { command: 'sleep 0.5; echo carried through' });

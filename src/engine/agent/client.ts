@@ -238,11 +238,19 @@ export class AgentClient {
     await this.request(T.MKDIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
   }
 
-  close(): Promise<void> {
+  /** Closes the connection and resolves once the agent has closed its end too: CRIU cannot
+   * dump a socket whose peer is gone but not yet released ("Unix socket N not found"), and a
+   * warm CRIU starts dumping right away. A silent agent is cut off after `graceMs`. */
+  close(graceMs = 1000): Promise<void> {
     if (this.closed) return Promise.resolve();
     return new Promise((resolve) => {
-      this.closeWaiters.push(resolve);
-      this.socket.destroy();
+      const force = setTimeout(() => this.socket.destroy(), graceMs);
+      force.unref();
+      this.closeWaiters.push(() => {
+        clearTimeout(force);
+        resolve();
+      });
+      this.socket.end();
     });
   }
 }
