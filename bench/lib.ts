@@ -66,6 +66,17 @@ export async function benchServer(): Promise<BenchServer> {
   const token = (await fp.ensureInitialToken())!;
   const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
   const url = await app.listen({ host: '127.0.0.1', port: 0 });
+  const close = async () => {
+    await app.close();
+    await fp.destroyAll();
+    await fp.close();
+    await rm(dataDir, { recursive: true, force: true });
+  };
+  // A bench that throws at top level still takes its sandboxes and mounts with it.
+  process.once('uncaughtException', (err) => {
+    console.error(err);
+    void close().finally(() => process.exit(1));
+  });
   return {
     fp,
     url,
@@ -78,11 +89,6 @@ export async function benchServer(): Promise<BenchServer> {
       const text = await res.body.text();
       return { status: res.statusCode, body: text ? JSON.parse(text) : null };
     },
-    async close() {
-      await app.close();
-      await fp.destroyAll();
-      await fp.close();
-      await rm(dataDir, { recursive: true, force: true });
-    },
+    close,
   };
 }
