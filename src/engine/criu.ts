@@ -2,7 +2,6 @@ import { existsSync, writeFileSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { EngineError } from './errors.js';
 import { isMounted } from './overlay.js';
 import { run } from './run.js';
 

@@ -187,9 +187,9 @@ export class Engine {
       logFile: join(this.layout.root, 'restorers.log'),
       cgroupProcs: [],
     });
-    const ready = w.worker.ready();
+    const ready = w.ready();
     ready.catch(() => {});
-    return { worker: w.worker, ready };
+    return { worker: w, ready };
   }
 
   /** What a restore needs that can be had before the old sandbox is gone: CRIU warm and in the
@@ -356,12 +356,12 @@ export class Engine {
       // Unmounting flushes the upper's dirty data; flushing it first, while the sandbox still
       // runs, leaves only what is written in the meantime to the background.
       [imagesFd] = await Promise.all([
-        dumper.worker.ready().then(() => dumper.worker.openDir(images)),
+        dumper.ready().then(() => dumper.openDir(images)),
         run(this.opts.agentPath, ['syncfs', this.layout.upper(spec.id)]),
         prepared,
       ]);
     } catch (err) {
-      dumper.worker.end();
+      dumper.end();
       restorer.worker.end();
       throw err instanceof EngineError && err.code === 'CGROUP_FAILED' ? err : new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`);
     }
@@ -369,8 +369,8 @@ export class Engine {
     await sb.pause(async () => {
       const t0 = performance.now();
       steps.mark('close');
-      const dumped = await dumper.worker.dump({ pid: sb.pid, imagesFd }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
-      dumper.worker.end();
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      dumper.end();
       if (!dumped.success) {
         restorer.worker.end();
         const log = await tail(join(images, 'dump.log'));

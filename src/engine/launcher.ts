@@ -5,7 +5,7 @@ import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import { CriuWorker } from './criu-worker.js';
 import { EngineError } from './errors.js';
-import { HARMLESS, tail } from './criu.js';
+import { tail } from './criu.js';
 
 export interface Launched {
   pid: number;
@@ -58,11 +58,10 @@ function startShim(opts: ShimOptions): StartedShim {
   return { child, exit };
 }
 
-async function failure(code: BootFailure, exitCode: number, logFile: string, detailLog?: string): Promise<EngineError> {
-  const detail = detailLog ? await tail(detailLog) : '';
+/** The shim's log says why a boot failed (boot writes its reason to stderr). */
+async function failure(code: BootFailure, exitCode: number, logFile: string): Promise<EngineError> {
   const stderr = await tail(logFile, 10);
-  const reason = firstUseful(detail) ?? stderr.trim().split('\n').pop() ?? `exit ${exitCode}`;
-  return new EngineError(code, reason, detail || stderr);
+  return new EngineError(code, stderr.trim().split('\n').pop() || `exit ${exitCode}`, stderr);
 }
 
 type BootFailure = 'BOOT_FAILED' | 'RESTORE_FAILED';
@@ -80,26 +79,19 @@ export async function launchUnderShim(opts: ShimOptions & { pidfile: string; fai
 }
 
 /** A CRIU worker (`criu-run --swrk`) under a shim: what it restores stays the shim's. */
-export function workerUnderShim(opts: ShimOptions): { worker: CriuWorker; exit: Promise<number> } {
+export function workerUnderShim(opts: ShimOptions): CriuWorker {
   const { child, exit } = startShim(opts);
-  return { worker: new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit), exit };
+  return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit);
 }
 
 /** A CRIU worker of our own (for dumps, which leave nothing behind to parent). */
-export function worker(agentPath: string, args: string[], logFile: string): { worker: CriuWorker; exit: Promise<number> } {
+export function worker(agentPath: string, args: string[], logFile: string): CriuWorker {
   const log = openSync(logFile, 'a');
   const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'] });
   closeSync(log);
   child.on('error', () => {});
   const exit = new Promise<number>((resolve) => child.once('exit', (c) => resolve(c ?? 1)));
-  return { worker: new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit), exit };
-}
-
-function firstUseful(log: string): string | undefined {
-  return log
-    .split('\n')
-    .find((l) => /Error/.test(l) && !HARMLESS.test(l))
-    ?.replace(/^\(\d+\.\d+\)\s*/, '');
+  return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit);
 }
 
 export async function processStartTime(pid: number): Promise<string> {
