@@ -1,4 +1,4 @@
-import { readdirSync, statSync } from 'node:fs';
+import { readdirSync, readlinkSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentClient } from '../src/engine/agent/client.js';
@@ -94,14 +94,23 @@ describe('checkpoint jobs', () => {
     // but the agent has not yet closed would fail the dump ("Unix socket N not found").
     const inst = await s.instance();
     const sb = s.fp.engine.sandbox(inst.id)!;
-    const agentFds = () => readdirSync(`/proc/${sb.pid}/fd`).length;
-    const before = agentFds();
-    for (let i = 0; i < 20; i++) {
-      const c = await AgentClient.connect(sb.socketPath);
-      await eventually(async () => agentFds() === before + 1);
-      await c.close();
-      expect(agentFds()).toBe(before);
+    const agentSockets = () =>
+      readdirSync(`/proc/${sb.pid}/fd`).map((fd) => { try { return readlinkSync(`/proc/${sb.pid}/fd/${fd}`); } catch { return ''; } }).filter((l) => l.startsWith('socket:'));
+    const before = new Set(agentSockets());
+    const c = await AgentClient.connect(sb.socketPath);
+    const ours = await eventually(async () => agentSockets().filter((x) => !before.has(x)).pop());
+    // With the agent stopped it cannot close its end, so close() must not be done yet.
+    process.kill(sb.pid, 'SIGSTOP');
+    let done = false;
+    const closing = c.close().then(() => (done = true));
+    try {
+      await sleep(300);
+      expect(done).toBe(false);
+    } finally {
+      process.kill(sb.pid, 'SIGCONT');
     }
+    await closing;
+    expect(agentSockets()).not.toContain(ours);
     await s.api('DELETE', `/instances/${inst.id}`);
   });
 
