@@ -18,11 +18,13 @@ grep -qw overlay /proc/filesystems || die "this kernel has no OverlayFS: load th
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 [ "$node_major" -ge 20 ] || die "Node.js >= 20 is needed (found: $(node --version 2>/dev/null || echo none))."
 
-# System tools: a C compiler with static glibc for the agent, util-linux, tar, apt's download.
+# System tools: a C compiler with static glibc and libseccomp for the agent, util-linux, tar,
+# apt's download.
 missing=()
 command -v cc >/dev/null || missing+=(gcc)
 command -v make >/dev/null || missing+=(make)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/libc.a ] || missing+=(libc6-dev)
+compgen -G '/usr/lib/*/libseccomp.a' >/dev/null || [ -e /usr/lib/libseccomp.a ] || missing+=(libseccomp-dev)
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v tar >/dev/null || missing+=(tar)
 command -v python3 >/dev/null || missing+=(python3)

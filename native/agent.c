@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -736,6 +737,10 @@ static int open_listener(void) {
 }
 
 int agent_main(void) {
+  /* Not dumpable: a process of the sandbox, root or not, cannot ptrace the agent, read its
+   * memory or take its file descriptors (that needs CAP_SYS_PTRACE, which no sandbox has).
+   * CRIU saves and restores the flag; what the agent starts is dumpable again after exec. */
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   for (int i = 0; i < MAX_CONNS; i++) conns[i].fd = -1;
   for (int i = 0; i < MAX_PROCS; i++) procs[i].pty = procs[i].pty_slave = procs[i].in_fd = procs[i].out_fd = procs[i].err_fd = -1;
 

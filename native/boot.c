@@ -87,15 +87,27 @@ static int is_chardev(const char *path, unsigned maj, unsigned min) {
   return lstat(path, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(maj, min);
 }
 
+/* A directory of the sandbox's own, not a symlink: mounts go on it. */
+static void need_dir(const char *path, mode_t mode) {
+  struct stat st;
+  if (mkdir(path, mode) < 0 && errno != EEXIST) fail("mkdir %s", path);
+  if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    fail("%s", path);
+  }
+}
+
 /* /dev comes from the agent layer; a tmpfs only when the image hides it (or the instance
  * runs on an agent layer from before /dev was in it). */
 static void setup_dev(void) {
-  if (!is_chardev("dev/null", 1, 3) || !is_chardev("dev/tty", 5, 0)) {
-    if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC | MS_STRICTATIME, "mode=755,size=65536k") < 0)
+  need_dir("/dev", 0755);
+  if (!is_chardev("/dev/null", 1, 3) || !is_chardev("/dev/tty", 5, 0)) {
+    if (mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC | MS_STRICTATIME, "mode=755,size=65536k") < 0)
       fail("mount /dev");
-    if (populate_dev("dev") < 0) fail("populate /dev");
+    if (populate_dev("/dev") < 0) fail("populate /dev");
   }
-  if (mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
+  need_dir("/dev/pts", 0755);
+  if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
     fail("mount devpts");
 }
 
@@ -143,19 +155,28 @@ static void close_host_fds(void) {
 
 static void sandbox_child(const char *root, const char *hostname) {
   /* Only the child enters the new mount namespace: pivot_root moves the root of every
-   * process in it, and the parent still has a pidfile to write on the host. */
+   * process in it, and the parent still has a pidfile to write on the host. No cgroup
+   * namespace: CRIU, run with its cgroup handling off to keep pauses short, would not
+   * restore one (README, "Security"). */
   if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET) < 0) fail("unshare");
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fail("make / private");
   if (mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0) fail("bind root");
   if (chdir(root) < 0) fail("chdir root");
-  mkdir("proc", 0555);
-  mkdir("dev", 0755);
-  mkdir("tmp", 01777);
-  if (mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fail("mount proc");
-  setup_dev();
+  /* Into the sandbox's root first, and only then mount inside it: every path below resolves
+   * against the sandbox's own root, so a symlink it left on its disk points inside it. */
   if (syscall(SYS_pivot_root, ".", ".") < 0) fail("pivot_root");
   if (umount2(".", MNT_DETACH) < 0) fail("detach old root");
   if (chdir("/") < 0) fail("chdir /");
+  need_dir("/proc", 0555);
+  need_dir("/tmp", 01777);
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fail("mount proc");
+  setup_dev();
+  need_dir("/" CONFINE_EMPTY_DIR, 0555);
+  char err[256];
+  if (confine_proc(err, sizeof(err)) < 0) {
+    errno = EPERM;
+    fail("%s", err);
+  }
   if (sethostname(hostname, strlen(hostname)) < 0) fail("sethostname");
   if (loopback_up() < 0) fail("lo up");
   if (setsid() < 0) fail("setsid");
@@ -167,6 +188,10 @@ static void sandbox_child(const char *root, const char *hostname) {
     close(oom);
   }
   drop_capabilities();
+  if (install_seccomp(err, sizeof(err)) < 0) {
+    errno = EPERM;
+    fail("%s", err);
+  }
   char *argv[] = {"fp-agent", "init", NULL};
   char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   /* The report pipe is close-on-exec: EOF on it tells the parent the exec happened. */

@@ -10,4 +10,8 @@ int loopback_up(void);
 #include <stddef.h>
 int replace_overlay(const char *dir, const char *target, const char *options, char *err, size_t errlen);
 int mkdev_main(int argc, char **argv);
+/* An empty directory of the agent layer, bound read-only over masked /proc directories. */
+#define CONFINE_EMPTY_DIR ".fp/empty"
+int confine_proc(char *err, size_t errlen);
+int install_seccomp(char *err, size_t errlen);
 #endif

@@ -25,7 +25,7 @@ export async function ensureAgentLayer(agentsDir: string, agentBinary: string): 
   if (existsSync(join(dir, '.fp', 'agent'))) return id;
   const tmp = `${dir}.tmp-${process.pid}`;
   await rm(tmp, { recursive: true, force: true });
-  for (const d of ['.fp/run', 'proc', 'dev', 'tmp']) await mkdir(join(tmp, d), { recursive: true });
+  for (const d of ['.fp/run', '.fp/empty', 'proc', 'dev', 'tmp']) await mkdir(join(tmp, d), { recursive: true });
   const dev = await run(agentBinary, ['mkdev', join(tmp, 'dev')]);
   if (dev.code !== 0) throw new Error(`agent layer /dev: ${dev.stderr.trim()}`);
   await chmod(join(tmp, 'tmp'), 0o1777);
