@@ -24,7 +24,9 @@
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
  *                               it restores is born inside the sandbox's limits     -> 'K'
- * and 'E' MESSAGE for a failure. With --pidfile, the pid of a restored tree is written there
+ * and 'E' MESSAGE for a failure. 'M' mounts in the worker's private mount namespace (CRIU's) and
+ * also puts a clone of that mount in the host's, in place of the old one there: the engine finds
+ * every sandbox's disk in its own mount table (re-adoption after a restart, teardown). With --pidfile, the pid of a restored tree is written there
  * as soon as CRIU answers, so that a server that dies meanwhile can still find it. EOF on stdin ends the worker; with it CRIU, whose restored
  * tree passes to the shim above. */
 #define _GNU_SOURCE
@@ -37,6 +39,7 @@
 #include <stdint.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +47,16 @@
 
 #define REPLY_FD 3
 #define MAX_FRAME (1 << 20)
+
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+
+/* Mount namespaces: the host's, where the worker started, and its own private one. */
+static int host_mntns = -1, own_mntns = -1;
 
 static int read_full(int fd, void *buf, size_t len) {
   size_t got = 0;
@@ -129,11 +142,42 @@ static int enter_ns_of(const char *pid, const char *ns, int type) {
   return rc;
 }
 
+/* Shows the overlay mounted on TARGET in this namespace in the host's too: a clone of the same
+ * mount (one superblock, so no second overlay over the same upper) replaces what the host has
+ * there. The host's old mount is pinned by *OLD, like the private one: its superblock's teardown
+ * (a sync of the filesystem under it) waits until this relay exits, after the restore. */
+static int publish_mount(const char *target, int *old, char *err, size_t errlen) {
+  int tree = (int)syscall(SYS_open_tree, AT_FDCWD, target, OPEN_TREE_CLONE | O_CLOEXEC);
+  if (tree < 0) {
+    snprintf(err, errlen, "clone the mount of %s: %s", target, strerror(errno));
+    return -1;
+  }
+  int rc = -1;
+  if (setns(host_mntns, CLONE_NEWNS) < 0) {
+    snprintf(err, errlen, "enter the host's mount namespace: %s", strerror(errno));
+  } else {
+    if (*old < 0) *old = open(target, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (umount2(target, MNT_DETACH) < 0 && errno != EINVAL)
+      snprintf(err, errlen, "detach %s on the host: %s", target, strerror(errno));
+    else if (syscall(SYS_move_mount, tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      snprintf(err, errlen, "attach %s on the host: %s", target, strerror(errno));
+    else
+      rc = 0;
+    /* Back where CRIU looks; a relay that cannot get there must not go on. */
+    if (setns(own_mntns, CLONE_NEWNS) < 0) {
+      perror("criu-run: back to the private mount namespace");
+      _exit(1);
+    }
+  }
+  close(tree);
+  return rc;
+}
+
 static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   static char buf[MAX_FRAME + 1];
   static char pidfile_buf[4096];
   const char *pidfile = pidfile_arg;
-  int old_root = -1;
+  int old_root = -1, host_old_root = -1;
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -158,6 +202,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
          * filesystem under it, ~10 ms) only when this relay exits, after the restore. */
         if (old_root < 0) old_root = open(data + a + 1, O_PATH | O_DIRECTORY | O_CLOEXEC);
         rc = replace_overlay(data, data + a + 1, data + a + b + 2, msg, sizeof(msg));
+        if (rc == 0 && host_mntns >= 0) rc = publish_mount(data + a + 1, &host_old_root, msg, sizeof(msg));
       }
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else if (kind == 'R') {
@@ -274,10 +319,16 @@ int criu_run_main(int argc, char **argv) {
     return 1;
   }
   if (cache) {
+    host_mntns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
         mount(cache, "/run", NULL, MS_BIND, NULL) < 0) {
       perror("criu-run: private /run");
       /* Without the cache CRIU still works, only slower. */
+    }
+    own_mntns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (own_mntns < 0 || host_mntns < 0) {
+      perror("criu-run: mount namespaces");
+      return 1;
     }
   }
   if (swrk) return run_swrk(argv + i, pidfile);
