@@ -562,14 +562,24 @@ static void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
   send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
 }
 
+/* READ_FILE: u32 max, path; READ_AT: u32 max, u64 offset, path. */
 static void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
   uint32_t max;
-  const char *path = payload_path(h, pl, 4);
+  uint64_t offset = 0;
+  int at = h->type == FP_T_READ_AT;
+  const char *path = payload_path(h, pl, at ? 12 : 4);
   if (!path) return send_error(c, h->id, EINVAL, "bad read");
   memcpy(&max, pl, 4);
+  if (at) memcpy(&offset, pl + 4, 8);
   if (max > FP_MAX_FRAME - 64) max = FP_MAX_FRAME - 64;
+  if (offset > (uint64_t)INT64_MAX) return send_error(c, h->id, EINVAL, "bad offset");
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    close(fd);
+    return send_error(c, h->id, EISDIR, strerror(EISDIR));
+  }
   char *buf = malloc((size_t)max + 1);
   if (!buf) {
     close(fd);
@@ -577,9 +587,15 @@ static void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
   }
   uint32_t got = 0;
   for (;;) {
-    ssize_t r = read(fd, buf + got, (size_t)max + 1 - got);
+    ssize_t r = pread(fd, buf + got, (size_t)max + 1 - got, (off_t)(offset + got));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
+    if (r < 0) {
+      int e = errno;
+      free(buf);
+      close(fd);
+      return send_error(c, h->id, e, strerror(e));
+    }
+    if (r == 0) break;
     got += (uint32_t)r;
     if (got == max + 1) break;
   }
@@ -662,7 +678,8 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
     }
     case FP_T_PING: return send_frame(c, FP_T_PONG, 0, h->id, NULL, 0);
     case FP_T_WRITE_FILE: return do_write_file(c, h, pl);
-    case FP_T_READ_FILE: return do_read_file(c, h, pl);
+    case FP_T_READ_FILE:
+    case FP_T_READ_AT: return do_read_file(c, h, pl);
     case FP_T_REMOVE_FILE: return do_remove_file(c, h, pl);
     case FP_T_LIST_DIR: return do_list_dir(c, h, pl);
     case FP_T_MKDIR: return do_mkdir(c, h, pl);

@@ -20,7 +20,6 @@
  *   'M' DIR\0TARGET\0OPTIONS    replace_overlay            -> 'K'
  *   'R' criu_req (protobuf)     passed to CRIU             -> 'R' criu_resp
  *   'H' PID\0HOSTNAME           set the hostname in PID's uts namespace (a fork's) -> 'K'
- *   'L' PID                     bring lo up in PID's netns (images with a netns)   -> 'K'
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
  *                               it restores is born inside the sandbox's limits     -> 'K'
@@ -237,10 +236,6 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
         if (!rc) snprintf(msg, sizeof(msg), "join %.400s: %s", procs, strerror(errno));
         if (fd >= 0) close(fd);
       }
-      if (reply_text(rc ? 'K' : 'E', rc ? "" : msg) < 0) break;
-    } else if (kind == 'L') {
-      int rc = enter_ns_of(data, "net", CLONE_NEWNET) == 0 && loopback_up() == 0;
-      if (!rc) snprintf(msg, sizeof(msg), "lo of %.32s: %s", data, strerror(errno));
       if (reply_text(rc ? 'K' : 'E', rc ? "" : msg) < 0) break;
     } else {
       reply_text('E', "unknown request");

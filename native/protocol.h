@@ -29,10 +29,11 @@ enum {
   FP_T_FORGET = 8,  /* drop the record of an exited process */
   FP_T_PING = 9,
   FP_T_WRITE_FILE = 10, /* payload: u32 mode, path\0, bytes: create or replace, inside the sandbox's root */
-  FP_T_READ_FILE = 11,  /* payload: u32 max bytes, path\0 */
+  FP_T_READ_FILE = 11,  /* payload: u32 max bytes, path\0; a directory is EISDIR */
   FP_T_REMOVE_FILE = 12, /* payload: path\0; a missing file is not an error; empty dirs too */
   FP_T_LIST_DIR = 13,   /* payload: path\0; reply FILE with lines "name\ttype\tsize\n", type d|f|l|o */
   FP_T_MKDIR = 14,      /* payload: path\0; parents made as needed */
+  FP_T_READ_AT = 15,    /* payload: u32 max bytes, u64 offset, path\0 (agents from before it: EINVAL) */
 };
 
 /* agent -> client */

@@ -1,7 +1,6 @@
 import { readdirSync, readlinkSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { AgentClient } from '../src/engine/agent/client.js';
 import { eventually, sleep, startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
@@ -97,7 +96,7 @@ describe('checkpoint jobs', () => {
     const agentSockets = () =>
       readdirSync(`/proc/${sb.pid}/fd`).map((fd) => { try { return readlinkSync(`/proc/${sb.pid}/fd/${fd}`); } catch { return ''; } }).filter((l) => l.startsWith('socket:'));
     const before = new Set(agentSockets());
-    const c = await AgentClient.connect(sb.socketPath);
+    const c = await sb.sideAgent();
     const ours = await eventually(async () => agentSockets().filter((x) => !before.has(x)).pop());
     // With the agent stopped it cannot close its end, so close() must not be done yet.
     process.kill(sb.pid, 'SIGSTOP');

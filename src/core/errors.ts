@@ -7,6 +7,7 @@ export type ErrorCode =
   | 'QUOTA_EXCEEDED'
   | 'PAYLOAD_TOO_LARGE'
   | 'UNAVAILABLE'
+  | 'INSUFFICIENT_STORAGE'
   | 'INTERNAL';
 
 export class ForkpointError extends Error {
@@ -15,8 +16,9 @@ export class ForkpointError extends Error {
     readonly code: ErrorCode,
     message: string,
     readonly details?: unknown,
+    options?: ErrorOptions,
   ) {
-    super(message);
+    super(message, options);
   }
 }
 
@@ -36,8 +38,8 @@ export class NotFoundError extends ForkpointError {
 
 export class ConflictError extends ForkpointError {
   override readonly name = 'ConflictError';
-  constructor(message: string, details?: unknown) {
-    super('CONFLICT', message, details);
+  constructor(message: string, details?: unknown, options?: ErrorOptions) {
+    super('CONFLICT', message, details, options);
   }
 }
 
@@ -64,8 +66,17 @@ export class PayloadTooLargeError extends ForkpointError {
 
 export class UnavailableError extends ForkpointError {
   override readonly name = 'UnavailableError';
-  constructor(message: string, details?: unknown) {
-    super('UNAVAILABLE', message, details);
+  constructor(message: string, details?: unknown, options?: ErrorOptions) {
+    super('UNAVAILABLE', message, details, options);
+  }
+}
+
+/** The disk under the data directory is full: nothing was left half-done, and the call can be
+ * made again once there is room. */
+export class InsufficientStorageError extends ForkpointError {
+  override readonly name = 'InsufficientStorageError';
+  constructor(message = 'the disk under the data directory is full; free some space (delete checkpoints or instances) and try again', options?: ErrorOptions) {
+    super('INSUFFICIENT_STORAGE', message, undefined, options);
   }
 }
 
@@ -77,5 +88,17 @@ export const httpStatusOf: Record<ErrorCode, number> = {
   QUOTA_EXCEEDED: 429,
   PAYLOAD_TOO_LARGE: 413,
   UNAVAILABLE: 503,
+  INSUFFICIENT_STORAGE: 507,
   INTERNAL: 500,
 };
+
+/** Whether an error, or one of its causes, says the disk is full: a syscall's ENOSPC or
+ * EDQUOT, SQLite's SQLITE_FULL, or CRIU's words for either in a failure it reported. */
+export function isNoSpace(err: unknown): boolean {
+  for (let e = err, depth = 0; e && depth < 5; e = (e as Error).cause, depth++) {
+    const x = e as { code?: unknown; message?: unknown };
+    if (x.code === 'ENOSPC' || x.code === 'EDQUOT' || x.code === 'SQLITE_FULL') return true;
+    if (typeof x.message === 'string' && /No space left on device|Disk quota exceeded|database or disk is full/.test(x.message)) return true;
+  }
+  return false;
+}

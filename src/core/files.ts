@@ -1,6 +1,8 @@
 import type { Logger } from 'pino';
 import { AgentError, type AgentClient } from '../engine/agent/client.js';
-import { ENOENT, type DirEntry } from '../engine/agent/protocol.js';
+import type { DirEntry } from '../engine/agent/frames.js';
+import { ENOENT } from '../engine/agent/protocol.js';
+import { engineFailure } from './engine-failure.js';
 import { ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
 import type { InstanceService } from './instances.js';
 
@@ -35,8 +37,9 @@ export class FileService {
       if (err.errno === ENOENT) return new NotFoundError('file', path);
       return new InvalidRequestError(`${path}: ${err.message}`, { path, errno: err.errno });
     }
-    if (!(err instanceof ForkpointError)) this.log.error({ err, path }, 'file operation failed');
-    return err as Error;
+    const mapped = engineFailure(err);
+    if (!(mapped instanceof ForkpointError)) this.log.error({ err, path }, 'file operation failed');
+    return mapped;
   }
 
   async read(owner: string, id: string, path: string): Promise<Buffer> {

@@ -12,9 +12,9 @@ import { SessionRegistry, ShellSession } from '../engine/session.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { InstanceRecord, Limits, Page } from '../store/instances.js';
-import type { AgentProcessInfo } from '../engine/agent/protocol.js';
-import { AgentError } from '../engine/agent/client.js';
-import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, UnavailableError } from './errors.js';
+import type { AgentProcessInfo } from '../engine/agent/frames.js';
+import { engineFailure } from './engine-failure.js';
+import { ConflictError, InvalidRequestError, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 
 export interface CreateInstance {
@@ -258,38 +258,44 @@ export class InstanceService {
     return s;
   }
 
-  async listSessions(owner: string, id: string): Promise<{ name: string; processId: number; running: boolean }[]> {
+  /** Runs one operation on an instance's sandbox, with engine and agent failures as API errors. */
+  private async onSandbox<T>(owner: string, id: string, op: (sb: Sandbox) => Promise<T>): Promise<T> {
     const sb = this.sandbox(owner, id);
-    const [entries, procs] = await Promise.all([new SessionRegistry(sb).read(), sb.list()]);
-    return [...entries].map(([name, pid]) => ({ name, processId: pid, running: procs.some((p) => p.id === pid && p.running) }));
-  }
-
-  async closeSession(owner: string, id: string, name: string): Promise<void> {
-    const sb = this.sandbox(owner, id);
-    const registry = new SessionRegistry(sb);
-    const entries = await registry.read();
-    const pid = entries.get(name);
-    if (!pid) throw new NotFoundError('session', name);
-    await signalProcess(sb, pid, 9);
-    entries.delete(name);
-    await registry.write(entries);
-    this.sessions.get(id)?.delete(name);
-  }
-
-  async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
-    const rec = this.get(owner, id);
-    const sb = this.sandbox(owner, id);
-    const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
     try {
-      return await startBackground(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', pty: input.pty });
+      return await op(sb);
     } catch (err) {
-      if (err instanceof EngineError && err.code === 'SPAWN_FAILED') throw new InvalidRequestError(err.message);
       throw this.engineFailure(err);
     }
   }
 
+  async listSessions(owner: string, id: string): Promise<{ name: string; processId: number; running: boolean }[]> {
+    return this.onSandbox(owner, id, async (sb) => {
+      const [entries, procs] = await Promise.all([new SessionRegistry(sb).read(), sb.list()]);
+      return [...entries].map(([name, pid]) => ({ name, processId: pid, running: procs.some((p) => p.id === pid && p.running) }));
+    });
+  }
+
+  async closeSession(owner: string, id: string, name: string): Promise<void> {
+    await this.onSandbox(owner, id, async (sb) => {
+      const registry = new SessionRegistry(sb);
+      const entries = await registry.read();
+      const pid = entries.get(name);
+      if (!pid) throw new NotFoundError('session', name);
+      await signalProcess(sb, pid, 9);
+      entries.delete(name);
+      await registry.write(entries);
+      this.sessions.get(id)?.delete(name);
+    });
+  }
+
+  async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
+    const rec = this.get(owner, id);
+    const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
+    return this.onSandbox(owner, id, (sb) => startBackground(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', pty: input.pty }));
+  }
+
   async listProcesses(owner: string, id: string): Promise<AgentProcessInfo[]> {
-    return listProcesses(this.sandbox(owner, id));
+    return this.onSandbox(owner, id, (sb) => listProcesses(sb));
   }
 
   async processInfo(owner: string, id: string, processId: number): Promise<AgentProcessInfo> {
@@ -299,38 +305,49 @@ export class InstanceService {
   }
 
   async processOutput(owner: string, id: string, processId: number, from: { stdout: number; stderr: number }): Promise<OutputChunk> {
-    const out = await readOutput(this.sandbox(owner, id), processId, from);
+    const out = await this.onSandbox(owner, id, (sb) => readOutput(sb, processId, from));
     if (!out) throw new NotFoundError('process', String(processId));
     return out;
   }
 
   async signalProcess(owner: string, id: string, processId: number, signo: number): Promise<void> {
     await this.processInfo(owner, id, processId);
-    await signalProcess(this.sandbox(owner, id), processId, signo);
+    await this.onSandbox(owner, id, (sb) => signalProcess(sb, processId, signo));
   }
 
   async forgetProcess(owner: string, id: string, processId: number): Promise<void> {
     const p = await this.processInfo(owner, id, processId);
-    if (p.running) await signalProcess(this.sandbox(owner, id), processId, 9);
-    await forgetProcess(this.sandbox(owner, id), processId);
+    await this.onSandbox(owner, id, async (sb) => {
+      if (p.running) await signalProcess(sb, processId, 9);
+      await forgetProcess(sb, processId);
+    });
   }
 
   /** After a server restart: re-adopt what still runs, mark the rest stopped, and leave
-   * nothing mounted or running that the store does not know. */
+   * nothing mounted or running that the store does not know. An instance cut short while it was
+   * being created or forked is adopted if its sandbox came up, and is an `error` otherwise. */
   async recover(): Promise<void> {
     const known = new Set<string>();
     for (const rec of this.store.instances.all()) {
       known.add(rec.id);
       if (rec.status !== 'running' && rec.status !== 'starting') continue;
-      const sb = rec.pid && rec.pidStart ? await this.engine.adopt(this.spec(rec), rec.pid, rec.pidStart) : undefined;
+      const launched = rec.status === 'starting' ? await this.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
+      const sb = launched ? await this.engine.adopt(this.spec(rec), launched.pid, launched.startTime) : undefined;
       if (sb) {
-        this.log.info({ instance: rec.id, pid: rec.pid }, 're-adopted running sandbox');
+        if (rec.status === 'starting') this.running(rec.id, sb);
+        this.log.info({ instance: rec.id, pid: sb.pid }, 're-adopted running sandbox');
         continue;
       }
       await this.killLeftover(rec.id);
       await this.engine.stop(rec.id).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'cleanup failed'));
-      this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
-      this.log.info({ instance: rec.id }, 'sandbox did not survive; marked stopped');
+      if (rec.status === 'starting') {
+        const what = rec.sourceCheckpointId ? `forked from checkpoint ${rec.sourceCheckpointId}` : 'created';
+        this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: `the server stopped while the instance was being ${what}` });
+        this.log.warn({ instance: rec.id }, 'instance cut short by a server stop; marked error');
+      } else {
+        this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+        this.log.info({ instance: rec.id }, 'sandbox did not survive; marked stopped');
+      }
     }
     for (const id of await this.engine.mountedInstances()) {
       if (known.has(id)) continue;
@@ -339,31 +356,21 @@ export class InstanceService {
     }
   }
 
+  /** The PID 1 a boot or restore wrote to run/pid, with its start time, if it runs. */
+  private async leftoverPid(id: string): Promise<{ pid: number; startTime: string } | undefined> {
+    const pid = Number(await readFile(`${this.engine.layout.run(id)}/pid`, 'utf8').catch(() => '0'));
+    if (!Number.isInteger(pid) || pid <= 0) return undefined;
+    const startTime = await processStartTime(pid).catch(() => undefined);
+    return startTime ? { pid, startTime } : undefined;
+  }
+
   /** A sandbox booted or restored while the server went down has its pid only in run/pid. */
   private async killLeftover(id: string): Promise<void> {
-    const pid = Number(await readFile(`${this.engine.layout.run(id)}/pid`, 'utf8').catch(() => '0'));
-    if (!pid) return;
-    const start = await processStartTime(pid).catch(() => undefined);
-    if (start) await this.engine.killStray(pid, start);
+    const leftover = await this.leftoverPid(id);
+    if (leftover) await this.engine.killStray(leftover.pid, leftover.startTime);
   }
 
   engineFailure(err: unknown): Error {
-    if (err instanceof ForkpointError) return err;
-    if (err instanceof EngineError) {
-      switch (err.code) {
-        case 'PROCESS_LOST':
-        case 'NOT_RUNNING':
-          return new ConflictError(err.message);
-        case 'LAYER_LIMIT':
-          return new ConflictError(err.message);
-        case 'SPAWN_FAILED':
-          return new InvalidRequestError(err.message);
-        default:
-          return new UnavailableError(err.message, { engine: err.code });
-      }
-    }
-    // The agent refused a file operation: something inside the sandbox broke forkpoint's own files.
-    if (err instanceof AgentError) return new ConflictError(`the sandbox refused: ${err.message}`, { errno: err.errno });
-    return err as Error;
+    return engineFailure(err);
   }
 }

@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { EngineError } from './errors.js';
 
@@ -108,21 +108,34 @@ export class Cgroups {
     return { oomKills: num(mem, 'oom_kill'), pidsRefused: num(pids, 'max') };
   }
 
+  /** Removes the sandbox's groups, and any group made below them (a sandbox cannot make one,
+   * but a host tool or an older forkpoint might have). */
   async remove(id: string): Promise<void> {
     this.made.delete(id);
     const dirs =
       this.version === 2 ? [this.v2Dir(id)] : ['memory', 'pids', 'cpu', 'devices'].map((c) => this.v1Dir(c, id));
-    for (const dir of dirs) {
-      for (let attempt = 0; attempt < 50; attempt++) {
-        try {
-          await rmdir(dir);
-          break;
-        } catch (err) {
-          const code = (err as NodeJS.ErrnoException).code;
-          if (code === 'ENOENT') break;
-          await new Promise((r) => setTimeout(r, 20)); // EBUSY while the last tasks exit
-        }
-      }
+    for (const dir of dirs) await removeGroup(dir, 0);
+  }
+}
+
+const MAX_DEPTH = 32;
+
+async function removeGroup(dir: string, depth: number): Promise<void> {
+  let children: string[];
+  try {
+    children = (await readdir(dir, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => join(dir, e.name));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+    throw err;
+  }
+  if (depth < MAX_DEPTH) for (const child of children) await removeGroup(child, depth + 1);
+  for (let attempt = 0; attempt < 50; attempt++) {
+    try {
+      await rmdir(dir);
+      return;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+      await new Promise((r) => setTimeout(r, 20)); // EBUSY while the last tasks exit
     }
   }
 }

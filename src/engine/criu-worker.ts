@@ -15,7 +15,6 @@ const root = protobuf.parse(`
     optional string root = 13;
     optional int32 work_dir_fd = 17;
     optional int32 manage_cgroups_mode = 34;
-    optional uint32 empty_ns = 38;
   }
   message criu_req {
     required int32 type = 1;
@@ -36,7 +35,10 @@ const Resp = root.lookupType('criu_resp');
 
 export const REQ = { DUMP: 1, RESTORE: 2, VERSION: 10 } as const;
 const CG_IGNORE = 0;
-const CLONE_NEWNET = 0x40000000;
+
+/** Deadlines: a relay's own requests are a few syscalls; CRIU starting up may wait for a busy
+ * machine; a dump or restore grows with the sandbox's memory (~2 ms per MiB here). */
+export const CRIU_DEADLINES = { control: 10_000, startUp: 30_000, dumpOrRestore: 10 * 60_000 };
 
 export interface CriuResponse {
   type: number;
@@ -61,10 +63,12 @@ export class CriuWorker {
   private readonly waiting: { resolve: (f: Frame) => void; reject: (e: Error) => void }[] = [];
   private gone: Error | undefined;
 
+  /** `kill` ends the worker by force (CRIU included), for a request past its deadline. */
   constructor(
     private readonly input: Writable,
     output: Readable,
     exited: Promise<unknown>,
+    private readonly kill: () => void,
   ) {
     input.on('error', () => {});
     output.on('data', (chunk: Buffer) => this.receive(chunk));
@@ -87,8 +91,9 @@ export class CriuWorker {
     for (const w of this.waiting.splice(0)) w.reject(err);
   }
 
-  /** Requests are answered in order, so several can be in flight at once. */
-  private async request(kind: string, data: Buffer | string): Promise<Buffer> {
+  /** Requests are answered in order, so several can be in flight at once. One that is not
+   * answered by its deadline ends the worker: a CRIU that hangs must not hold an instance. */
+  private async request(kind: string, data: Buffer | string, timeoutMs = CRIU_DEADLINES.control): Promise<Buffer> {
     if (this.gone) throw this.gone;
     const body = typeof data === 'string' ? Buffer.from(data) : data;
     const head = Buffer.alloc(5);
@@ -96,9 +101,22 @@ export class CriuWorker {
     head[4] = kind.charCodeAt(0);
     const frame = new Promise<Frame>((resolve, reject) => this.waiting.push({ resolve, reject }));
     this.input.write(Buffer.concat([head, body]));
-    const answer = await frame;
-    if (answer.kind === 'E') throw new EngineError('CRIU_FAILED', answer.data.toString('utf8'));
-    return answer.data;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        const err = new EngineError('TIMEOUT', `CRIU worker request '${kind}' did not finish within ${Math.round(timeoutMs / 1000)} s`);
+        this.fail(err);
+        this.kill();
+        reject(err);
+      }, timeoutMs);
+    });
+    try {
+      const answer = await Promise.race([frame, late]);
+      if (answer.kind === 'E') throw new EngineError('CRIU_FAILED', answer.data.toString('utf8'));
+      return answer.data;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   /** Opens a directory in the relay, for CRIU to reach as /proc/<relay>/fd/<n>. */
@@ -125,19 +143,15 @@ export class CriuWorker {
     await this.request('H', `${pid}\0${hostname}`);
   }
 
-  async loopbackUp(pid: number): Promise<void> {
-    await this.request('L', String(pid));
-  }
-
-  private async rpc(req: Record<string, unknown>): Promise<CriuResponse> {
+  private async rpc(req: Record<string, unknown>, timeoutMs: number): Promise<CriuResponse> {
     const bytes = Req.encode(Req.fromObject(req)).finish();
-    const answer = await this.request('R', Buffer.from(bytes));
+    const answer = await this.request('R', Buffer.from(bytes), timeoutMs);
     return Resp.toObject(Resp.decode(answer)) as CriuResponse;
   }
 
   /** Resolves once CRIU itself is up and answering, its start-up done. */
   async ready(): Promise<void> {
-    const r = await this.rpc({ type: REQ.VERSION, keep_open: true });
+    const r = await this.rpc({ type: REQ.VERSION, keep_open: true }, CRIU_DEADLINES.startUp);
     if (!r.success) throw new EngineError('CRIU_FAILED', 'CRIU did not answer its version');
   }
 
@@ -146,24 +160,14 @@ export class CriuWorker {
     return this.rpc({
       type: REQ.DUMP,
       opts: { images_dir_fd: opts.imagesFd, pid: opts.pid, leave_running: opts.leaveRunning ?? false, log_level: 2, log_file: 'dump.log', manage_cgroups_mode: CG_IGNORE },
-    });
+    }, CRIU_DEADLINES.dumpOrRestore);
   }
 
-  /** `ownNetns`: images that carry an (empty) netns of their own, from before CRIU ran inside
-   * the sandbox's; CRIU recreates it (lo down). */
-  async restore(opts: { imagesFd: number; workFd: number; root: string; ownNetns: boolean }): Promise<CriuResponse> {
+  async restore(opts: { imagesFd: number; workFd: number; root: string }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,
-      opts: {
-        images_dir_fd: opts.imagesFd,
-        work_dir_fd: opts.workFd,
-        root: opts.root,
-        log_level: 2,
-        log_file: 'restore.log',
-        manage_cgroups_mode: CG_IGNORE,
-        ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET } : {}),
-      },
-    });
+      opts: { images_dir_fd: opts.imagesFd, work_dir_fd: opts.workFd, root: opts.root, log_level: 2, log_file: 'restore.log', manage_cgroups_mode: CG_IGNORE },
+    }, CRIU_DEADLINES.dumpOrRestore);
   }
 
   /** Lets the worker go: CRIU exits, and a restored tree passes to the shim above it. */

@@ -1,4 +1,4 @@
-import { existsSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -6,7 +6,7 @@ import { isMounted } from './overlay.js';
 import { run } from './run.js';
 
 const FORMAT_FILE = 'forkpoint-format';
-const FORMAT = 2;
+const FORMAT = 3;
 
 export interface CriuVersion {
   version: string;
@@ -49,15 +49,21 @@ export class Criu {
     return ['criu-run', '--cache', this.cacheDir, ...netns, '--swrk', '--', this.path];
   }
 
-  /** Marks a memory image as made by CRIU inside the sandbox's netns (and with /dev in the
-   * agent layer). Images without the mark come from earlier versions: their tree has a netns
-   * of its own, which CRIU recreates empty, with lo down. */
+  /** Marks a memory image with the format it was made in: 2, CRIU inside the sandbox's netns
+   * and /dev in the agent layer; 3, the sandbox confined (masked /proc, seccomp), which CRIU
+   * carries in the image. */
   markFormat(imagesDir: string): void {
     writeFileSync(join(imagesDir, FORMAT_FILE), `${FORMAT}\n`);
   }
 
-  hasOwnNetns(imagesDir: string): boolean {
-    return !existsSync(join(imagesDir, FORMAT_FILE));
+  /** Whether an image restores into a sandbox as confined as a fresh one. Older images would
+   * bring back a tree without the masks and the filter: the engine boots on their files instead. */
+  isCurrentFormat(imagesDir: string): boolean {
+    try {
+      return Number(readFileSync(join(imagesDir, FORMAT_FILE), 'utf8').trim()) >= FORMAT;
+    } catch {
+      return false;
+    }
   }
 }
 

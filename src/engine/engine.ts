@@ -46,7 +46,6 @@ export interface FreezeResult {
 interface PreparedRestore {
   imagesFd: number;
   workFd: number;
-  ownNetns: boolean;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -209,7 +208,7 @@ export class Engine {
       r.worker.setPidfile(join(run, 'pid')),
       r.worker.joinCgroups(cgroupProcs),
     ]);
-    return { imagesFd, workFd, ownNetns: this.criu.hasOwnNetns(images) };
+    return { imagesFd, workFd };
   }
 
   /** Restores with a prepared restorer: mounts the disk in place of the old one, restores,
@@ -229,24 +228,26 @@ export class Engine {
       // (their limits would count both); mounting the disk need not wait for it.
       await Promise.all([r.worker.mountOverlay(dir!, target!, options!), oldGone]);
       const t = performance.now();
-      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), ownNetns: p.ownNetns });
+      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id) });
       this.log.debug({ instance: spec.id, ms: Math.round((performance.now() - t) * 100) / 100 }, 'criu restore');
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
         throw new EngineError('RESTORE_FAILED', lastError(log) ?? resp.cr_errmsg ?? 'criu restore failed', log);
       }
-      await Promise.all([hostname ? r.worker.setHostname(pid, hostname) : undefined, p.ownNetns ? r.worker.loopbackUp(pid) : undefined]);
+      if (hostname) await r.worker.setHostname(pid, hostname);
       return { pid, startTime: await processStartTime(pid) };
     } catch (err) {
-      throw err instanceof EngineError && (err.code === 'RESTORE_FAILED' || err.code === 'LAYER_LIMIT') ? err : new EngineError('RESTORE_FAILED', (err as Error).message);
+      throw err instanceof EngineError && (err.code === 'RESTORE_FAILED' || err.code === 'LAYER_LIMIT' || err.code === 'TIMEOUT')
+        ? err
+        : new EngineError('RESTORE_FAILED', (err as Error).message, undefined, { cause: err });
     } finally {
       r.worker.end();
     }
   }
 
   private async attach(spec: SandboxSpec, launched: Launched): Promise<Sandbox> {
-    const sb = new Sandbox(spec.id, launched.pid, launched.startTime);
+    const sb = new Sandbox(spec.id, launched.pid, launched.startTime, this.log);
     await sb.connect();
     this.live.set(spec.id, sb);
     return sb;
@@ -263,8 +264,13 @@ export class Engine {
     }
   }
 
-  /** Restores a memory image onto a fresh upper over the spec's layers. */
+  /** Restores a memory image onto a fresh upper over the spec's layers (an image of an older
+   * format boots fresh on those layers instead: see Criu.isCurrentFormat). */
   async restore(spec: SandboxSpec, images: string, opts: { setHostname: boolean }): Promise<Sandbox> {
+    if (!this.criu.isCurrentFormat(images)) {
+      this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
+      return this.boot(spec, { freshUpper: true });
+    }
     const steps = new Steps();
     const restorer = this.restorers.take();
     try {
@@ -286,9 +292,12 @@ export class Engine {
     }
   }
 
-  /** Finds a sandbox that outlived the server: alive with the same start time and mounted. */
+  /** Finds a sandbox that outlived the server: alive with the same start time, and standing on
+   * the disk the host has mounted for the instance (the same superblock at its root). */
   async adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<Sandbox | undefined> {
-    if (!(await isAlive(pid, startTime)) || !(await isMounted(this.layout.merged(spec.id)))) return undefined;
+    if (!(await isAlive(pid, startTime))) return undefined;
+    const [root, disk] = await Promise.all([stat(`/proc/${pid}/root`).catch(() => undefined), stat(this.layout.merged(spec.id)).catch(() => undefined)]);
+    if (!root || !disk || root.dev !== disk.dev || !(await isMounted(this.layout.merged(spec.id)))) return undefined;
     try {
       return await this.attach(spec, { pid, startTime });
     } catch {
@@ -374,8 +383,16 @@ export class Engine {
       if (!dumped.success) {
         restorer.worker.end();
         const log = await tail(join(images, 'dump.log'));
-        dumpError = new EngineError('DUMP_FAILED', `criu dump failed: ${lastError(log) ?? dumped.cr_errmsg ?? 'no reason given'}`, log);
-        return { pid: sb.pid, startTime: sb.startTime, result: undefined };
+        const reason = lastError(log) ?? dumped.cr_errmsg ?? 'no reason given';
+        if (isAliveSync(sb.pid, sb.startTime)) {
+          dumpError = new EngineError('DUMP_FAILED', `criu dump failed: ${reason}`, log);
+          return { pid: sb.pid, startTime: sb.startTime, result: undefined };
+        }
+        // CRIU went down with the sandbox (a deadline, or its own crash): nothing runs on.
+        dumpError = new EngineError('DUMP_FAILED', `criu dump failed and the sandbox did not survive it: ${reason}`, log);
+        this.live.delete(spec.id);
+        await this.teardown(spec.id).catch(() => {});
+        return undefined;
       }
       steps.mark('dump');
       await waitGone(sb.pid, sb.startTime);
@@ -422,6 +439,10 @@ export class Engine {
    * the new sandbox; commands of the old one are lost.
    */
   async replace(spec: SandboxSpec, images: string | undefined): Promise<Sandbox> {
+    if (images && !this.criu.isCurrentFormat(images)) {
+      this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
+      images = undefined;
+    }
     const sb = this.live.get(spec.id);
     if (!sb) {
       return images ? this.restore(spec, images, { setHostname: false }) : this.boot(spec, { freshUpper: true });

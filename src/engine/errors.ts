@@ -7,6 +7,11 @@ export type EngineErrorCode =
   | 'DUMP_FAILED'
   | 'RESTORE_FAILED'
   | 'AGENT_UNREACHABLE'
+  /** The agent broke the protocol (a malformed frame): its connection is closed, the
+   * sandbox is not trusted to answer again until it is rolled back or restarted. */
+  | 'AGENT_BROKEN'
+  /** A step did not finish within its deadline; the operation was abandoned. */
+  | 'TIMEOUT'
   | 'PROCESS_LOST'
   | 'SPAWN_FAILED'
   | 'NOT_RUNNING'
@@ -19,7 +24,8 @@ export class EngineError extends Error {
     readonly code: EngineErrorCode,
     message: string,
     readonly log?: string,
+    options?: ErrorOptions,
   ) {
-    super(message);
+    super(message, options);
   }
 }

@@ -41,6 +41,9 @@ export class Capped {
 }
 
 const SIGKILL = 9;
+/** After a timeout's SIGKILL, how long the agent has to confirm the exit before the call gives
+ * up on it (the command may be beyond reach: a stopped or broken agent). */
+export const KILL_GRACE_MS = 5000;
 
 /** Runs one command on pipes and waits for it. On timeout its whole process group is killed. */
 export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<ExecResult> {
@@ -49,14 +52,20 @@ export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<Exec
   const out = new Capped(req.maxOutputBytes);
   const err = new Capped(req.maxOutputBytes);
   let timedOut = false;
-  // Armed before the spawn and always cleared: a fast command must not leave it behind.
+  let giveUp!: (e: Error) => void;
+  // Armed before the spawn and always cleared: a fast command must not leave them behind.
   const timer = setTimeout(() => {
     timedOut = true;
     sandbox.agent().then((a) => a.signal(id, SIGKILL), () => {});
   }, req.timeoutMs);
+  const deadline = setTimeout(() => {
+    sandbox.untrack(id);
+    giveUp(new EngineError('TIMEOUT', `the command did not end within its timeout of ${req.timeoutMs} ms, and the sandbox did not confirm it was killed`));
+  }, req.timeoutMs + KILL_GRACE_MS);
   try {
     let spawned!: Promise<number>;
     const done = new Promise<{ code: number; signal: number }>((resolve, reject) => {
+      giveUp = reject;
       const listener = {
         onOutput: (stream: 1 | 2, _offset: number, data: Buffer) => (stream === 1 ? out : err).push(data),
         onExit: (code: number, signal: number) => resolve({ code, signal }),
@@ -66,7 +75,8 @@ export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<Exec
       spawned = sandbox.start(id, { argv: req.argv, env: req.env, cwd: req.cwd }, listener);
     });
     done.catch(() => {});
-    await spawned;
+    spawned.catch(() => {});
+    await Promise.race([spawned, done]);
     const agent = await sandbox.agent();
     if (req.stdin?.length) agent.stdin(id, req.stdin);
     agent.closeStdin(id);
@@ -83,5 +93,6 @@ export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<Exec
     };
   } finally {
     clearTimeout(timer);
+    clearTimeout(deadline);
   }
 }

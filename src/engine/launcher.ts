@@ -26,7 +26,21 @@ interface StartedShim {
   child: ChildProcess;
   /** The command's exit code, as the shim reports it. */
   exit: Promise<number>;
+  /** Kills the shim and what it runs (not a sandbox it already parents: that leads its own
+   * session and process group). */
+  kill: () => void;
 }
+
+/** How long a boot may take, mount to the agent's exec. */
+export const BOOT_DEADLINE_MS = 60_000;
+
+const killGroup = (pid: number | undefined) => () => {
+  try {
+    if (pid) process.kill(-pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+};
 
 /** Spawns a shim (a subreaper that stays the parent of the sandbox) running `command`, with
  * fd 3 a pipe back to us for commands that answer on it. */
@@ -55,7 +69,7 @@ function startShim(opts: ShimOptions): StartedShim {
     });
     child.once('exit', (c) => finish(c ?? 1));
   });
-  return { child, exit };
+  return { child, exit, kill: killGroup(child.pid) };
 }
 
 /** The shim's log says why a boot failed (boot writes its reason to stderr). */
@@ -69,9 +83,17 @@ type BootFailure = 'BOOT_FAILED' | 'RESTORE_FAILED';
 /** Starts `command` (a boot) under a shim and resolves once it is done and the sandbox's PID 1
  * is in `pidfile`. */
 export async function launchUnderShim(opts: ShimOptions & { pidfile: string; failure: BootFailure }): Promise<Launched> {
-  const { child, exit } = startShim(opts);
+  const { child, exit, kill } = startShim(opts);
   child.stdin?.end();
-  const code = await exit;
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<number>((resolve) => {
+    timer = setTimeout(() => {
+      kill();
+      resolve(-1);
+    }, BOOT_DEADLINE_MS);
+  });
+  const code = await Promise.race([exit, late]).finally(() => clearTimeout(timer));
+  if (code === -1) throw new EngineError('TIMEOUT', `the sandbox did not start within ${BOOT_DEADLINE_MS / 1000} s`);
   if (code !== 0) throw await failure(opts.failure, code, opts.logFile);
   const pid = Number((await readFile(opts.pidfile, 'utf8')).trim());
   if (!Number.isInteger(pid) || pid <= 0) throw new EngineError(opts.failure, `no pid in ${opts.pidfile}`);
@@ -80,18 +102,19 @@ export async function launchUnderShim(opts: ShimOptions & { pidfile: string; fai
 
 /** A CRIU worker (`criu-run --swrk`) under a shim: what it restores stays the shim's. */
 export function workerUnderShim(opts: ShimOptions): CriuWorker {
-  const { child, exit } = startShim(opts);
-  return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit);
+  const { child, exit, kill } = startShim(opts);
+  return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit, kill);
 }
 
 /** A CRIU worker of our own (for dumps, which leave nothing behind to parent). */
 export function worker(agentPath: string, args: string[], logFile: string): CriuWorker {
   const log = openSync(logFile, 'a');
-  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'] });
+  // A process group of its own, so that a deadline can end CRIU with it.
+  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'], detached: true });
   closeSync(log);
   child.on('error', () => {});
   const exit = new Promise<number>((resolve) => child.once('exit', (c) => resolve(c ?? 1)));
-  return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit);
+  return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit, killGroup(child.pid));
 }
 
 export async function processStartTime(pid: number): Promise<string> {

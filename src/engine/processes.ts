@@ -1,6 +1,6 @@
 import { AgentClient } from './agent/client.js';
 import type { Sandbox } from './sandbox.js';
-import type { AgentProcessInfo } from './agent/protocol.js';
+import type { AgentProcessInfo } from './agent/frames.js';
 
 export interface BackgroundRequest {
   argv: string[];

@@ -1,10 +1,14 @@
-import { lstatSync } from 'node:fs';
-import { AgentClient, AgentClosedError, AgentError, type ProcessListener } from './agent/client.js';
-import type { AgentProcessInfo, SpawnRequest } from './agent/protocol.js';
+import { closeSync } from 'node:fs';
+import type { Logger } from 'pino';
+import { AgentClient, AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError, type ProcessListener } from './agent/client.js';
+import type { AgentProcessInfo } from './agent/frames.js';
+import type { SpawnRequest } from './agent/protocol.js';
+import { openAgentSocket, viaDescriptor } from './agent/socket.js';
 import { EngineError } from './errors.js';
+import { isAliveSync } from './launcher.js';
 
 /** A process the engine waits on: its listener survives reconnects, and it is re-attached
- * from the byte offsets it has seen, so a dump in the middle loses no output. */
+ * from the byte offsets it has seen, so a dump or a dropped connection loses no output. */
 interface Tracked {
   listener: ProcessListener;
   offsets: [number, number];
@@ -12,57 +16,95 @@ interface Tracked {
   spawned: boolean;
 }
 
+/** How long a checkpoint may hold callers back before its pause starts (its job may be queued
+ * behind other instances' jobs); after that they go on, and the checkpoint is of a later moment. */
+const HOLD_MAX_MS = 60_000;
+/** The whole pause, dump to reconnect; every step inside has a deadline of its own. */
+export const PAUSE_DEADLINE_MS = 15 * 60_000;
+const CONNECT_TIMEOUT_MS = 3000;
+
 /** The live side of one running sandbox: its PID 1 and the connection to its agent. During a
  * pause (checkpoint, rollback) the connection is closed, callers wait at the gate, and running
  * commands go on inside the sandbox to be picked up again after the restore. */
 export class Sandbox {
   private client: AgentClient | undefined;
+  private connecting: Promise<AgentClient> | undefined;
   private gate: Promise<void> | undefined;
   /** Held between a checkpoint request and its pause: calls that come after the request wait,
    * so that the checkpoint is of the state as it was when asked for. */
-  private held: { gate: Promise<void>; open: () => void; count: number } | undefined;
+  private held: { gate: Promise<void>; open: () => void; count: number; timer: NodeJS.Timeout } | undefined;
   private readonly tracked = new Map<number, Tracked>();
   private readonly sideClients = new Set<AgentClient>();
   /** Requests sent and not yet answered: a pause lets them finish before it closes the socket. */
   private readonly inflight = new Set<Promise<unknown>>();
+  /** Set when the agent broke the protocol: calls fail at once until the next PID 1. */
+  private broken: EngineError | undefined;
+  private stopped = false;
 
   constructor(
     readonly id: string,
     public pid: number,
     public startTime: string,
+    private readonly log?: Logger,
   ) {}
 
-  get socketPath(): string {
-    return `/proc/${this.pid}/root/.fp/agent.sock`;
-  }
-
-  /**
-   * Paths through /proc/<pid>/root resolve absolute symlinks against the host's root, so a
-   * sandbox could point one at a host socket. Every other file access goes through the agent;
-   * for the socket itself, the directory and the socket must be what the agent made.
-   */
-  private checkSocketPath(): void {
-    const dir = lstatSync(`/proc/${this.pid}/root/.fp`);
-    const sock = lstatSync(this.socketPath);
-    if (!dir.isDirectory() || !sock.isSocket()) {
-      throw new EngineError('AGENT_UNREACHABLE', `agent socket of ${this.id} was replaced inside the sandbox`);
+  /** A new connection to the agent, through a path the sandbox cannot redirect. */
+  private async open(events: { onClose?(expected: boolean): void } = {}): Promise<AgentClient> {
+    const fd = openAgentSocket(this.pid, () => isAliveSync(this.pid, this.startTime));
+    try {
+      return await AgentClient.connect(viaDescriptor(fd), { ...events, onFailure: (err) => this.onFailure(err) });
+    } finally {
+      closeSync(fd);
     }
   }
 
-  async connect(timeoutMs = 3000): Promise<void> {
+  private onFailure(err: Error): void {
+    if (err instanceof AgentProtocolError) {
+      this.broken = new EngineError('AGENT_BROKEN', `the agent of ${this.id} broke the protocol (${err.message}); roll the instance back or stop and start it`, undefined, { cause: err });
+      this.log?.warn({ instance: this.id, err }, 'agent broke the protocol; its connection was closed');
+      this.loseAll(new AgentError(0, this.broken.message));
+    } else if (!(err instanceof AgentTimeoutError)) {
+      this.log?.error({ instance: this.id, err }, 'unexpected error on an agent connection; it was closed');
+    }
+  }
+
+  /** Connects the main connection (retrying while the agent starts) and re-attaches every
+   * process followed, from the offsets already seen. */
+  async connect(timeoutMs = CONNECT_TIMEOUT_MS): Promise<AgentClient> {
+    if (this.broken) throw this.broken;
+    this.connecting ??= this.connectNow(timeoutMs).finally(() => (this.connecting = undefined));
+    return this.connecting;
+  }
+
+  private async connectNow(timeoutMs: number): Promise<AgentClient> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       try {
-        this.checkSocketPath();
-        this.client = await AgentClient.connect(this.socketPath);
-        return;
+        const client = await this.open({ onClose: (expected) => this.onMainClosed(client, expected) });
+        this.client = client;
+        for (const [id, t] of this.tracked) if (t.spawned) client.attach(id, t.offsets[0], t.offsets[1], t.listener);
+        return client;
       } catch (err) {
+        if (this.broken) throw this.broken;
         if (Date.now() > deadline) {
-          throw new EngineError('AGENT_UNREACHABLE', `agent of ${this.id}: ${(err as Error).message}`);
+          throw new EngineError('AGENT_UNREACHABLE', `agent of ${this.id}: ${(err as Error).message}`, undefined, { cause: err });
         }
         await new Promise((r) => setTimeout(r, 2));
       }
     }
+  }
+
+  /** The main connection went away without a pause asking for it (the agent closed it, or it
+   * was given up on a timeout): reconnect and pick the followed processes up again, or, if the
+   * agent cannot be reached, tell their waiters. */
+  private onMainClosed(client: AgentClient, expected: boolean): void {
+    if (this.client !== client) return;
+    this.client = undefined;
+    if (expected || this.gate || this.stopped || this.tracked.size === 0) return;
+    this.connect().catch((err: Error) => {
+      this.log?.warn({ instance: this.id, err }, 'agent connection lost; the processes followed are given up');
+      this.loseAll(new AgentError(0, err.message));
+    });
   }
 
   /** Holds new callers back until the returned release is called (or a pause takes over). */
@@ -70,7 +112,13 @@ export class Sandbox {
     if (!this.held) {
       let open!: () => void;
       const gate = new Promise<void>((r) => (open = r));
-      this.held = { gate, open, count: 0 };
+      const timer = setTimeout(() => {
+        this.log?.warn({ instance: this.id }, 'a checkpoint held calls back too long; they go on');
+        if (this.held?.gate === gate) this.held = undefined;
+        open();
+      }, HOLD_MAX_MS);
+      timer.unref();
+      this.held = { gate, open, count: 0, timer };
     }
     const h = this.held;
     h.count++;
@@ -80,6 +128,7 @@ export class Sandbox {
       released = true;
       if (--h.count === 0 && this.held === h) {
         this.held = undefined;
+        clearTimeout(h.timer);
         h.open();
       }
     };
@@ -88,8 +137,10 @@ export class Sandbox {
   /** The connection, once no pause is under way. */
   async agent(): Promise<AgentClient> {
     while (this.gate || this.held) await (this.gate ?? this.held!.gate);
-    if (!this.client?.isOpen) await this.connect();
-    return this.client!;
+    if (this.broken) throw this.broken;
+    if (this.stopped) throw new EngineError('NOT_RUNNING', `sandbox ${this.id} stopped`);
+    if (!this.client?.isOpen) return this.connect();
+    return this.client;
   }
 
   /**
@@ -110,8 +161,14 @@ export class Sandbox {
    * Closed by the next pause like the main one. */
   async sideAgent(): Promise<AgentClient> {
     while (this.gate || this.held) await (this.gate ?? this.held!.gate);
-    this.checkSocketPath();
-    const c = await AgentClient.connect(this.socketPath);
+    if (this.broken) throw this.broken;
+    let c: AgentClient;
+    try {
+      c = await this.open();
+    } catch (err) {
+      if (err instanceof EngineError) throw err;
+      throw new EngineError('AGENT_UNREACHABLE', `agent of ${this.id}: ${(err as Error).message}`, undefined, { cause: err });
+    }
     this.sideClients.add(c);
     return c;
   }
@@ -127,7 +184,7 @@ export class Sandbox {
 
   /** Runs `work` with every connection to the agent closed (CRIU cannot dump them) and new
    * callers held at the gate. `work` returns the new PID 1 and start time, or undefined when the
-   * sandbox is gone for good. Tracked processes are re-attached afterwards. */
+   * sandbox is gone for good. Followed processes are re-attached afterwards. */
   async pause<T>(
     work: () => Promise<{ pid: number; startTime: string; result: T } | undefined>,
     release?: () => void,
@@ -138,19 +195,20 @@ export class Sandbox {
     release?.(); // the gate holds callers from here on
     try {
       await Promise.allSettled([...this.inflight]);
+      await this.connecting?.catch(() => {}); // a reconnect under way lands before it is closed
       await this.client?.close();
       this.client = undefined;
       await Promise.all([...this.sideClients].map((c) => c.close()));
       this.sideClients.clear();
-      const out = await work();
+      const out = await withDeadline(work(), PAUSE_DEADLINE_MS, `the pause of ${this.id}`);
       if (!out) {
         this.loseAll(new AgentError(0, 'the sandbox stopped'));
         return undefined;
       }
+      if (out.pid !== this.pid) this.broken = undefined; // a new PID 1 gets a new chance
       this.pid = out.pid;
       this.startTime = out.startTime;
       await this.connect();
-      for (const [id, t] of this.tracked) if (t.spawned) this.client!.attach(id, t.offsets[0], t.offsets[1], t.listener);
       return out.result;
     } finally {
       this.gate = undefined;
@@ -158,20 +216,23 @@ export class Sandbox {
     }
   }
 
-  /** Every waiter fails: the sandbox was stopped or deleted. */
+  /** Every waiter fails: the sandbox was stopped or deleted, or its agent broke. */
   loseAll(err: AgentError): void {
     for (const t of [...this.tracked.values()]) t.listener.onLost(err);
     this.tracked.clear();
   }
 
   async close(): Promise<void> {
-    await this.client?.close();
-    await Promise.all([...this.sideClients].map((c) => c.close()));
+    this.stopped = true;
+    const c = this.client;
     this.client = undefined;
+    await c?.close();
+    await Promise.all([...this.sideClients].map((s) => s.close()));
+    this.sideClients.clear();
   }
 
   /** Registers a process to follow across reconnects. Output replayed below the offsets
-   * already seen is dropped, so a re-attach after a pause delivers each byte once. */
+   * already seen is dropped, so a re-attach delivers each byte once. */
   private register(id: number, offsets: [number, number], spawned: boolean, listener: ProcessListener): Tracked {
     const t: Tracked = {
       offsets: [...offsets],
@@ -233,4 +294,13 @@ export class Sandbox {
     p.then(done, done);
     return p;
   }
+}
+
+/** Rejects with a TIMEOUT engine error if `p` has not settled within `ms`. */
+export function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new EngineError('TIMEOUT', `${what} did not finish within ${Math.round(ms / 1000)} s`)), ms);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }

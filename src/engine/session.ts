@@ -3,10 +3,13 @@ import { AgentClient } from './agent/client.js';
 import type { Sandbox } from './sandbox.js';
 import type { ExecResult } from './exec.js';
 import { EngineError } from './errors.js';
+import { KILL_GRACE_MS } from './exec.js';
 
 const SIGINT = 2;
 const SIGKILL = 9;
 const MARKER = /\x1eFP:([0-9a-f]+):(\d+)\x1e/g;
+/** How long a timed-out command has to stop on ^C before it gets SIGKILL. */
+const INTERRUPT_GRACE_MS = 200;
 
 export interface SessionRunOptions {
   stdin?: Buffer | undefined;
@@ -19,8 +22,11 @@ export interface SessionRunOptions {
  * and across checkpoints, rollbacks and forks: the shell lives in the dumped tree. */
 export class ShellSession {
   private tail = '';
-  private waiter: { nonce: string; resolve(code: number): void } | undefined;
+  private waiter: { nonce: string; resolve(code: number): void; reject(err: Error): void } | undefined;
   private queue: Promise<unknown> = Promise.resolve();
+  /** Set when the shell's process is gone from the engine's view (rollback, stop, a broken
+   * agent): every command of this session fails with it from then on. */
+  private lostWith: EngineError | undefined;
   exitCode: number | undefined;
 
   private constructor(
@@ -44,7 +50,7 @@ export class ShellSession {
           {
             onOutput: (_s, _o, data) => session.onOutput(data),
             onExit: (code, sig) => session.onEnd(sig ? 128 + sig : code),
-            onLost: () => session.onEnd(-1),
+            onLost: (err) => session.onLost(err),
           },
         );
         return session;
@@ -62,7 +68,7 @@ export class ShellSession {
     await sandbox.follow(processId, offsets, {
       onOutput: (_s, _o, data) => session.onOutput(data),
       onExit: (code, sig) => session.onEnd(sig ? 128 + sig : code),
-      onLost: () => session.onEnd(-1),
+      onLost: (err) => session.onLost(err),
     });
     return session;
   }
@@ -91,6 +97,20 @@ export class ShellSession {
     w?.resolve(code);
   }
 
+  private onLost(err: Error): void {
+    this.lostWith = new EngineError('PROCESS_LOST', `the command was lost with session ${this.name}'s shell: ${err.message} (the instance was rolled back, stopped or deleted)`);
+    this.exitCode ??= -1;
+    const w = this.waiter;
+    this.waiter = undefined;
+    w?.reject(this.lostWith);
+  }
+
+  /** Throws if the shell was lost: called after every wait, so that nothing of a command is
+   * sent to whatever shell a rollback brought back in its place. */
+  private check(): void {
+    if (this.lostWith) throw this.lostWith;
+  }
+
   /** Runs one command in the shell; calls queue behind each other. */
   run(command: string, opts: SessionRunOptions): Promise<ExecResult> {
     const next = this.queue.then(() => this.runNow(command, opts));
@@ -99,25 +119,38 @@ export class ShellSession {
   }
 
   private async runNow(command: string, opts: SessionRunOptions): Promise<ExecResult> {
+    this.check();
     if (!this.alive) throw new EngineError('PROCESS_LOST', `shell session ${this.name} has exited`);
     const started = performance.now();
     const nonce = randomBytes(8).toString('hex');
     const file = (ext: string) => `/.fp/run/${nonce}.${ext}`;
     const sb = this.sandbox;
     await sb.call((a) => a.writeFile(file('cmd'), command + '\n'));
+    this.check();
     await sb.call((a) => a.writeFile(file('in'), opts.stdin ?? ''));
+    this.check();
     let timedOut = false;
-    const finished = new Promise<number>((resolve) => (this.waiter = { nonce, resolve }));
-    (await sb.agent()).stdin(this.processId, `__fp_run ${nonce}\n`);
+    const finished = new Promise<number>((resolve, reject) => (this.waiter = { nonce, resolve, reject }));
+    finished.catch(() => {});
+    const agent = await sb.agent();
+    this.check(); // synchronous from here to the write: nothing can slip in between
+    agent.stdin(this.processId, `__fp_run ${nonce}\n`);
     const timer = setTimeout(() => {
       timedOut = true;
       this.interrupt(nonce).catch(() => {});
     }, opts.timeoutMs);
+    const deadline = setTimeout(() => {
+      if (this.waiter?.nonce !== nonce) return;
+      const w = this.waiter;
+      this.waiter = undefined;
+      w.reject(new EngineError('TIMEOUT', `the command in session ${this.name} did not end within its timeout of ${opts.timeoutMs} ms, and the shell did not confirm it was stopped`));
+    }, opts.timeoutMs + INTERRUPT_GRACE_MS + KILL_GRACE_MS);
     let code: number;
     try {
       code = await finished;
     } finally {
       clearTimeout(timer);
+      clearTimeout(deadline);
     }
     const empty = { data: Buffer.alloc(0), truncated: false };
     const [stdout = empty, stderr = empty] = await Promise.all([
@@ -140,7 +173,7 @@ export class ShellSession {
   private async interrupt(nonce: string): Promise<void> {
     const agent = await this.sandbox.agent();
     agent.signal(this.processId, SIGINT, true);
-    await new Promise((r) => setTimeout(r, 200));
+    await new Promise((r) => setTimeout(r, INTERRUPT_GRACE_MS));
     if (this.waiter?.nonce !== nonce) return;
     agent.signal(this.processId, SIGKILL, true);
     agent.stdin(this.processId, `\n__fp_done ${nonce} 124\n`);

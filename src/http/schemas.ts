@@ -5,7 +5,7 @@ import { z } from 'zod';
 export const ErrorEnvelope = z
   .object({
     error: z.object({
-      code: z.enum(['INVALID_REQUEST', 'UNAUTHENTICATED', 'NOT_FOUND', 'CONFLICT', 'QUOTA_EXCEEDED', 'PAYLOAD_TOO_LARGE', 'UNAVAILABLE', 'INTERNAL']),
+      code: z.enum(['INVALID_REQUEST', 'UNAUTHENTICATED', 'NOT_FOUND', 'CONFLICT', 'QUOTA_EXCEEDED', 'PAYLOAD_TOO_LARGE', 'UNAVAILABLE', 'INSUFFICIENT_STORAGE', 'INTERNAL']),
       message: z.string(),
       details: z.unknown().optional(),
     }),
@@ -225,5 +225,7 @@ export const errorResponses = {
   409: ErrorEnvelope,
   413: ErrorEnvelope,
   429: ErrorEnvelope,
+  500: ErrorEnvelope,
   503: ErrorEnvelope,
+  507: ErrorEnvelope,
 } as const;

@@ -1,4 +1,4 @@
-import type { AgentProcessInfo } from '../engine/agent/protocol.js';
+import type { AgentProcessInfo } from '../engine/agent/frames.js';
 import type { ExecResult } from '../engine/exec.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord } from '../store/instances.js';

@@ -1,36 +1,10 @@
 import { connect, type Socket } from 'node:net';
 import { randomInt } from 'node:crypto';
-import {
-  ENOENT,
-  FrameDecoder,
-  T,
-  encodeFrame,
-  encodeSpawn,
-  parseDir,
-  parseList,
-  type AgentProcessInfo,
-  type DirEntry,
-  type Frame,
-  type SpawnRequest,
-} from './protocol.js';
+import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from './errors.js';
+import { decodeFrame, parseDir, parseList, type AgentMessage, type AgentProcessInfo, type DirEntry } from './frames.js';
+import { ENOENT, FrameDecoder, T, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
 
-export class AgentError extends Error {
-  override readonly name = 'AgentError';
-  constructor(
-    readonly errno: number,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
-/** The connection closed before the answer came: a pause, or the sandbox went away. */
-export class AgentClosedError extends Error {
-  override readonly name = 'AgentClosedError';
-  constructor() {
-    super('agent connection closed');
-  }
-}
+export { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from './errors.js';
 
 export interface ProcessListener {
   onOutput(stream: 1 | 2, offset: number, data: Buffer): void;
@@ -39,43 +13,53 @@ export interface ProcessListener {
   onLost(err: AgentError): void;
 }
 
-interface Pending {
-  resolve(frame: Frame): void;
-  reject(err: Error): void;
+export interface ClientEvents {
+  /** The connection is gone; `expected` when `close()` asked for it. */
+  onClose?(expected: boolean): void;
+  /** The agent broke the protocol, or handling its message threw: the connection was closed. */
+  onFailure?(err: Error): void;
 }
 
-/** One multiplexed connection to a sandbox's agent. Closed before every dump: CRIU cannot
- * dump a unix socket whose peer is outside the sandbox. */
+interface Pending {
+  resolve(msg: AgentMessage): void;
+  reject(err: Error): void;
+  timer: NodeJS.Timeout;
+}
+
+/** How long the agent may take to answer a request before the connection is given up. */
+export const REQUEST_TIMEOUT_MS = 30_000;
+
+/**
+ * One multiplexed connection to a sandbox's agent. Closed before every dump: CRIU cannot dump
+ * a unix socket whose peer is outside the sandbox. Everything the agent sends is validated
+ * (frames.ts); anything else closes this connection, and no exception leaves it.
+ */
 export class AgentClient {
   private readonly decoder = new FrameDecoder();
   private readonly listeners = new Map<number, ProcessListener>();
   private readonly pending = new Map<number, Pending>();
   private closed = false;
+  private closing = false;
   private readonly closeWaiters: (() => void)[] = [];
 
-  private constructor(private readonly socket: Socket) {
-    socket.on('data', (chunk: Buffer) => {
-      let frames: Frame[];
-      try {
-        frames = this.decoder.push(chunk);
-      } catch (err) {
-        socket.destroy(err as Error);
-        return;
-      }
-      for (const f of frames) this.dispatch(f);
-    });
+  private constructor(
+    private readonly socket: Socket,
+    private readonly events: ClientEvents,
+  ) {
+    socket.on('data', (chunk: Buffer) => this.receive(chunk));
     socket.on('close', () => this.onClose());
     socket.on('error', () => {});
   }
 
-  static connect(path: string, timeoutMs = 5000): Promise<AgentClient> {
+  /** Connects to a socket path the caller vouches for (see agent/socket.ts for a sandbox's). */
+  static connect(path: string, events: ClientEvents = {}, timeoutMs = 5000): Promise<AgentClient> {
     return new Promise((resolve, reject) => {
       const socket = connect(path);
-      const timer = setTimeout(() => socket.destroy(new Error(`agent at ${path} did not answer`)), timeoutMs);
+      const timer = setTimeout(() => socket.destroy(new AgentTimeoutError(`the agent did not accept a connection within ${timeoutMs} ms`)), timeoutMs);
       socket.once('connect', () => {
         clearTimeout(timer);
         socket.setNoDelay(true);
-        resolve(new AgentClient(socket));
+        resolve(new AgentClient(socket, events));
       });
       socket.once('error', (err) => {
         clearTimeout(timer);
@@ -92,49 +76,81 @@ export class AgentClient {
     return randomInt(1, 0xffffffff);
   }
 
-  private dispatch(f: Frame): void {
-    if (f.type === T.OUTPUT) {
-      const offset = Number(f.payload.readBigUInt64LE(0));
-      this.listeners.get(f.id)?.onOutput(f.flags === 2 ? 2 : 1, offset, f.payload.subarray(8));
-      return;
-    }
-    if (f.type === T.EXIT) {
-      const l = this.listeners.get(f.id);
-      this.listeners.delete(f.id);
-      l?.onExit(f.payload.readInt32LE(0), f.payload.readInt32LE(4));
-      return;
-    }
-    const p = this.pending.get(f.id);
-    if (f.type === T.ERROR) {
-      const err = new AgentError(f.payload.readInt32LE(0), f.payload.subarray(4).toString('utf8'));
-      if (p) {
-        this.pending.delete(f.id);
-        p.reject(err);
-        return;
+  /** The last line of defence: whatever goes wrong with this connection's input stays here. */
+  private receive(chunk: Buffer): void {
+    try {
+      for (const frame of this.decoder.push(chunk)) {
+        if (this.closed) return;
+        this.dispatch(decodeFrame(frame));
       }
-      const l = this.listeners.get(f.id);
-      this.listeners.delete(f.id);
-      l?.onLost(err);
+    } catch (err) {
+      this.fail(err instanceof Error ? err : new AgentProtocolError(String(err)));
+    }
+  }
+
+  private fail(err: Error): void {
+    if (this.closed) return;
+    this.socket.destroy();
+    try {
+      this.events.onFailure?.(err);
+    } catch {
+      // the owner's handler must not bring the process down either
+    }
+  }
+
+  private dispatch(m: AgentMessage): void {
+    if (m.kind === 'output') {
+      this.listeners.get(m.id)?.onOutput(m.stream, m.offset, m.data);
       return;
     }
-    if (p) {
-      this.pending.delete(f.id);
-      p.resolve(f);
+    if (m.kind === 'exit') {
+      const l = this.listeners.get(m.id);
+      this.listeners.delete(m.id);
+      l?.onExit(m.code, m.signal);
+      return;
     }
+    const p = this.pending.get(m.id);
+    if (p) {
+      this.pending.delete(m.id);
+      clearTimeout(p.timer);
+      if (m.kind === 'error') p.reject(new AgentError(m.errno, m.message));
+      else p.resolve(m);
+      return;
+    }
+    if (m.kind === 'error') {
+      const l = this.listeners.get(m.id);
+      this.listeners.delete(m.id);
+      l?.onLost(new AgentError(m.errno, m.message));
+    }
+    // Anything else answers nothing we asked: ignored, as a late answer to a timed-out request is.
   }
 
   private onClose(): void {
     this.closed = true;
-    for (const p of this.pending.values()) p.reject(new AgentClosedError());
+    for (const p of this.pending.values()) {
+      clearTimeout(p.timer);
+      p.reject(new AgentClosedError());
+    }
     this.pending.clear();
     this.listeners.clear();
     for (const w of this.closeWaiters.splice(0)) w();
+    try {
+      this.events.onClose?.(this.closing);
+    } catch {
+      // as in fail()
+    }
   }
 
-  private request(type: number, id: number, payload?: Buffer, flags = 0): Promise<Frame> {
+  private request(type: number, id: number, payload?: Buffer, flags = 0, timeoutMs = REQUEST_TIMEOUT_MS): Promise<AgentMessage> {
     if (this.closed) return Promise.reject(new AgentClosedError());
     return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
+      // An agent that does not answer in time cannot be trusted to be in step any more.
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new AgentTimeoutError(`the agent did not answer within ${timeoutMs} ms`));
+        this.socket.destroy();
+      }, timeoutMs);
+      this.pending.set(id, { resolve, reject, timer });
       this.socket.write(encodeFrame(type, id, payload, flags));
     });
   }
@@ -148,12 +164,20 @@ export class AgentClient {
     const { payload, flags } = encodeSpawn(req);
     this.listeners.set(id, listener);
     try {
-      const f = await this.request(T.SPAWN, id, payload, flags);
-      return f.payload.readInt32LE(0);
+      const m = await this.request(T.SPAWN, id, payload, flags);
+      if (m.kind !== 'spawned') throw this.unexpected(m, 'spawned');
+      return m.pid;
     } catch (err) {
       this.listeners.delete(id);
       throw err;
     }
+  }
+
+  /** An answer of the wrong kind: the agent is out of step, which is a protocol error. */
+  private unexpected(m: AgentMessage, wanted: string): AgentProtocolError {
+    const err = new AgentProtocolError(`the agent answered "${m.kind}" where "${wanted}" was due`);
+    this.fail(err);
+    return err;
   }
 
   /** Replays output from the given offsets, then streams; a gone process calls onLost. */
@@ -197,28 +221,35 @@ export class AgentClient {
   }
 
   async list(): Promise<AgentProcessInfo[]> {
-    const f = await this.request(T.LIST, AgentClient.newProcessId());
-    return parseList(f.payload);
+    const m = await this.request(T.LIST, AgentClient.newProcessId());
+    if (m.kind !== 'list') throw this.unexpected(m, 'list');
+    return this.parsed(() => parseList(m.data));
   }
 
   async ping(): Promise<void> {
-    await this.request(T.PING, AgentClient.newProcessId());
+    const m = await this.request(T.PING, AgentClient.newProcessId());
+    if (m.kind !== 'pong') throw this.unexpected(m, 'pong');
   }
 
   /** Creates or replaces a file inside the sandbox; the agent resolves the path in its root. */
   async writeFile(path: string, data: Buffer | string, mode = 0o600): Promise<void> {
     const head = Buffer.alloc(4);
     head.writeUInt32LE(mode, 0);
-    await this.request(T.WRITE_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`), Buffer.from(data)]));
+    const m = await this.request(T.WRITE_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`), Buffer.from(data)]));
+    if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
-  /** Reads up to `max` bytes of a file inside the sandbox; undefined when it does not exist. */
-  async readFile(path: string, max: number): Promise<{ data: Buffer; truncated: boolean } | undefined> {
-    const head = Buffer.alloc(4);
+  /** Reads up to `max` bytes of a file inside the sandbox, from `offset` on (agents older than
+   * READ_AT answer offsets with EINVAL); undefined when it does not exist. */
+  async readFile(path: string, max: number, offset = 0): Promise<{ data: Buffer; truncated: boolean } | undefined> {
+    const head = Buffer.alloc(offset ? 12 : 4);
     head.writeUInt32LE(max, 0);
+    if (offset) head.writeBigUInt64LE(BigInt(offset), 4);
     try {
-      const f = await this.request(T.READ_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`)]));
-      return { data: Buffer.from(f.payload), truncated: f.flags === 1 };
+      const m = await this.request(offset ? T.READ_AT : T.READ_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`)]));
+      if (m.kind !== 'file') throw this.unexpected(m, 'file');
+      if (m.data.length > max) throw this.unexpected(m, `file of at most ${max} bytes`);
+      return { data: Buffer.from(m.data), truncated: m.truncated };
     } catch (err) {
       if (err instanceof AgentError && err.errno === ENOENT) return undefined;
       throw err;
@@ -227,15 +258,29 @@ export class AgentClient {
 
   /** Removes a file or an empty directory; a missing one is no error. */
   async removeFile(path: string): Promise<void> {
-    await this.request(T.REMOVE_FILE, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+    const m = await this.request(T.REMOVE_FILE, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+    if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
   async listDir(path: string): Promise<DirEntry[]> {
-    return parseDir((await this.request(T.LIST_DIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`))).payload);
+    const m = await this.request(T.LIST_DIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+    if (m.kind !== 'file') throw this.unexpected(m, 'file');
+    return this.parsed(() => parseDir(m.data));
   }
 
   async mkdir(path: string): Promise<void> {
-    await this.request(T.MKDIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+    const m = await this.request(T.MKDIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+    if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
+  }
+
+  /** Parses an answer's body; one that does not parse is a protocol error like a bad frame. */
+  private parsed<R>(parse: () => R): R {
+    try {
+      return parse();
+    } catch (err) {
+      if (err instanceof AgentProtocolError) this.fail(err);
+      throw err;
+    }
   }
 
   /** Closes the connection and resolves once the agent has closed its end too: CRIU cannot
@@ -243,6 +288,7 @@ export class AgentClient {
    * warm CRIU starts dumping right away. A silent agent is cut off after `graceMs`. */
   close(graceMs = 1000): Promise<void> {
     if (this.closed) return Promise.resolve();
+    this.closing = true;
     return new Promise((resolve) => {
       const force = setTimeout(() => this.socket.destroy(), graceMs);
       force.unref();

@@ -1,4 +1,6 @@
 /** Mirror of native/protocol.h: a 12-byte little-endian header, then the payload. */
+import { AgentProtocolError } from './errors.js';
+
 export const HEADER_LEN = 12;
 export const MAX_FRAME = 8 << 20;
 
@@ -17,6 +19,7 @@ export const T = {
   REMOVE_FILE: 12,
   LIST_DIR: 13,
   MKDIR: 14,
+  READ_AT: 15,
   OUTPUT: 128,
   SPAWNED: 129,
   EXIT: 130,
@@ -71,79 +74,39 @@ export function encodeSpawn(req: SpawnRequest): { payload: Buffer; flags: number
   return { payload: Buffer.concat([head, ...strings]), flags };
 }
 
-/** Incremental decoder: feed chunks, get whole frames. */
+/** Incremental decoder: feed chunks, get whole frames. Holds at most one frame's worth of
+ * bytes (a header declaring more than MAX_FRAME is a protocol error), and copies a frame only
+ * when it spans chunks. */
 export class FrameDecoder {
-  private buf: Buffer = Buffer.alloc(0);
+  private chunks: Buffer[] = [];
+  private size = 0;
 
   push(chunk: Buffer): Frame[] {
-    this.buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : chunk;
-    const frames: Frame[] = [];
-    let off = 0;
-    while (this.buf.length - off >= HEADER_LEN) {
-      const len = this.buf.readUInt32LE(off);
-      if (len > MAX_FRAME) throw new Error(`agent frame of ${len} bytes exceeds the limit`);
-      if (this.buf.length - off < HEADER_LEN + len) break;
-      frames.push({
-        type: this.buf.readUInt8(off + 4),
-        flags: this.buf.readUInt8(off + 5),
-        id: this.buf.readUInt32LE(off + 8),
-        payload: this.buf.subarray(off + HEADER_LEN, off + HEADER_LEN + len),
-      });
-      off += HEADER_LEN + len;
+    if (chunk.length) {
+      this.chunks.push(chunk);
+      this.size += chunk.length;
     }
-    this.buf = off === this.buf.length ? Buffer.alloc(0) : this.buf.subarray(off);
+    const frames: Frame[] = [];
+    while (this.size >= HEADER_LEN) {
+      const len = this.peek(HEADER_LEN).readUInt32LE(0);
+      if (len > MAX_FRAME) throw new AgentProtocolError(`agent frame of ${len} bytes exceeds the limit of ${MAX_FRAME}`);
+      if (this.size < HEADER_LEN + len) break;
+      const whole = this.take(HEADER_LEN + len);
+      frames.push({ type: whole.readUInt8(4), flags: whole.readUInt8(5), id: whole.readUInt32LE(8), payload: whole.subarray(HEADER_LEN) });
+    }
     return frames;
   }
-}
 
-export interface AgentProcessInfo {
-  id: number;
-  pid: number;
-  running: boolean;
-  exitCode: number;
-  signal: number;
-  pty: boolean;
-  stdoutBytes: number;
-  stderrBytes: number;
-  command: string;
-}
+  private peek(n: number): Buffer {
+    if (this.chunks[0]!.length < n) this.chunks = [Buffer.concat(this.chunks, this.size)];
+    return this.chunks[0]!;
+  }
 
-export function parseList(payload: Buffer): AgentProcessInfo[] {
-  return payload
-    .toString('utf8')
-    .split('\n')
-    .filter(Boolean)
-    .map((line) => {
-      const [id, pid, state, code, sig, pty, out, err, ...cmd] = line.split('\t');
-      return {
-        id: Number(id),
-        pid: Number(pid),
-        running: state === 'running',
-        exitCode: Number(code),
-        signal: Number(sig),
-        pty: pty === '1',
-        stdoutBytes: Number(out),
-        stderrBytes: Number(err),
-        command: cmd.join('\t'),
-      };
-    });
-}
-
-export interface DirEntry {
-  name: string;
-  type: 'dir' | 'file' | 'link' | 'other';
-  size: number;
-}
-
-const TYPES: Record<string, DirEntry['type']> = { d: 'dir', f: 'file', l: 'link', o: 'other' };
-
-export function parseDir(payload: Buffer): DirEntry[] {
-  return payload
-    .toString('utf8')
-    .split('\n')
-    .filter(Boolean)
-    .map((line) => {
-      const [name, t, size] = line.split('\t');
-      return { name: name!, type: TYPES[t!] ?? 'other', size: Number(size) };
-    });
+  private take(n: number): Buffer {
+    const first = this.peek(n);
+    this.size -= n;
+    if (first.length === n) this.chunks.shift();
+    else this.chunks[0] = first.subarray(n);
+    return first.subarray(0, n);
+  }
 }
