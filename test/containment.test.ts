@@ -298,3 +298,30 @@ describe('finding 7: every request ends', () => {
     expect((await s.exec(inst.id, { command: 'echo thawed' })).stdout).toBe('thawed\n');
   });
 });
+
+describe('finding 8: a fork racing the deletion of its source', () => {
+  it('ends defined: forks run and hold their data, or the call answers 404/409; no instance is left in error', async () => {
+    for (let round = 0; round < 4; round++) {
+      const src = await s.instance({ name: `source-${round}` });
+      await s.exec(src.id, { command: 'echo data > /root/f; cd /tmp && export V=7', session: 'main' });
+      const ck = (await s.api('POST', `/instances/${src.id}/checkpoints?wait=true`, {})).body;
+      const [fork, delCk, delInst] = await Promise.all([
+        s.api('POST', `/instances/${src.id}/fork`, { checkpoint_id: ck.id, count: 3 }),
+        sleep(round * 4).then(() => s.api('DELETE', `/instances/${src.id}/checkpoints/${ck.id}`)),
+        sleep(round * 8).then(() => s.api('DELETE', `/instances/${src.id}`)),
+      ]);
+      expect([201, 404, 409], JSON.stringify(fork.body)).toContain(fork.status);
+      expect([204, 404, 409]).toContain(delCk.status);
+      expect([204, 409]).toContain(delInst.status);
+      if (fork.status === 201) {
+        for (const f of fork.body.instances) {
+          expect((await s.exec(f.id, { command: 'cat /root/f; pwd; echo $V', session: 'main' })).stdout).toBe('data\n/tmp\n7\n');
+          await s.api('DELETE', `/instances/${f.id}`);
+        }
+      }
+      if (delInst.status === 409) expect((await s.api('DELETE', `/instances/${src.id}`)).status).toBe(204);
+      const all = (await s.api('GET', '/instances?limit=500')).body.items as { status: string; name: string }[];
+      expect(all.filter((i) => i.status === 'error')).toEqual([]);
+    }
+  });
+});

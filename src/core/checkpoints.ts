@@ -1,14 +1,14 @@
 import { existsSync } from 'node:fs';
-import { rm } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Engine } from '../engine/engine.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord, Page } from '../store/instances.js';
-import { ConflictError, InvalidRequestError, NotFoundError, QuotaExceededError } from './errors.js';
+import { ConflictError, InvalidRequestError, isNoSpace, NotFoundError, QuotaExceededError } from './errors.js';
 import type { InstanceService } from './instances.js';
 import type { JobQueue, KeyedLock } from './jobs.js';
+import { requireRoom, shortOfRoom } from './space.js';
 
 export interface CreateCheckpoint {
   label?: string | undefined;
@@ -31,9 +31,23 @@ export interface LineageNode {
 }
 
 const FORK_WAIT_MS = 120_000;
+const PERSIST_ATTEMPTS = 150;
+const PERSIST_RETRY_MS = 2000;
+
+async function bestEffort(step: () => unknown, log: Logger): Promise<void> {
+  try {
+    await step();
+  } catch (err) {
+    log.warn({ err }, 'a clean-up step failed');
+  }
+}
 
 /** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
 export class CheckpointService {
+  /** Checkpoints forks are being made from, with the waiters for each to be free again: a
+   * pinned checkpoint's images and layers stay until its forks are running. */
+  private readonly pins = new Map<string, { count: number; waiters: (() => void)[] }>();
+
   constructor(
     private readonly store: Store,
     private readonly engine: Engine,
@@ -49,25 +63,27 @@ export class CheckpointService {
     this.instances.get(owner, instanceId);
     const c = this.store.checkpoints.get(id);
     if (!c || c.instanceId !== instanceId) throw new NotFoundError('checkpoint', id);
-    return c;
+    return this.view(c);
   }
 
   /** A checkpoint by id alone, for callers that do not name its instance. */
   find(owner: string, id: string): CheckpointRecord {
     const c = this.store.checkpoints.get(id);
     if (!c || c.owner !== owner) throw new NotFoundError('checkpoint', id);
-    return c;
+    return this.view(c);
   }
 
   list(owner: string, instanceId: string, limit: number, cursor?: string): Page<CheckpointRecord> {
     this.instances.get(owner, instanceId);
-    return this.store.checkpoints.page(instanceId, limit, cursor);
+    const page = this.store.checkpoints.page(instanceId, limit, cursor);
+    return { ...page, items: page.items.map((c) => this.view(c)) };
   }
 
   /** Records the checkpoint as `processing` and queues the work; `done` settles when it is
    * `ready` or `failed`. */
   create(owner: string, instanceId: string, input: CreateCheckpoint): { checkpoint: CheckpointRecord; done: Promise<void> } {
     const inst = this.instances.get(owner, instanceId);
+    if (this.instances.isBeingDeleted(instanceId)) throw new ConflictError(`instance ${instanceId} is being deleted`);
     if (inst.status !== 'running' && inst.status !== 'stopped') {
       throw new ConflictError(`instance ${instanceId} is ${inst.status}`, { status: inst.status });
     }
@@ -99,9 +115,44 @@ export class CheckpointService {
     this.store.checkpoints.insert(c);
     // From now on the instance's callers wait for the dump: the checkpoint is of this moment.
     const release = this.engine.sandbox(instanceId)?.hold() ?? (() => {});
-    const done = this.jobs.enqueue(c.id, instanceId, () => this.run(c, release).finally(release));
+    const done = this.jobs.enqueue(c.id, instanceId, () =>
+      this.run(c, release)
+        .catch((err: Error) => this.fail(c, err.message))
+        .finally(release),
+    );
     done.catch(() => {});
     return { checkpoint: c, done };
+  }
+
+  private pin(id: string): () => void {
+    const p = this.pins.get(id) ?? { count: 0, waiters: [] };
+    p.count++;
+    this.pins.set(id, p);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      if (--p.count > 0) return;
+      this.pins.delete(id);
+      for (const w of p.waiters.splice(0)) w();
+    };
+  }
+
+  private pinned(id: string): boolean {
+    return this.pins.has(id);
+  }
+
+  /** Resolves once no fork reads from the checkpoint (at once if none does), or after `ms`. */
+  private async unpinned(id: string, ms: number): Promise<boolean> {
+    const p = this.pins.get(id);
+    if (!p) return true;
+    let timer: NodeJS.Timeout | undefined;
+    const free = await Promise.race([
+      new Promise<boolean>((r) => p.waiters.push(() => r(true))),
+      new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms))),
+    ]);
+    clearTimeout(timer);
+    return free;
   }
 
   private enforceLimit(inst: InstanceRecord, deleteOldest: boolean): void {
@@ -113,14 +164,16 @@ export class CheckpointService {
         limit: max,
       });
     }
-    const victims = existing.filter((c) => c.status === 'ready').slice(0, existing.length - max + 1);
-    if (victims.length < existing.length - max + 1) throw new ConflictError('the oldest checkpoints are still processing');
+    const victims = existing.filter((c) => c.status === 'ready' && !this.pinned(c.id)).slice(0, existing.length - max + 1);
+    if (victims.length < existing.length - max + 1) throw new ConflictError('the oldest checkpoints are still processing or being forked from');
     for (const v of victims) this.removeRecord(v);
   }
 
   private async run(c: CheckpointRecord, release: () => void): Promise<void> {
     const inst = this.store.instances.get(c.instanceId);
     if (!inst) return this.fail(c, 'the instance was deleted');
+    const short = await this.spaceShortfall(inst, c.memory);
+    if (short) return this.fail(c, short);
     const layerId = newId('lyr');
     const images = this.engine.layout.checkpoint(c.id);
     this.store.layers.add(layerId, inst.id);
@@ -134,30 +187,55 @@ export class CheckpointService {
         await this.engine.freezeStopped(inst.id, layerId);
       }
     } catch (err) {
-      this.store.db.prepare('DELETE FROM layers WHERE id = ?').run(layerId);
-      await rm(images, { recursive: true, force: true });
-      const sb = this.engine.sandbox(inst.id);
-      if (!sb) this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+      // Each step on its own: a full disk may refuse any of them, and none may stop the others.
+      await bestEffort(() => this.store.layers.remove(layerId), this.log);
+      await bestEffort(() => this.engine.removeCheckpointImages(c.id), this.log);
+      if (!this.engine.sandbox(inst.id)) {
+        await bestEffort(() => this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message }), this.log);
+      }
       return this.fail(c, (err as Error).message);
     }
     const layers = [layerId, ...inst.layers];
-    this.store.db.transaction(() => {
-      this.store.layers.settle(layerId);
-      this.store.layers.setRefs(`instance:${inst.id}`, layers);
-      this.store.layers.setRefs(`checkpoint:${c.id}`, layers);
-      const sb = this.engine.sandbox(inst.id);
-      this.store.instances.update(inst.id, { layers, headCheckpointId: c.id, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
-      this.store.checkpoints.update(c.id, { layers, baseLayer: inst.baseLayer, pauseMs });
-    })();
+    // The instance already runs on the new layer: this must be recorded, or a later checkpoint
+    // would leave the layer out of the chain. Retried while the disk is full.
+    await this.persistFrozen(inst.id, c.id, layers, inst.baseLayer, pauseMs, layerId);
     // The instance runs again; what follows only makes the checkpoint durable and measured.
-    if (!c.memory) await rm(images, { recursive: true, force: true });
+    if (!c.memory) await this.engine.removeCheckpointImages(c.id);
     await this.engine.syncLayer(layerId);
-    this.store.layers.markSynced(layerId);
     const deltaBytes = await this.engine.diskUsage(this.engine.layout.layer(layerId));
     const memoryBytes = c.memory ? await this.engine.diskUsage(images) : 0;
+    this.store.layers.markSynced(layerId);
     this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
     if (layers.length > this.squash.after) this.track(this.squashOldest(inst.id));
+  }
+
+  /** Why a checkpoint cannot be written now, if it cannot: its memory image needs about the
+   * memory the sandbox uses. */
+  private async spaceShortfall(inst: InstanceRecord, memory: boolean): Promise<string | undefined> {
+    const memoryBytes = memory && inst.status === 'running' ? await this.engine.memoryInUse(inst.id) : 0;
+    return shortOfRoom(this.engine, memoryBytes);
+  }
+
+  private async persistFrozen(instanceId: string, checkpointId: string, layers: string[], baseLayer: boolean, pauseMs: number | null, layerId: string): Promise<void> {
+    const write = () =>
+      this.store.db.transaction(() => {
+        this.store.layers.settle(layerId);
+        this.store.layers.setRefs(`instance:${instanceId}`, layers);
+        this.store.layers.setRefs(`checkpoint:${checkpointId}`, layers);
+        const sb = this.engine.sandbox(instanceId);
+        this.store.instances.update(instanceId, { layers, headCheckpointId: checkpointId, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
+        this.store.checkpoints.update(checkpointId, { layers, baseLayer, pauseMs });
+      })();
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return write();
+      } catch (err) {
+        if (!isNoSpace(err) || attempt >= PERSIST_ATTEMPTS) throw err;
+        if (attempt === 0) this.log.error({ err, checkpoint: checkpointId }, 'disk full: the frozen layer is not recorded yet; retrying');
+        await new Promise((r) => setTimeout(r, PERSIST_RETRY_MS));
+      }
+    }
   }
 
   private readonly squashing = new Set<Promise<void>>();
@@ -202,16 +280,40 @@ export class CheckpointService {
     }
   }
 
+  /** Outcomes the store could not take (a full disk), shown as they are meanwhile. */
+  private readonly unrecorded = new Map<string, string>();
+
   private fail(c: CheckpointRecord, reason: string): void {
     this.log.warn({ checkpoint: c.id, reason }, 'checkpoint failed');
-    this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+    try {
+      this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+    } catch (err) {
+      this.log.error({ err, checkpoint: c.id }, 'could not record a failed checkpoint; it shows as failed meanwhile');
+      this.unrecorded.set(c.id, reason);
+    }
+  }
+
+  /** The checkpoint as callers see it: a failure the store could not take yet shows as failed,
+   * and so does a `processing` record that no job carries any more (it will never finish). */
+  private view(c: CheckpointRecord): CheckpointRecord {
+    if (c.status !== 'processing') return c;
+    const reason = this.unrecorded.get(c.id) ?? (this.jobs.has(c.id) ? undefined : 'the checkpoint job ended without recording its outcome');
+    if (!reason) return c;
+    try {
+      this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+      this.unrecorded.delete(c.id);
+    } catch {
+      // still no room: try again on the next look
+    }
+    return { ...c, status: 'failed', error: reason };
   }
 
   /** Waits (bounded) while the checkpoint is processing; it must end ready. */
   private async ready(c: CheckpointRecord): Promise<CheckpointRecord> {
     if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
-    const now = this.store.checkpoints.get(c.id);
-    if (!now) throw new NotFoundError('checkpoint', c.id);
+    const raw = this.store.checkpoints.get(c.id);
+    if (!raw) throw new NotFoundError('checkpoint', c.id);
+    const now = this.view(raw);
     if (now.status === 'processing') throw new ConflictError(`checkpoint ${c.id} is still processing`);
     if (now.status === 'failed') throw new ConflictError(`checkpoint ${c.id} failed: ${now.error ?? 'unknown error'}`, { checkpoint: c.id });
     return now;
@@ -240,40 +342,53 @@ export class CheckpointService {
     });
   }
 
-  /** New instances from a checkpoint (or from the current state, through an implicit one). */
+  /** New instances from a checkpoint (or from the current state, through an implicit one). The
+   * checkpoint is pinned from the moment it is chosen until the forks run: deleting it meanwhile
+   * answers 409, deleting its instance waits for them. */
   async fork(owner: string, sourceId: string, input: ForkInput): Promise<InstanceRecord[]> {
     const source = this.instances.get(owner, sourceId);
     const count = input.count ?? 1;
     if (count > 1 && input.name) throw new InvalidRequestError('"name" can only be given with "count": 1');
     let c: CheckpointRecord;
+    let unpin: () => void;
     if (input.checkpointId) {
       c = this.get(owner, sourceId, input.checkpointId);
+      unpin = this.pin(c.id);
     } else {
       const made = this.create(owner, sourceId, { label: 'fork', memory: source.status === 'running', retention: { mode: 'delete_oldest' } });
-      await made.done;
+      unpin = this.pin(made.checkpoint.id);
       c = made.checkpoint;
+      await made.done.catch(() => {});
     }
-    c = await this.ready(c);
-    const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
-    return Promise.all(
-      Array.from({ length: count }, async () => {
-        const rec = this.instances.newRecord(
-          owner,
-          { name: input.name, image: c.image, env: source.env, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
-          { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id },
-        );
-        return this.locks.run(rec.id, async () => {
-          try {
+    try {
+      c = await this.ready(c);
+      await requireRoom(this.engine);
+      const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
+      const made: string[] = [];
+      const results = await Promise.allSettled(
+        Array.from({ length: count }, async () => {
+          const rec = this.instances.newRecord(
+            owner,
+            { name: input.name, image: c.image, env: source.env, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
+            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id },
+          );
+          made.push(rec.id);
+          return this.locks.run(rec.id, async () => {
             const spec = this.instances.spec(rec);
             const sb = images ? await this.engine.restore(spec, images, { setHostname: true }) : await this.engine.boot(spec, { freshUpper: true });
             return this.instances.running(rec.id, sb);
-          } catch (err) {
-            this.store.instances.update(rec.id, { status: 'error', error: (err as Error).message });
-            throw this.instances.engineFailure(err);
-          }
-        });
-      }),
-    );
+          });
+        }),
+      );
+      const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (!failed) return results.map((r) => (r as PromiseFulfilledResult<InstanceRecord>).value);
+      // All or nothing: a call that answers with an error leaves no instance of its own behind.
+      this.log.warn({ err: failed.reason, checkpoint: c.id, count }, 'fork failed; removing the forks it made');
+      await Promise.all(made.map((id) => this.instances.discard(id)));
+      throw this.instances.engineFailure(failed.reason);
+    } finally {
+      unpin();
+    }
   }
 
   /** Deletes one checkpoint. Its layers stay while an instance, a fork or another checkpoint
@@ -281,6 +396,7 @@ export class CheckpointService {
   async delete(owner: string, instanceId: string, id: string): Promise<void> {
     const c = this.get(owner, instanceId, id);
     if (c.status === 'processing') throw new ConflictError(`checkpoint ${id} is still processing`);
+    if (this.pinned(id)) throw new ConflictError(`checkpoint ${id} is being forked from; delete it once the fork is done`, { checkpoint: id });
     this.removeRecord(c);
     await this.instances.collectLayers();
   }
@@ -293,12 +409,17 @@ export class CheckpointService {
     this.engine.removeCheckpointImages(c.id).catch((err: unknown) => this.log.warn({ err, checkpoint: c.id }, "could not remove memory images"));
   }
 
-  /** Every checkpoint of a deleted instance goes with it. */
+  /** Every checkpoint of a deleted instance goes with it, once its jobs are over and no fork
+   * reads from it any more (nothing is removed if that takes too long: 409). */
   async deleteAllOf(instanceId: string): Promise<void> {
-    for (const c of this.store.checkpoints.forInstance(instanceId)) {
+    const all = this.store.checkpoints.forInstance(instanceId);
+    for (const c of all) {
       if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
-      this.removeRecord(c);
+      if (!(await this.unpinned(c.id, FORK_WAIT_MS))) {
+        throw new ConflictError(`checkpoint ${c.id} of instance ${instanceId} is still being forked from; try again`, { checkpoint: c.id });
+      }
     }
+    for (const c of all) this.removeRecord(c);
   }
 
   /** The tree of an instance: its checkpoints by parent, and the forks made from each. */

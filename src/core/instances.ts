@@ -14,7 +14,8 @@ import { newId } from '../store/ids.js';
 import type { InstanceRecord, Limits, Page } from '../store/instances.js';
 import type { AgentProcessInfo } from '../engine/agent/frames.js';
 import { engineFailure } from './engine-failure.js';
-import { ConflictError, InvalidRequestError, NotFoundError } from './errors.js';
+import { requireRoom } from './space.js';
+import { ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 
 export interface CreateInstance {
@@ -62,6 +63,8 @@ const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 /** Instances: their records, their sandboxes, and the commands run in them. */
 export class InstanceService {
   private readonly sessions = new Map<string, Map<string, ShellSession>>();
+  /** Instances whose deletion is under way: no new checkpoint job may queue behind it. */
+  private readonly deleting = new Set<string>();
 
   constructor(
     private readonly store: Store,
@@ -71,6 +74,10 @@ export class InstanceService {
     private readonly config: Config,
     private readonly log: Logger,
   ) {}
+
+  isBeingDeleted(id: string): boolean {
+    return this.deleting.has(id);
+  }
 
   get(owner: string, id: string): InstanceRecord {
     const rec = this.store.instances.get(id);
@@ -136,8 +143,32 @@ export class InstanceService {
   }
 
   async create(owner: string, input: CreateInstance): Promise<InstanceRecord> {
+    await requireRoom(this.engine);
     const rec = this.newRecord(owner, input);
-    return this.locks.run(rec.id, () => this.bootRecord(rec, { freshUpper: true }));
+    try {
+      return await this.locks.run(rec.id, () => this.bootRecord(rec, { freshUpper: true }));
+    } catch (err) {
+      // Out of space is not the instance's fault: nothing of it stays for a retry to trip on.
+      if (err instanceof InsufficientStorageError) await this.discard(rec.id);
+      throw err;
+    }
+  }
+
+  /** Removes an instance a failed call made (never one a caller has seen running): its sandbox,
+   * disk and record. Each step on its own, so that a full disk stops none of the others. */
+  async discard(id: string): Promise<void> {
+    await this.locks.run(id, async () => {
+      await this.engine.destroy(id).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove a failed instance\'s sandbox'));
+      try {
+        this.store.db.transaction(() => {
+          this.store.layers.dropHolder(`instance:${id}`);
+          this.store.instances.delete(id);
+        })();
+      } catch (err) {
+        this.log.warn({ err, instance: id }, 'could not remove a failed instance\'s record; it stays in error');
+      }
+    });
+    await this.collectLayers().catch(() => {});
   }
 
   private async bootRecord(rec: InstanceRecord, opts: { freshUpper: boolean }): Promise<InstanceRecord> {
@@ -179,15 +210,17 @@ export class InstanceService {
    * own references to the layers it stands on, which go when the last holder goes. */
   async delete(owner: string, id: string, onCheckpoints: (instanceId: string) => Promise<void>): Promise<void> {
     this.get(owner, id);
+    this.deleting.add(id);
     await this.locks.run(id, async () => {
+      // Checkpoints first: that may have to wait for forks reading from them, or refuse.
+      await onCheckpoints(id);
       await this.engine.destroy(id);
       this.sessions.delete(id);
-      await onCheckpoints(id);
       this.store.db.transaction(() => {
         this.store.layers.dropHolder(`instance:${id}`);
         this.store.instances.delete(id);
       })();
-    });
+    }).finally(() => this.deleting.delete(id));
     await this.collectLayers();
   }
 

@@ -55,6 +55,11 @@ export class JobQueue {
     return p;
   }
 
+  /** Whether the job is queued or running. */
+  has(jobId: string): boolean {
+    return this.running.has(jobId);
+  }
+
   /** Resolves when the job is over (or at once if it is not queued), or after `timeoutMs`. */
   async wait(jobId: string, timeoutMs: number): Promise<void> {
     const p = this.running.get(jobId);

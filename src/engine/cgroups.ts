@@ -95,6 +95,13 @@ export class Cgroups {
     return join(dir, 'cgroup.procs');
   }
 
+  /** Memory the sandbox uses now (what a memory dump of it will about take), in bytes. */
+  async memoryBytes(id: string): Promise<number> {
+    const file = this.version === 2 ? join(this.v2Dir(id), 'memory.current') : join(this.v1Dir('memory', id), 'memory.usage_in_bytes');
+    const n = Number((await readFile(file, 'utf8').catch(() => '0')).trim());
+    return Number.isFinite(n) ? n : 0;
+  }
+
   /** Whether the limits stopped something: OOM kills and refused forks so far. */
   async events(id: string): Promise<{ oomKills: number; pidsRefused: number }> {
     const read = (p: string) => readFile(p, 'utf8').catch(() => '');

@@ -1,5 +1,5 @@
 import { existsSync, mkdirSync, renameSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
+import { mkdir, readdir, rename, rm, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
@@ -484,6 +484,17 @@ export class Engine {
 
   async removeCheckpointImages(checkpointId: string): Promise<void> {
     this.discard(this.layout.checkpoint(checkpointId));
+  }
+
+  /** Bytes free for forkpoint under the data directory. */
+  async freeBytes(): Promise<number> {
+    const st = await statfs(this.layout.root);
+    return st.bavail * st.bsize;
+  }
+
+  /** Roughly what a memory dump of the sandbox will take on disk: the memory it uses now. */
+  async memoryInUse(id: string): Promise<number> {
+    return this.cgroups.memoryBytes(id);
   }
 
   async diskUsage(path: string): Promise<number> {

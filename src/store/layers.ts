@@ -13,6 +13,11 @@ export class LayerStore {
       .run(id, new Date().toISOString(), pendingFor ?? null);
   }
 
+  /** Forgets a layer that was never frozen (its checkpoint failed). */
+  remove(id: string): void {
+    this.db.prepare('DELETE FROM layers WHERE id = ?').run(id);
+  }
+
   settle(id: string): void {
     this.db.prepare('UPDATE layers SET pending_instance_id = NULL WHERE id = ?').run(id);
   }
