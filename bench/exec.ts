@@ -17,7 +17,7 @@ const spec = (id: string) => ({
   agentLayer: engine.currentAgentLayer,
   limits: { memoryMb: 512, pids: 256, cpuPercent: 100 },
 });
-const echo = { argv: ['/bin/echo', 'hi'], env: ['PATH=/bin'], cwd: '/', timeoutMs: 5000, maxOutputBytes: 1 << 20 };
+const echo = { argv: ['/bin/echo', 'hi'], env: ['PATH=/bin'], cwd: '/', timeoutMs: 5000, maxOutputBytes: 1 << 20, spillDir: engine.layout.spill };
 
 // Warm-up: page cache, JIT, first cgroup directories.
 for (let i = 0; i < 3; i++) {

@@ -136,7 +136,7 @@ describe('finding 2: kernel keyrings are not shared', () => {
     await s.fp.instances.exec(ownerB, b, { command: `chmod 755 ${KIT}` });
     expect(await attack(a, 'addkey fp-tenant-secret')).toMatch(/refused/);
     const seen = await s.fp.instances.exec(ownerB, b, { command: `${KIT} findkey fp-tenant-secret` });
-    expect(seen.stdout.toString()).toMatch(/findkey: refused/);
+    expect(seen.stdout.toBuffer().toString()).toMatch(/findkey: refused/);
     expect(readFileSync('/proc/keys', 'utf8')).not.toContain('fp-tenant-secret');
   });
 });

@@ -4,6 +4,7 @@ import type { Config } from '../config.js';
 import type { Engine, SandboxSpec } from '../engine/engine.js';
 import { EngineError } from '../engine/errors.js';
 import { execOnce, type ExecResult } from '../engine/exec.js';
+import { Output } from '../engine/output.js';
 import type { Images } from '../engine/images.js';
 import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from '../engine/processes.js';
 import type { Sandbox } from '../engine/sandbox.js';
@@ -248,19 +249,20 @@ export class InstanceService {
     const timeoutMs = input.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     const maxOutputBytes = input.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
     const stdin = input.stdin !== undefined ? Buffer.from(input.stdin) : undefined;
+    const spillDir = this.engine.layout.spill;
     try {
       if (input.session) {
         const session = await this.session(rec, sb, input.session);
         let script = Array.isArray(input.command) ? input.command.map(quote).join(' ') : input.command;
         if (input.cwd) script = `cd ${quote(input.cwd)} && ${script}`;
         if (input.env) script = `${Object.entries(input.env).map(([k, v]) => `export ${k}=${quote(v)}`).join('; ')}; ${script}`;
-        return await session.run(script, { stdin, timeoutMs, maxOutputBytes });
+        return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir });
       }
       const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-      return await execOnce(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', stdin, timeoutMs, maxOutputBytes });
+      return await execOnce(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir });
     } catch (err) {
       if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
-        return { exitCode: 127, signal: 0, stdout: Buffer.alloc(0), stderr: Buffer.from(`${err.message}\n`), durationMs: 0, timedOut: false, truncated: false };
+        return { exitCode: 127, signal: 0, stdout: Output.of('', spillDir), stderr: Output.of(`${err.message}\n`, spillDir), durationMs: 0, timedOut: false, truncated: false };
       }
       throw this.engineFailure(err);
     }

@@ -72,7 +72,8 @@ export class Engine {
   }
 
   async init(): Promise<void> {
-    for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
+    await rm(this.layout.spill, { recursive: true, force: true });
+    for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
       await mkdir(d, { recursive: true });
     }
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);

@@ -1,6 +1,7 @@
 import { AgentClient } from './agent/client.js';
 import type { Sandbox } from './sandbox.js';
 import { EngineError } from './errors.js';
+import { Output } from './output.js';
 
 export interface ExecRequest {
   argv: string[];
@@ -9,35 +10,24 @@ export interface ExecRequest {
   stdin?: Buffer | undefined;
   timeoutMs: number;
   maxOutputBytes: number;
+  /** Where output past the first MiB per stream waits (Output). */
+  spillDir: string;
 }
 
 export interface ExecResult {
   exitCode: number;
   signal: number;
-  stdout: Buffer;
-  stderr: Buffer;
+  stdout: Output;
+  stderr: Output;
   durationMs: number;
   timedOut: boolean;
   truncated: boolean;
 }
 
-/** Collects a stream up to a limit and remembers whether anything was cut. */
-export class Capped {
-  private readonly parts: Buffer[] = [];
-  private size = 0;
-  truncated = false;
-  constructor(private readonly limit: number) {}
-  push(data: Buffer): void {
-    const room = this.limit - this.size;
-    if (data.length > room) this.truncated = true;
-    if (room <= 0) return;
-    const part = data.length > room ? data.subarray(0, room) : data;
-    this.parts.push(Buffer.from(part));
-    this.size += part.length;
-  }
-  get value(): Buffer {
-    return Buffer.concat(this.parts, this.size);
-  }
+/** Lets go of a result's spilled output, once it has been sent. */
+export function disposeResult(r: ExecResult): void {
+  r.stdout.dispose();
+  r.stderr.dispose();
 }
 
 const SIGKILL = 9;
@@ -49,8 +39,8 @@ export const KILL_GRACE_MS = 5000;
 export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<ExecResult> {
   const started = performance.now();
   const id = AgentClient.newProcessId();
-  const out = new Capped(req.maxOutputBytes);
-  const err = new Capped(req.maxOutputBytes);
+  const out = new Output(req.maxOutputBytes, req.spillDir);
+  const err = new Output(req.maxOutputBytes, req.spillDir);
   let timedOut = false;
   let giveUp!: (e: Error) => void;
   // Armed before the spawn and always cleared: a fast command must not leave them behind.
@@ -85,12 +75,16 @@ export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<Exec
     return {
       exitCode: signal ? 128 + signal : code,
       signal,
-      stdout: out.value,
-      stderr: err.value,
+      stdout: out,
+      stderr: err,
       durationMs: Math.round((performance.now() - started) * 100) / 100,
       timedOut,
       truncated: out.truncated || err.truncated,
     };
+  } catch (e) {
+    out.dispose();
+    err.dispose();
+    throw e;
   } finally {
     clearTimeout(timer);
     clearTimeout(deadline);

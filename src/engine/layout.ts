@@ -47,6 +47,10 @@ export class DataLayout {
   checkpoint(id: string): string {
     return join(this.root, 'checkpoints', id);
   }
+  /** Command output past the first MiB per stream, until it is sent (engine/output.ts). */
+  get spill(): string {
+    return join(this.root, 'spill');
+  }
   get trash(): string {
     return join(this.root, 'trash');
   }

@@ -1,9 +1,10 @@
 import { randomBytes } from 'node:crypto';
-import { AgentClient } from './agent/client.js';
+import { AgentClient, AgentError } from './agent/client.js';
 import type { Sandbox } from './sandbox.js';
 import type { ExecResult } from './exec.js';
 import { EngineError } from './errors.js';
 import { KILL_GRACE_MS } from './exec.js';
+import { Output } from './output.js';
 
 const SIGINT = 2;
 const SIGKILL = 9;
@@ -15,7 +16,12 @@ export interface SessionRunOptions {
   stdin?: Buffer | undefined;
   timeoutMs: number;
   maxOutputBytes: number;
+  spillDir: string;
 }
+
+/** Output files are read back in pieces of this size (a frame holds at most 8 MiB). */
+const READ_PIECE = 4 << 20;
+const EINVAL = 22;
 
 /** A long-lived shell on a PTY inside the sandbox. Commands are sourced into it (see
  * SHELL_RC), so its cwd, variables and background jobs carry from one command to the next,
@@ -152,21 +158,48 @@ export class ShellSession {
       clearTimeout(timer);
       clearTimeout(deadline);
     }
-    const empty = { data: Buffer.alloc(0), truncated: false };
-    const [stdout = empty, stderr = empty] = await Promise.all([
-      sb.call((a) => a.readFile(file('out'), opts.maxOutputBytes)),
-      sb.call((a) => a.readFile(file('err'), opts.maxOutputBytes)),
-    ]);
-    await Promise.all(['cmd', 'in', 'out', 'err'].map((e) => sb.call((a) => a.removeFile(file(e)))));
+    const stdout = new Output(opts.maxOutputBytes, opts.spillDir);
+    const stderr = new Output(opts.maxOutputBytes, opts.spillDir);
+    try {
+      await Promise.all([this.collect(file('out'), stdout, opts.maxOutputBytes), this.collect(file('err'), stderr, opts.maxOutputBytes)]);
+      await Promise.all(['cmd', 'in', 'out', 'err'].map((e) => sb.call((a) => a.removeFile(file(e)))));
+    } catch (err) {
+      stdout.dispose();
+      stderr.dispose();
+      throw err;
+    }
     return {
       exitCode: code,
       signal: 0,
-      stdout: stdout.data,
-      stderr: stderr.data,
+      stdout,
+      stderr,
       durationMs: Math.round((performance.now() - started) * 100) / 100,
       timedOut,
       truncated: stdout.truncated || stderr.truncated,
     };
+  }
+
+  /** Reads an output file the shell wrote into `into`, a piece at a time, up to `max` bytes
+   * (one more is asked for, to tell a file of exactly `max` from a longer one). */
+  private async collect(path: string, into: Output, max: number): Promise<void> {
+    for (let offset = 0; offset <= max; ) {
+      const want = Math.min(READ_PIECE, max + 1 - offset);
+      let piece;
+      try {
+        piece = await this.sandbox.call((a) => a.readFile(path, want, offset));
+      } catch (err) {
+        // An agent older than READ_AT reads the first piece only.
+        if (offset > 0 && err instanceof AgentError && err.errno === EINVAL) {
+          into.truncated = true;
+          return;
+        }
+        throw err;
+      }
+      if (!piece) return;
+      into.push(piece.data);
+      offset += piece.data.length;
+      if (!piece.truncated || piece.data.length === 0) return;
+    }
   }
 
   /** ^C to the foreground job; if it ignores that, SIGKILL to it; then end the wait. */

@@ -86,6 +86,10 @@ export const ExecBody = z
       .optional()
       .describe('run in the named persistent shell (created on first use): cd, export and background jobs persist between calls'),
     max_output_bytes: z.number().int().min(0).max(64 << 20).optional().describe('per stream; default 1 MiB'),
+    output_encoding: z
+      .enum(['utf8', 'base64'])
+      .optional()
+      .describe('how stdout and stderr are returned: UTF-8 text (default; bytes that are not UTF-8 become U+FFFD) or base64, byte for byte'),
   })
   .strict();
 
@@ -94,6 +98,7 @@ export const ExecResult = z
     exit_code: z.number(),
     stdout: z.string(),
     stderr: z.string(),
+    output_encoding: z.enum(['utf8', 'base64']),
     duration_ms: z.number(),
     timed_out: z.boolean(),
     truncated: z.boolean(),

@@ -1,5 +1,6 @@
 import type { AgentProcessInfo } from '../engine/agent/frames.js';
 import type { ExecResult } from '../engine/exec.js';
+import type { JsonField, OutputEncoding } from './output-json.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord } from '../store/instances.js';
 
@@ -36,14 +37,16 @@ export const checkpointView = (c: CheckpointRecord) => ({
   ready_at: c.readyAt,
 });
 
-export const execView = (r: ExecResult) => ({
-  exit_code: r.exitCode,
-  stdout: r.stdout.toString('utf8'),
-  stderr: r.stderr.toString('utf8'),
-  duration_ms: r.durationMs,
-  timed_out: r.timedOut,
-  truncated: r.truncated,
-});
+/** An exec result as the fields of its JSON answer (outputs streamed when large: output-json.ts). */
+export const execFields = (r: ExecResult, encoding: OutputEncoding): JsonField[] => [
+  ['exit_code', r.exitCode],
+  ['stdout', r.stdout],
+  ['stderr', r.stderr],
+  ['output_encoding', encoding],
+  ['duration_ms', r.durationMs],
+  ['timed_out', r.timedOut],
+  ['truncated', r.truncated],
+];
 
 export const processView = (p: AgentProcessInfo) => ({
   process_id: p.id,

@@ -3,6 +3,7 @@ import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import type { CheckpointRecord } from '../../store/checkpoints.js';
 import type { InstanceRecord } from '../../store/instances.js';
+import { sendWithOutputs } from '../output-json.js';
 import { errorResponses } from '../schemas.js';
 import {
   CheckpointInfo, CheckpointOnlyParams, CreateCheckpointBody, CreateSandboxBody, EntryInfo, FromCheckpointBody,
@@ -94,7 +95,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/sandboxes/:id/exec/run', {
       schema: { tags, summary: 'Run a command and wait for it', params: SandboxParams, body: RunBody, response: { 200: RunResult, ...errorResponses } },
-    }, async (req) => {
+    }, async (req, reply) => {
       const b = req.body;
       const r = await fp.instances.exec(req.owner, req.params.id, {
         command: [b.cmd, ...(b.args ?? [])],
@@ -102,7 +103,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         cwd: b.cwd,
         timeoutMs: b.timeout ? Math.round(b.timeout * 1000) : undefined,
       });
-      return { exitCode: r.exitCode, stdout: r.stdout.toString('utf8'), stderr: r.stderr.toString('utf8') };
+      return sendWithOutputs(reply, [['exitCode', r.exitCode], ['stdout', r.stdout], ['stderr', r.stderr]], 'utf8');
     });
 
     app.post('/sandboxes/:id/checkpoints', {

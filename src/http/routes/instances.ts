@@ -5,7 +5,8 @@ import {
   CreateInstanceBody, errorResponses, ExecBody, ExecResult, IdParams, Instance, InstancePage, OutputQuery,
   PageQuery, ProcessInfo, ProcessOutput, ProcessParams, Session, SessionParams, SignalBody, StartProcessBody,
 } from '../schemas.js';
-import { execView, instanceView, processView } from '../views.js';
+import { sendWithOutputs } from '../output-json.js';
+import { execFields, instanceView, processView } from '../views.js';
 
 const limitsIn = (l: z.infer<typeof CreateInstanceBody>['limits']) =>
   l && { memoryMb: l.memory_mb, pids: l.pids, cpuPercent: l.cpu_percent };
@@ -62,18 +63,19 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         description:
           'Without `session`: the command runs on pipes (stdout and stderr apart) as a new process group, killed whole on timeout. ' +
           'With `session`: it runs in a persistent bash on a PTY inside the sandbox, so `cd`, `export` and background jobs persist; ' +
-          'stdout and stderr are still apart. During a checkpoint the call waits; a command running across a checkpoint is carried in the dump and finishes after it.',
+          'stdout and stderr are still apart. During a checkpoint the call waits; a command running across a checkpoint is carried in the dump and finishes after it. ' +
+          'Output past 1 MiB per stream is kept on disk and streamed into the answer, so `max_output_bytes` up to 64 MiB costs the server no more memory; `output_encoding: "base64"` returns it byte for byte.',
         params: IdParams,
         body: ExecBody,
         response: { 200: ExecResult, ...errorResponses },
       },
-    }, async (req) => {
+    }, async (req, reply) => {
       const b = req.body;
-      return execView(
-        await fp.instances.exec(req.owner, req.params.id, {
-          command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes,
-        }),
-      );
+      const r = await fp.instances.exec(req.owner, req.params.id, {
+        command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes,
+      });
+      const encoding = b.output_encoding ?? 'utf8';
+      return sendWithOutputs(reply, execFields(r, encoding), encoding);
     });
 
     app.get('/instances/:id/sessions', {
