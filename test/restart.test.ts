@@ -104,3 +104,57 @@ describe('server restart', () => {
     expect((await exec(server, inst.id, { command: 'cat /root/f; pwd; echo $A', session: 'main' })).stdout).toBe('v1\n/opt\n1\n');
   });
 });
+
+describe('finding 6: a server restart keeps forks and restored instances', () => {
+  const pidOf = async (id: string) => Number((await readFile(join(dataDir, 'instances', id, 'run', 'pid'), 'utf8')).trim());
+
+  it('forks, a rolled-back instance and a stopped-and-started one are re-adopted after a crash', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-readopt-'));
+    server = await ChildServer.start(dataDir);
+    const src = (await server.api('POST', '/instances', { name: 'source' })).body;
+    await exec(server, src.id, { command: 'echo v1 > /root/f; cd /srv && export K=1', session: 'main' });
+    const ck = (await server.api('POST', `/instances/${src.id}/checkpoints?wait=true`, {})).body;
+    const forks = (await server.api('POST', `/instances/${src.id}/fork`, { checkpoint_id: ck.id, count: 3 })).body.instances as { id: string }[];
+    await exec(server, src.id, { command: 'echo v2 > /root/f' });
+    expect((await server.api('POST', `/instances/${src.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    const woken = (await server.api('POST', '/instances', { name: 'woken' })).body;
+    await server.api('POST', `/instances/${woken.id}/stop`);
+    await server.api('POST', `/instances/${woken.id}/start`);
+    const ids = [src.id, ...forks.map((f) => f.id), woken.id];
+    const pids = await Promise.all(ids.map(pidOf));
+    const token = server.token;
+    await server.stop('SIGKILL');
+
+    server = await ChildServer.start(dataDir, token);
+    for (const [i, id] of ids.entries()) {
+      const inst = (await server.api('GET', `/instances/${id}`)).body;
+      expect(inst.status, `${id} after restart`).toBe('running');
+      expect(await pidOf(id)).toBe(pids[i]); // the same sandbox, not a new boot
+    }
+    for (const id of [src.id, ...forks.map((f) => f.id)]) {
+      expect((await exec(server, id, { command: 'cat /root/f; pwd; echo $K', session: 'main' })).stdout).toBe('v1\n/srv\n1\n');
+    }
+    expect((await exec(server, woken.id, { command: 'echo up' })).stdout).toBe('up\n');
+  });
+
+  it('forks cut short by a crash end running (adopted) or error with a reason, never stopped or starting', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-cutfork-'));
+    server = await ChildServer.start(dataDir);
+    const src = (await server.api('POST', '/instances', { name: 'cut' })).body;
+    const ck = (await server.api('POST', `/instances/${src.id}/checkpoints?wait=true`, {})).body;
+    const pending = server.api('POST', `/instances/${src.id}/fork`, { checkpoint_id: ck.id, count: 4 }).catch(() => undefined);
+    await sleep(40);
+    const token = server.token;
+    await server.stop('SIGKILL');
+    await pending;
+
+    server = await ChildServer.start(dataDir, token);
+    const forks = ((await server.api('GET', '/instances?limit=500')).body.items as { id: string; status: string; error: string | null }[]).filter((i) => i.id !== src.id);
+    expect(forks.length).toBeGreaterThan(0); // the crash came after the fork had begun
+    for (const f of forks) {
+      expect(['running', 'error'], JSON.stringify(f)).toContain(f.status);
+      if (f.status === 'error') expect(f.error).toMatch(/server stopped while the instance was being forked/);
+      else expect((await exec(server, f.id, { command: 'echo alive' })).stdout).toBe('alive\n');
+    }
+  });
+});
