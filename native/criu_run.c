@@ -23,9 +23,9 @@
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
  *                               it restores is born inside the sandbox's limits     -> 'K'
- * and 'E' MESSAGE for a failure. 'M' mounts in the worker's private mount namespace (CRIU's) and
- * also puts a clone of that mount in the host's, in place of the old one there: the engine finds
- * every sandbox's disk in its own mount table (re-adoption after a restart, teardown). With --pidfile, the pid of a restored tree is written there
+ * and 'E' MESSAGE for a failure. 'M' mounts in the host's mount namespace (where the engine finds
+ * every sandbox's disk: re-adoption after a restart, teardown) and gives CRIU, in the worker's
+ * private one, a clone of that mount (see mount_disk). With --pidfile, the pid of a restored tree is written there
  * as soon as CRIU answers, so that a server that dies meanwhile can still find it. EOF on stdin ends the worker; with it CRIU, whose restored
  * tree passes to the shim above. */
 #define _GNU_SOURCE
@@ -141,34 +141,43 @@ static int enter_ns_of(const char *pid, const char *ns, int type) {
   return rc;
 }
 
-/* Shows the overlay mounted on TARGET in this namespace in the host's too: a clone of the same
- * mount (one superblock, so no second overlay over the same upper) replaces what the host has
- * there. The host's old mount is pinned by *OLD, like the private one: its superblock's teardown
- * (a sync of the filesystem under it) waits until this relay exits, after the restore. */
-static int publish_mount(const char *target, int *old, char *err, size_t errlen) {
-  int tree = (int)syscall(SYS_open_tree, AT_FDCWD, target, OPEN_TREE_CLONE | O_CLOEXEC);
-  if (tree < 0) {
-    snprintf(err, errlen, "clone the mount of %s: %s", target, strerror(errno));
-    return -1;
+/* Mounts the sandbox's disk on TARGET in the host's mount namespace, where every layer and
+ * volume is (one mounted after this worker started included), in place of what the host has
+ * there; then puts a clone of that mount (the same superblock, so no second overlay over the
+ * same upper) on TARGET in this worker's private namespace, where CRIU looks for it. The old
+ * mounts are pinned by *HOST_OLD and *OWN_OLD: their superblock's teardown (a sync of the
+ * filesystem under it) waits until this relay exits, after the restore. */
+static int mount_disk(const char *dir, const char *target, const char *options, int *host_old, int *own_old,
+                      char *err, size_t errlen) {
+  if (host_mntns < 0) { /* no private namespace: the host's is this one */
+    if (*own_old < 0) *own_old = open(target, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    return replace_overlay(dir, target, options, err, errlen);
   }
-  int rc = -1;
+  int rc = -1, tree = -1;
   if (setns(host_mntns, CLONE_NEWNS) < 0) {
     snprintf(err, errlen, "enter the host's mount namespace: %s", strerror(errno));
-  } else {
-    if (*old < 0) *old = open(target, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    return -1;
+  }
+  if (*host_old < 0) *host_old = open(target, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (replace_overlay(dir, target, options, err, errlen) == 0) {
+    tree = (int)syscall(SYS_open_tree, AT_FDCWD, target, OPEN_TREE_CLONE | O_CLOEXEC);
+    if (tree < 0) snprintf(err, errlen, "clone the mount of %s: %s", target, strerror(errno));
+  }
+  /* Back where CRIU looks; a relay that cannot get there must not go on. */
+  if (setns(own_mntns, CLONE_NEWNS) < 0) {
+    perror("criu-run: back to the private mount namespace");
+    _exit(1);
+  }
+  if (tree >= 0) {
+    if (*own_old < 0) *own_old = open(target, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (umount2(target, MNT_DETACH) < 0 && errno != EINVAL)
-      snprintf(err, errlen, "detach %s on the host: %s", target, strerror(errno));
+      snprintf(err, errlen, "detach %s: %s", target, strerror(errno));
     else if (syscall(SYS_move_mount, tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) < 0)
-      snprintf(err, errlen, "attach %s on the host: %s", target, strerror(errno));
+      snprintf(err, errlen, "attach %s for CRIU: %s", target, strerror(errno));
     else
       rc = 0;
-    /* Back where CRIU looks; a relay that cannot get there must not go on. */
-    if (setns(own_mntns, CLONE_NEWNS) < 0) {
-      perror("criu-run: back to the private mount namespace");
-      _exit(1);
-    }
+    close(tree);
   }
-  close(tree);
   return rc;
 }
 
@@ -196,13 +205,8 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       size_t a = strlen(data), b = a < len ? strlen(data + a + 1) : 0;
       int rc = -1;
       if (a + 1 + b + 1 > len) snprintf(msg, sizeof(msg), "bad mount request");
-      else {
-        /* Pin the old overlay before detaching it: its superblock then goes (and syncs the whole
-         * filesystem under it, ~10 ms) only when this relay exits, after the restore. */
-        if (old_root < 0) old_root = open(data + a + 1, O_PATH | O_DIRECTORY | O_CLOEXEC);
-        rc = replace_overlay(data, data + a + 1, data + a + b + 2, msg, sizeof(msg));
-        if (rc == 0 && host_mntns >= 0) rc = publish_mount(data + a + 1, &host_old_root, msg, sizeof(msg));
-      }
+      else
+        rc = mount_disk(data, data + a + 1, data + a + b + 2, &host_old_root, &old_root, msg, sizeof(msg));
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else if (kind == 'R') {
       ssize_t got = -1;

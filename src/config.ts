@@ -26,6 +26,8 @@ export const configSchema = z.object({
   defaultMemoryMb: z.coerce.number().int().positive().default(1024),
   defaultPids: z.coerce.number().int().positive().default(512),
   defaultCpuPercent: z.coerce.number().int().positive().default(100),
+  /** A disk limit for instances that do not ask for one (0: none). See engine/volumes.ts. */
+  defaultDiskMb: z.coerce.number().int().min(0).default(0),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -49,6 +51,7 @@ const envNames: Record<keyof Config, string> = {
   defaultMemoryMb: 'FORKPOINT_DEFAULT_MEMORY_MB',
   defaultPids: 'FORKPOINT_DEFAULT_PIDS',
   defaultCpuPercent: 'FORKPOINT_DEFAULT_CPU_PERCENT',
+  defaultDiskMb: 'FORKPOINT_DEFAULT_DISK_MB',
 };
 
 export const configEnvNames: Readonly<Record<keyof Config, string>> = envNames;

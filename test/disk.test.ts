@@ -4,7 +4,7 @@
  * Every call must answer 507 INSUFFICIENT_STORAGE or a `failed` checkpoint with a reason, never
  * 500 and never `processing` forever, and must leave nothing half-made behind.
  */
-import { mkdtemp, rm, statfs } from 'node:fs/promises';
+import { readdir, readFile, mkdtemp, rm, statfs } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -15,6 +15,7 @@ let work: string;
 let mnt: string;
 let s: TestServer;
 
+describe('finding 9: a full data directory', () => {
 beforeAll(async () => {
   work = await mkdtemp(join(tmpdir(), 'forkpoint-disk-'));
   mnt = join(work, 'data');
@@ -44,7 +45,6 @@ async function fill(leave: number): Promise<void> {
   await execa('fallocate', ['-l', String(size), join(mnt, 'filler')]);
 }
 
-describe('finding 9: a full data directory', () => {
   it('create, checkpoint and fork answer 507 or end `failed`, never 500 or processing forever; nothing is left half-made', async () => {
     const a = await s.instance({ name: 'before-full' });
     await s.exec(a.id, { command: 'echo kept > /root/f' });
@@ -89,5 +89,66 @@ describe('finding 9: a full data directory', () => {
     expect(ok.status).toBe('ready');
     const f2 = await s.api('POST', `/instances/${a.id}/fork`, { checkpoint_id: good.id });
     expect(f2.status).toBe(201);
+  });
+});
+
+describe('finding 9: a per-instance disk limit (limits.disk_mb)', () => {
+  let server: TestServer;
+  beforeAll(async () => {
+    server = await startServer();
+  });
+  afterAll(async () => server?.close());
+
+  const hostFree = async () => {
+    const st = await statfs(server.dataDir);
+    return st.bavail * st.bsize;
+  };
+  const volumeMounts = async () => (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((l) => l.includes(`${server.dataDir}/volumes/`));
+
+  it('a sandbox cannot write past its limit, and the host\'s disk grows by no more than it', async () => {
+    const i = await server.instance({ name: 'capped', limits: { disk_mb: 64 } });
+    expect(i.limits.disk_mb).toBe(64);
+    const df = await server.exec(i.id, { command: 'df -m / | tail -1' });
+    expect(Number(df.stdout.trim().split(/\s+/)[1])).toBeLessThanOrEqual(64); // the sandbox sees its limit
+    const free = await hostFree();
+    const w = await server.exec(i.id, { command: 'dd if=/dev/zero of=/root/big bs=1M count=200 2>&1; echo rc=$?', timeout_ms: 60_000 });
+    expect(w.stdout).toMatch(/No space left on device/);
+    expect(w.stdout).toMatch(/rc=1/);
+    expect(free - (await hostFree())).toBeLessThan(70 << 20);
+    // What is deleted inside goes back; the instance works on.
+    await server.exec(i.id, { command: 'rm /root/big; head -c 20000000 /dev/urandom > /root/keep; sync' });
+    expect((await server.exec(i.id, { command: 'wc -c < /root/keep' })).stdout.trim()).toBe('20000000');
+  });
+
+  it('checkpoints freeze into the limited disk; rollback and forks work; all of it goes with the instances', async () => {
+    const i = await server.instance({ name: 'capped2', limits: { disk_mb: 96 } });
+    await server.exec(i.id, { command: 'echo one > /root/v; head -c 10000000 /dev/urandom > /root/data', session: 'main' });
+    const ck = (await server.api('POST', `/instances/${i.id}/checkpoints?wait=true`, {})).body;
+    expect(ck.status).toBe('ready');
+    expect(ck.delta_bytes).toBeGreaterThan(10_000_000);
+    await server.exec(i.id, { command: 'echo two > /root/v' });
+    expect((await server.api('POST', `/instances/${i.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    expect((await server.exec(i.id, { command: 'cat /root/v' })).stdout).toBe('one\n');
+    const fork = (await server.api('POST', `/instances/${i.id}/fork`, { checkpoint_id: ck.id })).body.instances[0];
+    expect(fork.limits.disk_mb).toBe(96);
+    expect((await server.exec(fork.id, { command: 'cat /root/v; wc -c < /root/data' })).stdout).toBe('one\n10000000\n');
+    // the fork's own writes count against its own limit, not its source's
+    const big = await server.exec(fork.id, { command: 'dd if=/dev/zero of=/root/big bs=1M count=200 2>&1; echo rc=$?', timeout_ms: 60_000 });
+    expect(big.stdout).toMatch(/rc=1/);
+    expect((await server.exec(i.id, { command: 'head -c 50000000 /dev/zero > /root/room; echo rc=$?' })).stdout).toBe('rc=0\n');
+
+    expect((await volumeMounts()).length).toBeGreaterThanOrEqual(2);
+    // The source goes first: its checkpoint's layer lives on in its volume while the fork stands on it.
+    expect((await server.api('DELETE', `/instances/${i.id}`)).status).toBe(204);
+    expect((await server.exec(fork.id, { command: 'wc -c < /root/data' })).stdout).toBe('10000000\n');
+    expect((await server.api('DELETE', `/instances/${fork.id}`)).status).toBe(204);
+    expect((await volumeMounts()).filter((m) => m.includes(i.id) || m.includes(fork.id))).toEqual([]);
+    expect((await readdir(join(server.dataDir, 'volumes'))).filter((n) => n.startsWith(i.id) || n.startsWith(fork.id))).toEqual([]);
+  });
+
+  it('a limit below 64 MiB is refused with a clear error', async () => {
+    const r = await server.api('POST', '/instances', { limits: { disk_mb: 10 } });
+    expect(r.status).toBe(400);
+    expect(r.body.error.code).toBe('INVALID_REQUEST');
   });
 });

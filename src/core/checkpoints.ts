@@ -454,7 +454,7 @@ export class CheckpointService {
   async recover(): Promise<void> {
     for (const p of this.store.layers.pending()) {
       const inst = this.store.instances.get(p.instanceId);
-      if (inst && existsSync(this.engine.layout.layer(p.id)) && !inst.layers.includes(p.id)) {
+      if (inst && this.engine.recoverFrozenLayer(p.id, inst.id) && !inst.layers.includes(p.id)) {
         const layers = [p.id, ...inst.layers];
         this.store.layers.setRefs(`instance:${inst.id}`, layers);
         this.store.instances.update(inst.id, { layers });

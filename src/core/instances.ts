@@ -92,7 +92,16 @@ export class InstanceService {
   }
 
   spec(rec: InstanceRecord): SandboxSpec {
-    return { id: rec.id, hostname: rec.name, image: rec.image, layers: rec.layers, baseLayer: rec.baseLayer, agentLayer: rec.agentLayer, limits: rec.limits };
+    return {
+      id: rec.id,
+      hostname: rec.name,
+      image: rec.image,
+      layers: rec.layers,
+      baseLayer: rec.baseLayer,
+      agentLayer: rec.agentLayer,
+      limits: rec.limits,
+      diskMb: rec.limits.diskMb ?? null,
+    };
   }
 
   limitsFrom(input: Partial<Limits> | undefined): Limits {
@@ -100,6 +109,7 @@ export class InstanceService {
       memoryMb: input?.memoryMb ?? this.config.defaultMemoryMb,
       pids: input?.pids ?? this.config.defaultPids,
       cpuPercent: input?.cpuPercent ?? this.config.defaultCpuPercent,
+      diskMb: input?.diskMb ?? (this.config.defaultDiskMb || null),
     };
   }
 

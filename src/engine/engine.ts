@@ -1,6 +1,6 @@
-import { existsSync, mkdirSync, renameSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
 import { mkdir, readdir, rename, rm, stat, statfs } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, relative, resolve } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { ensureAgentLayer } from './agent-layer.js';
@@ -12,6 +12,7 @@ import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from './layout.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
+import { Volumes } from './volumes.js';
 import { run, Steps } from './run.js';
 import { AgentError } from './agent/client.js';
 
@@ -35,6 +36,8 @@ export interface SandboxSpec {
   baseLayer: boolean;
   agentLayer: string;
   limits: ResourceLimits;
+  /** A size limit on everything the instance writes (volumes.ts); null: none. */
+  diskMb: number | null;
 }
 
 export interface FreezeResult {
@@ -56,6 +59,7 @@ export class Engine {
   readonly layout: DataLayout;
   readonly criu: Criu;
   readonly cgroups = new Cgroups();
+  private readonly volumes: Volumes;
   private readonly mounter: Mounter;
   private readonly live = new Map<string, Sandbox>();
   private readonly restorers = new RestorerPool(() => this.startRestorer());
@@ -63,6 +67,7 @@ export class Engine {
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
+    this.volumes = new Volumes(this.layout.volumes);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
   }
@@ -73,9 +78,11 @@ export class Engine {
 
   async init(): Promise<void> {
     await rm(this.layout.spill, { recursive: true, force: true });
-    for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
+    for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, this.layout.volumes, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
       await mkdir(d, { recursive: true });
     }
+    // After a reboot the volumes are not mounted, and the layers in them not reachable.
+    await this.volumes.mountAll();
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
     await this.emptyTrash();
@@ -126,15 +133,31 @@ export class Engine {
     await rename(tmp, l.layer(into));
   }
 
+  /** The instance's upper and work dirs: in its volume when it has a disk limit. */
+  private upperOf(id: string): string {
+    return this.volumes.has(id) ? this.volumes.upper(id) : this.layout.upper(id);
+  }
+
+  private workOf(id: string): string {
+    return this.volumes.has(id) ? this.volumes.work(id) : this.layout.work(id);
+  }
+
+  /** Makes (or mounts) the instance's volume, when it has a disk limit. Before any pause. */
+  private async ensureVolume(spec: SandboxSpec): Promise<void> {
+    if (spec.diskMb) await this.volumes.create(spec.id, spec.diskMb);
+  }
+
   /** Readies the instance's disk directories; the helper that starts the sandbox mounts them
    * (in place of what is mounted there now). Synchronous: a handful of quick syscalls on the
    * path of every restore, not worth a trip each through the thread pool. */
   private prepareDisk(spec: SandboxSpec, freshUpper: boolean): void {
     const l = this.layout;
-    if (freshUpper) this.discard(l.upper(spec.id));
-    mkdirSync(l.upper(spec.id), { recursive: true });
-    this.discard(l.work(spec.id));
-    for (const dir of [l.work(spec.id), l.merged(spec.id), l.run(spec.id)]) mkdirSync(dir, { recursive: true });
+    const upper = this.upperOf(spec.id);
+    const work = this.workOf(spec.id);
+    if (freshUpper) this.discard(upper);
+    mkdirSync(upper, { recursive: true });
+    this.discard(work);
+    for (const dir of [work, l.merged(spec.id), l.run(spec.id)]) mkdirSync(dir, { recursive: true });
   }
 
   private overlay(spec: SandboxSpec, withTarget: boolean): string[] {
@@ -142,8 +165,8 @@ export class Engine {
     return Mounter.helperArgs(
       {
         lowers: this.lowers(spec),
-        upper: l.relative(l.upper(spec.id)),
-        work: l.relative(l.work(spec.id)),
+        upper: l.relative(this.upperOf(spec.id)),
+        work: l.relative(this.workOf(spec.id)),
         target: l.merged(spec.id),
         cwd: l.root,
       },
@@ -151,12 +174,20 @@ export class Engine {
     );
   }
 
-  /** Moves a directory to the trash (a rename) and deletes it in the background. */
+  /** Moves a directory to a trash on its own filesystem (a rename) and deletes it in the
+   * background. */
   private discard(dir: string): void {
     if (!existsSync(dir)) return;
-    const dest = join(this.layout.trash, `${Date.now()}-${Math.random().toString(36).slice(2)}`);
+    const volume = this.volumeOf(dir);
+    const dest = join(volume ? this.volumes.trash(volume) : this.layout.trash, `${Date.now()}-${Math.random().toString(36).slice(2)}`);
     renameSync(dir, dest);
     void rm(dest, { recursive: true, force: true }).catch(() => {});
+  }
+
+  /** The volume a path lies in, if any. */
+  private volumeOf(path: string): string | undefined {
+    const prefix = this.layout.volumes + '/';
+    return path.startsWith(prefix) ? path.slice(prefix.length).split('/')[0] : undefined;
   }
 
   private async emptyTrash(): Promise<void> {
@@ -256,6 +287,7 @@ export class Engine {
 
   /** Boots a sandbox on the instance's disk (a fresh upper when `fresh`). */
   async boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<Sandbox> {
+    await this.ensureVolume(spec);
     this.prepareDisk(spec, opts.freshUpper);
     try {
       return await this.attach(spec, await this.launchBoot(spec));
@@ -272,6 +304,7 @@ export class Engine {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
       return this.boot(spec, { freshUpper: true });
     }
+    await this.ensureVolume(spec);
     const steps = new Steps();
     const restorer = this.restorers.take();
     try {
@@ -327,6 +360,11 @@ export class Engine {
   async destroy(id: string): Promise<void> {
     await this.stop(id);
     this.discard(this.layout.instance(id));
+    if (this.volumes.has(id)) {
+      this.discard(this.volumes.upper(id));
+      this.discard(this.volumes.work(id));
+      await this.volumes.releaseIfEmpty(id);
+    }
   }
 
   /** Kills a stray sandbox the store does not know, by pid. */
@@ -367,7 +405,7 @@ export class Engine {
       // runs, leaves only what is written in the meantime to the background.
       [imagesFd] = await Promise.all([
         dumper.ready().then(() => dumper.openDir(images)),
-        run(this.opts.agentPath, ['syncfs', this.layout.upper(spec.id)]),
+        run(this.opts.agentPath, ['syncfs', this.upperOf(spec.id)]),
         prepared,
       ]);
     } catch (err) {
@@ -426,12 +464,30 @@ export class Engine {
     this.freezeUpper(id, layerId);
   }
 
+  /** Freezes the upper into a layer by rename. An instance with a volume keeps the layer in
+   * it (a rename cannot leave a filesystem) and `layers/<id>` points there. */
   private freezeUpper(id: string, layerId: string): void {
     const l = this.layout;
-    renameSync(l.upper(id), l.layer(layerId));
-    mkdirSync(l.upper(id));
-    this.discard(l.work(id));
-    mkdirSync(l.work(id));
+    if (this.volumes.has(id)) {
+      const frozen = join(this.volumes.layers(id), layerId);
+      renameSync(this.volumes.upper(id), frozen);
+      symlinkSync(relative(l.layers, frozen), l.layer(layerId));
+    } else {
+      renameSync(l.upper(id), l.layer(layerId));
+    }
+    mkdirSync(this.upperOf(id));
+    this.discard(this.workOf(id));
+    mkdirSync(this.workOf(id));
+  }
+
+  /** Whether a layer frozen just before a crash is there (mending its link into a volume if
+   * the crash came between the rename and the link). */
+  recoverFrozenLayer(layerId: string, instanceId: string): boolean {
+    if (existsSync(this.layout.layer(layerId))) return true;
+    const inVolume = join(this.volumes.layers(instanceId), layerId);
+    if (!this.volumes.has(instanceId) || !existsSync(inVolume)) return false;
+    symlinkSync(relative(this.layout.layers, inVolume), this.layout.layer(layerId));
+    return true;
   }
 
   /**
@@ -448,6 +504,7 @@ export class Engine {
     if (!sb) {
       return images ? this.restore(spec, images, { setHostname: false }) : this.boot(spec, { freshUpper: true });
     }
+    await this.ensureVolume(spec);
     const steps = new Steps();
     await sb.pause(async () => {
       // A warm CRIU if the pool has one; else it starts while the old sandbox goes.
@@ -480,7 +537,15 @@ export class Engine {
   }
 
   async removeLayer(layerId: string): Promise<void> {
-    this.discard(this.layout.layer(layerId));
+    const link = this.layout.layer(layerId);
+    const st = lstatSync(link, { throwIfNoEntry: false });
+    if (!st?.isSymbolicLink()) return this.discard(link);
+    // A layer in a volume: it goes from there, and the volume with it once nothing is left.
+    const frozen = resolve(this.layout.layers, readlinkSync(link));
+    const volume = this.volumeOf(frozen);
+    this.discard(frozen);
+    rmSync(link, { force: true });
+    if (volume) await this.volumes.releaseIfEmpty(volume);
   }
 
   async removeCheckpointImages(checkpointId: string): Promise<void> {
@@ -500,8 +565,9 @@ export class Engine {
 
   async diskUsage(path: string): Promise<number> {
     if (!existsSync(path)) return 0;
-    // -x: not into mounted overlays (merged/), which would count every layer again.
-    const r = await execa('du', ['-sbx', '--apparent-size', path], { reject: false });
+    // -x: not into mounted overlays (merged/), which would count every layer again; -D: a layer
+    // in a volume is a symlink to follow.
+    const r = await execa('du', ['-sbxD', '--apparent-size', path], { reject: false });
     const n = Number(r.stdout.split('\t')[0]);
     if (Number.isFinite(n)) return n;
     return (await stat(path)).size;

@@ -47,6 +47,10 @@ export class DataLayout {
   checkpoint(id: string): string {
     return join(this.root, 'checkpoints', id);
   }
+  /** Size-limited filesystems of instances with a disk limit (volumes.ts). */
+  get volumes(): string {
+    return join(this.root, 'volumes');
+  }
   /** Command output past the first MiB per stream, until it is sent (engine/output.ts). */
   get spill(): string {
     return join(this.root, 'spill');

@@ -27,6 +27,13 @@ export const Limits = z.object({
   memory_mb: z.number().int().min(32).max(256 * 1024).optional(),
   pids: z.number().int().min(16).max(1 << 20).optional(),
   cpu_percent: z.number().int().min(1).max(6400).optional(),
+  disk_mb: z
+    .number()
+    .int()
+    .min(64)
+    .max(16 << 20)
+    .optional()
+    .describe('a limit on everything the instance writes, its checkpoints\' changes included (a size-limited filesystem of its own); default: the server\'s (none unless configured)'),
 });
 
 export const IdParams = z.object({ id: z.string().min(1).max(64) });
@@ -57,7 +64,7 @@ export const Instance = z
     image: z.string(),
     status: z.enum(['starting', 'running', 'stopped', 'error']),
     env: z.record(z.string(), z.string()),
-    limits: z.object({ memory_mb: z.number(), pids: z.number(), cpu_percent: z.number() }),
+    limits: z.object({ memory_mb: z.number(), pids: z.number(), cpu_percent: z.number(), disk_mb: z.number().nullable() }),
     metadata: z.record(z.string(), z.string()),
     max_checkpoints: z.number().nullable(),
     head_checkpoint_id: z.string().nullable(),

@@ -11,7 +11,7 @@ export const instanceView = (r: InstanceRecord) => ({
   image: r.image,
   status: r.status,
   env: r.env,
-  limits: { memory_mb: r.limits.memoryMb, pids: r.limits.pids, cpu_percent: r.limits.cpuPercent },
+  limits: { memory_mb: r.limits.memoryMb, pids: r.limits.pids, cpu_percent: r.limits.cpuPercent, disk_mb: r.limits.diskMb ?? null },
   metadata: r.metadata,
   max_checkpoints: r.maxCheckpoints,
   head_checkpoint_id: r.headCheckpointId,

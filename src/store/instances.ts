@@ -6,6 +6,8 @@ export interface Limits {
   memoryMb: number;
   pids: number;
   cpuPercent: number;
+  /** Everything the instance writes, its checkpoints' changes included; null or absent: none. */
+  diskMb?: number | null;
 }
 
 export interface InstanceRecord {

@@ -9,7 +9,7 @@ import { sendWithOutputs } from '../output-json.js';
 import { execFields, instanceView, processView } from '../views.js';
 
 const limitsIn = (l: z.infer<typeof CreateInstanceBody>['limits']) =>
-  l && { memoryMb: l.memory_mb, pids: l.pids, cpuPercent: l.cpu_percent };
+  l && { memoryMb: l.memory_mb, pids: l.pids, cpuPercent: l.cpu_percent, diskMb: l.disk_mb };
 
 export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
