@@ -58,10 +58,10 @@ export interface BenchServer {
   close(): Promise<void>;
 }
 
-export async function benchServer(): Promise<BenchServer> {
+export async function benchServer(opts: { unconfined?: boolean } = {}): Promise<BenchServer> {
   const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, logLevel: 'silent', maxCheckpointsPerInstance: 1000 } });
-  const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION);
+  const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION, { unconfinedForBenchmarks: opts.unconfined ?? false });
   await fp.start();
   const token = (await fp.ensureInitialToken())!;
   const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });

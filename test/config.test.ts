@@ -1,8 +1,14 @@
-import { mkdtemp, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
+
+let dir: string;
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'fp-config-'));
+});
+afterAll(async () => rm(dir, { recursive: true, force: true }));
 
 describe('configuration', () => {
   it('has defaults: /var/lib/forkpoint, loopback', () => {
@@ -12,7 +18,6 @@ describe('configuration', () => {
   });
 
   it('takes flags over environment over file over defaults', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'fp-config-'));
     const file = join(dir, 'config.json');
     await writeFile(file, JSON.stringify({ port: 1111, host: '0.0.0.0', dataDir: '/from/file', logLevel: 'warn' }));
     const env = { FORKPOINT_PORT: '2222', FORKPOINT_DATA_DIR: '/from/env' };
@@ -25,7 +30,6 @@ describe('configuration', () => {
   });
 
   it('reads the file named by FORKPOINT_CONFIG', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'fp-config-'));
     const file = join(dir, 'c.json');
     await writeFile(file, JSON.stringify({ port: 4444 }));
     expect(loadConfig({ env: { FORKPOINT_CONFIG: file } }).port).toBe(4444);
@@ -33,7 +37,6 @@ describe('configuration', () => {
 
   it('rejects bad values and unknown keys with a clear message', async () => {
     expect(() => loadConfig({ env: { FORKPOINT_PORT: 'seventy' } })).toThrow(/port/);
-    const dir = await mkdtemp(join(tmpdir(), 'fp-config-'));
     const file = join(dir, 'c.json');
     await writeFile(file, JSON.stringify({ prot: 1 }));
     expect(() => loadConfig({ file, env: {} })).toThrow(/prot/);

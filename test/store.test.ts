@@ -1,13 +1,21 @@
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { migrate, openDb, schemaVersion } from '../src/store/db.js';
 import { migrations } from '../src/store/migrations.js';
 import { TokenStore } from '../src/store/tokens.js';
 
-const tmpDb = async () => join(await mkdtemp(join(tmpdir(), 'fp-store-')), 'forkpoint.db');
+const dirs: string[] = [];
+const tmpDb = async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'fp-store-'));
+  dirs.push(dir);
+  return join(dir, 'forkpoint.db');
+};
+afterAll(async () => {
+  for (const d of dirs) await rm(d, { recursive: true, force: true });
+});
 
 describe('store migrations', () => {
   it('brings a new database to the newest version', async () => {

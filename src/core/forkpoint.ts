@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
-import { Engine } from '../engine/engine.js';
+import { Engine, type EngineOptions } from '../engine/engine.js';
 import { Images } from '../engine/images.js';
 import { isMounted } from '../engine/overlay.js';
 import { openStore, type Store } from '../store/index.js';
@@ -36,8 +36,9 @@ export class Forkpoint {
     readonly config: Config,
     readonly log: Logger,
     readonly version: string,
+    engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {},
   ) {
-    this.engine = new Engine({ dataDir: config.dataDir, criuPath: config.criuPath, criuCacheDir: config.criuCacheDir, agentPath: config.agentPath, logger: log });
+    this.engine = new Engine({ dataDir: config.dataDir, criuPath: config.criuPath, criuCacheDir: config.criuCacheDir, agentPath: config.agentPath, logger: log, ...engineOverrides });
     this.store = openStore(this.engine.layout.db);
     this.images = new Images(this.engine.layout.images);
     const locks = new KeyedLock();
@@ -50,9 +51,9 @@ export class Forkpoint {
     }, log);
   }
 
-  static async open(config: Config, log: Logger, version: string): Promise<Forkpoint> {
+  static async open(config: Config, log: Logger, version: string, engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
-    const fp = new Forkpoint(config, log, version);
+    const fp = new Forkpoint(config, log, version, engineOverrides);
     return fp;
   }
 

@@ -1,0 +1,66 @@
+/**
+ * Issue 8: what the confinement costs. Checkpoint pause, rollback and fork of an idle sandbox
+ * with the /proc masks, the read-only /proc paths and the seccomp filter on (as every sandbox
+ * runs), next to the same operations on sandboxes booted without them, measured in the same run
+ * and interleaved, so that the machine's noise falls on both alike.
+ */
+import { benchServer, stats, table, type BenchServer, type Stats } from './lib.js';
+
+const N = Number(process.env.BENCH_N ?? 15);
+
+const confined = await benchServer();
+const unconfined = await benchServer({ unconfined: true });
+
+async function instance(s: BenchServer): Promise<string> {
+  const r = await s.api('POST', '/instances', {});
+  if (r.status !== 201) throw new Error(JSON.stringify(r.body));
+  await s.api('POST', `/instances/${r.body.id}/exec`, { command: 'true' });
+  return r.body.id;
+}
+
+interface Samples {
+  pause: number[];
+  rollback: number[];
+  fork: number[];
+}
+
+async function round(s: BenchServer, id: string, out: Samples): Promise<void> {
+  const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
+  if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
+  out.pause.push(ck.body.pause_ms);
+  let t = performance.now();
+  const rb = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.body.id });
+  if (rb.status !== 200) throw new Error(JSON.stringify(rb.body));
+  out.rollback.push(performance.now() - t);
+  t = performance.now();
+  const f = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.body.id });
+  if (f.status !== 201) throw new Error(JSON.stringify(f.body));
+  out.fork.push(performance.now() - t);
+  await s.api('DELETE', `/instances/${f.body.instances[0].id}`);
+}
+
+try {
+  const a = await instance(confined);
+  const b = await instance(unconfined);
+  const on: Samples = { pause: [], rollback: [], fork: [] };
+  const off: Samples = { pause: [], rollback: [], fork: [] };
+  // Warm-up: page cache, JIT, the restorer pools.
+  await round(confined, a, { pause: [], rollback: [], fork: [] });
+  await round(unconfined, b, { pause: [], rollback: [], fork: [] });
+  for (let i = 0; i < N; i++) {
+    await round(confined, a, on);
+    await round(unconfined, b, off);
+  }
+  const row = (name: string, s: Stats, target?: string) => ({ name, stats: s, ...(target ? { target } : {}) });
+  table('confinement: masked /proc, read-only /proc/sys, seccomp filter (issue 8), idle sandbox', [
+    row('checkpoint pause, confined', stats(on.pause), '≤ 60'),
+    row('  baseline: same, unconfined', stats(off.pause)),
+    row('rollback, confined', stats(on.rollback), '≤ 40'),
+    row('  baseline: same, unconfined', stats(off.rollback)),
+    row('fork 1, confined', stats(on.fork), '≤ 40'),
+    row('  baseline: same, unconfined', stats(off.fork)),
+  ]);
+} finally {
+  await confined.close();
+  await unconfined.close();
+}

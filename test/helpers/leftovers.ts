@@ -1,0 +1,41 @@
+/**
+ * Fails the run if the suite leaves anything of its own behind: mounts and loop devices of
+ * test data directories, sandbox cgroups, temporary directories. What existed before the run
+ * (another checkout's, a developer's server) is not counted.
+ */
+import { readdirSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { execaSync } from 'execa';
+
+const TEMP = /^(forkpoint-|fp-config-|fp-store-)/;
+
+function snapshot(): Set<string> {
+  const found = new Set<string>();
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const at = line.split(' ')[4];
+    if (at?.startsWith(`${tmpdir()}/forkpoint-`)) found.add(`mount ${at}`);
+  }
+  for (const line of execaSync('losetup', ['-a'], { reject: false }).stdout.split('\n')) {
+    if (line.includes(`${tmpdir()}/forkpoint-`)) found.add(`loop ${line}`);
+  }
+  for (const controller of ['memory', 'pids', 'cpu', 'devices', '.']) {
+    try {
+      for (const g of readdirSync(`/sys/fs/cgroup/${controller}/forkpoint`)) if (g.startsWith('inst_')) found.add(`cgroup ${controller}/${g}`);
+    } catch {
+      // no such hierarchy here
+    }
+  }
+  for (const name of readdirSync(tmpdir())) if (TEMP.test(name)) found.add(`temp ${tmpdir()}/${name}`);
+  return found;
+}
+
+export default function setup(): () => void {
+  const before = snapshot();
+  return () => {
+    const left = [...snapshot()].filter((x) => !before.has(x));
+    if (!left.length) return;
+    // Vitest only logs what a global teardown throws: the exit code is what fails CI.
+    process.stderr.write(`\nthe test suite left behind:\n  ${left.join('\n  ')}\n`);
+    process.exitCode = 1;
+  };
+}
