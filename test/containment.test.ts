@@ -115,6 +115,28 @@ describe('containment matrix, from inside a sandbox', () => {
   });
 });
 
+describe('the confinement survives checkpoint, rollback and fork (CRIU carries it)', () => {
+  const probe = `grep -E "^(NoNewPrivs|Seccomp):" /proc/self/status | tr -s '\\t ' ' '; (echo x > /proc/sys/kernel/core_pattern) 2>/dev/null || echo sys-ro; wc -c < /proc/keys; cat /proc/1/environ >/dev/null 2>&1 || echo agent-private; ${KIT} addkey fp-after`;
+  const confined = ['NoNewPrivs: 1', 'Seccomp: 2', 'sys-ro', '0', 'agent-private', 'addkey: refused EPERM'].join('\n') + '\n';
+
+  it('after a checkpoint, a rollback and in a fork, every process is as confined as at boot', async () => {
+    const inst = await s.instance({ name: 'survivor' });
+    await installKit(s, inst.id, kit);
+    expect((await sh(inst.id, probe)).stdout).toBe(confined);
+    await s.exec(inst.id, { command: 'true', session: 'main' }); // a shell made before the checkpoint
+    const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
+    expect(ck.status).toBe('ready');
+    expect((await sh(inst.id, probe)).stdout).toBe(confined);
+    expect((await s.exec(inst.id, { command: probe, session: 'main' })).stdout).toBe(confined);
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    expect((await sh(inst.id, probe)).stdout).toBe(confined);
+    expect((await s.exec(inst.id, { command: probe, session: 'main' })).stdout).toBe(confined);
+    const fork = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body.instances[0];
+    expect((await sh(fork.id, probe)).stdout).toBe(confined);
+    expect((await s.exec(fork.id, { command: probe, session: 'main' })).stdout).toBe(confined);
+  });
+});
+
 describe('finding 1: /proc/sys is not writable (host root through core_pattern)', () => {
   it('a core_pattern pipe to a sandbox file is refused and the host runs nothing', async () => {
     const before = readFileSync('/proc/sys/kernel/core_pattern', 'utf8');
