@@ -23,8 +23,8 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "agent.h"
 #include "fp.h"
-#include "protocol.h"
 
 #define SOCKET_PATH "/.fp/agent.sock"
 #define MAX_CONNS 32
@@ -40,13 +40,6 @@ struct ring {
   uint64_t total;    /* bytes ever written: the offset of the next byte */
 };
 
-struct conn {
-  int fd;
-  char *in;
-  uint32_t in_len, in_cap;
-  char *out;
-  uint32_t out_len, out_off, out_cap;
-};
 
 struct proc {
   uint32_t id;
@@ -124,7 +117,7 @@ static int conn_reserve(struct conn *c, uint32_t extra) {
   return 0;
 }
 
-static void send_frame2(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *a,
+void send_frame2(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *a,
                         uint32_t alen, const void *b, uint32_t blen) {
   struct fp_header h = {.len = alen + blen, .type = type, .flags = flags, .id = id};
   if (conn_reserve(c, FP_HEADER_LEN + alen + blen) < 0) return;
@@ -134,12 +127,12 @@ static void send_frame2(struct conn *c, uint8_t type, uint8_t flags, uint32_t id
   if (blen) memcpy(c->out + c->out_len, b, blen), c->out_len += blen;
 }
 
-static void send_frame(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *p,
+void send_frame(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *p,
                        uint32_t n) {
   send_frame2(c, type, flags, id, p, n, NULL, 0);
 }
 
-static void send_error(struct conn *c, uint32_t id, int err, const char *msg) {
+void send_error(struct conn *c, uint32_t id, int err, const char *msg) {
   int32_t e = err;
   send_frame2(c, FP_T_ERROR, 0, id, &e, 4, msg, (uint32_t)strlen(msg));
 }
@@ -520,142 +513,6 @@ static void do_list(struct conn *c, struct fp_header *h) {
   free(buf);
 }
 
-/* File operations for the host. They run here, inside the sandbox's root, so that a symlink
- * planted in the sandbox can never lead the host's engine to a path of the host. */
-static const char *payload_path(struct fp_header *h, char *pl, uint32_t skip) {
-  if (h->len <= skip) return NULL;
-  char *z = memchr(pl + skip, 0, h->len - skip);
-  return z ? pl + skip : NULL;
-}
-
-static void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
-  uint32_t mode;
-  const char *path = payload_path(h, pl, 4);
-  if (!path) return send_error(c, h->id, EINVAL, "bad write");
-  memcpy(&mode, pl, 4);
-  const char *data = path + strlen(path) + 1;
-  uint32_t n = (uint32_t)(pl + h->len - data);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
-  if (fd < 0 && errno == ENOENT) {
-    char dir[4096];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-      *slash = 0;
-      mkdir(dir, 0700);
-      fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
-    }
-  }
-  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
-  uint32_t off = 0;
-  while (off < n) {
-    ssize_t w = write(fd, data + off, n - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int e = errno;
-      close(fd);
-      return send_error(c, h->id, e, strerror(e));
-    }
-    off += (uint32_t)w;
-  }
-  close(fd);
-  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
-}
-
-/* READ_FILE: u32 max, path; READ_AT: u32 max, u64 offset, path. */
-static void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
-  uint32_t max;
-  uint64_t offset = 0;
-  int at = h->type == FP_T_READ_AT;
-  const char *path = payload_path(h, pl, at ? 12 : 4);
-  if (!path) return send_error(c, h->id, EINVAL, "bad read");
-  memcpy(&max, pl, 4);
-  if (at) memcpy(&offset, pl + 4, 8);
-  if (max > FP_MAX_FRAME - 64) max = FP_MAX_FRAME - 64;
-  if (offset > (uint64_t)INT64_MAX) return send_error(c, h->id, EINVAL, "bad offset");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    close(fd);
-    return send_error(c, h->id, EISDIR, strerror(EISDIR));
-  }
-  char *buf = malloc((size_t)max + 1);
-  if (!buf) {
-    close(fd);
-    return send_error(c, h->id, ENOMEM, "no memory");
-  }
-  uint32_t got = 0;
-  for (;;) {
-    ssize_t r = pread(fd, buf + got, (size_t)max + 1 - got, (off_t)(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      int e = errno;
-      free(buf);
-      close(fd);
-      return send_error(c, h->id, e, strerror(e));
-    }
-    if (r == 0) break;
-    got += (uint32_t)r;
-    if (got == max + 1) break;
-  }
-  close(fd);
-  send_frame(c, FP_T_FILE, got > max ? 1 : 0, h->id, buf, got > max ? max : got);
-  free(buf);
-}
-
-static void do_remove_file(struct conn *c, struct fp_header *h, char *pl) {
-  const char *path = payload_path(h, pl, 0);
-  if (!path) return send_error(c, h->id, EINVAL, "bad remove");
-  if (unlink(path) < 0 && errno != ENOENT && !(errno == EISDIR && rmdir(path) == 0))
-    return send_error(c, h->id, errno, strerror(errno));
-  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
-}
-
-static void do_list_dir(struct conn *c, struct fp_header *h, char *pl) {
-  const char *path = payload_path(h, pl, 0);
-  if (!path) return send_error(c, h->id, EINVAL, "bad list");
-  DIR *d = opendir(path);
-  if (!d) return send_error(c, h->id, errno, strerror(errno));
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  struct dirent *e;
-  while (f && (e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || strchr(e->d_name, '\n') || strchr(e->d_name, '\t')) continue;
-    struct stat st;
-    char type = 'o';
-    long long size = 0;
-    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-      type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : S_ISLNK(st.st_mode) ? 'l' : 'o';
-      size = (long long)st.st_size;
-    }
-    fprintf(f, "%s\t%c\t%lld\n", e->d_name, type, size);
-  }
-  closedir(d);
-  if (!f) return send_error(c, h->id, ENOMEM, "no memory");
-  fclose(f);
-  send_frame(c, FP_T_FILE, 0, h->id, buf, (uint32_t)len);
-  free(buf);
-}
-
-static void do_mkdir(struct conn *c, struct fp_header *h, char *pl) {
-  const char *path = payload_path(h, pl, 0);
-  if (!path || path[0] != '/') return send_error(c, h->id, EINVAL, "bad mkdir");
-  char dir[4096];
-  snprintf(dir, sizeof(dir), "%s", path);
-  for (char *p = dir + 1;; p++) {
-    if (*p == '/' || *p == 0) {
-      char saved = *p;
-      *p = 0;
-      if (mkdir(dir, 0755) < 0 && errno != EEXIST) return send_error(c, h->id, errno, strerror(errno));
-      if (!saved) break;
-      *p = saved;
-    }
-  }
-  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
-}
-
 static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
   switch (h->type) {
     case FP_T_SPAWN: return do_spawn(c, h, pl);
@@ -678,6 +535,9 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
     }
     case FP_T_PING: return send_frame(c, FP_T_PONG, 0, h->id, NULL, 0);
     case FP_T_WRITE_FILE: return do_write_file(c, h, pl);
+    case FP_T_WRITE_AT: return do_write_at(c, h, pl);
+    case FP_T_RENAME: return do_rename(c, h, pl);
+    case FP_T_STAT: return do_stat(c, h, pl);
     case FP_T_READ_FILE:
     case FP_T_READ_AT: return do_read_file(c, h, pl);
     case FP_T_REMOVE_FILE: return do_remove_file(c, h, pl);

@@ -34,6 +34,9 @@ enum {
   FP_T_LIST_DIR = 13,   /* payload: path\0; reply FILE with lines "name\ttype\tsize\n", type d|f|l|o */
   FP_T_MKDIR = 14,      /* payload: path\0; parents made as needed */
   FP_T_READ_AT = 15,    /* payload: u32 max bytes, u64 offset, path\0 (agents from before it: EINVAL) */
+  FP_T_WRITE_AT = 16,   /* payload: u32 mode, u32 flags, u64 offset, path\0, bytes (likewise) */
+  FP_T_RENAME = 17,     /* payload: from\0 to\0 (likewise) */
+  FP_T_STAT = 18,       /* payload: path\0; reply FILE "type\tsize\tmode\tmtime_ms\ttarget\n" (likewise) */
 };
 
 /* agent -> client */
@@ -49,6 +52,7 @@ enum {
 };
 
 enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };
+enum { FP_WRITE_TRUNCATE = 1 };
 enum { FP_SIG_FOREGROUND = 1 };
 
 #endif

@@ -9,7 +9,8 @@ import { Forkpoint } from './core/forkpoint.js';
 import { openStore } from './store/index.js';
 import { Images } from './engine/images.js';
 import { DataLayout } from './engine/layout.js';
-import { buildApp } from './http/app.js';
+import { buildApp, openApiDocument } from './http/app.js';
+import type { OpenApiVersion } from './http/openapi.js';
 import { VERSION } from './version.js';
 
 interface GlobalFlags {
@@ -113,22 +114,22 @@ program
   .command('openapi')
   .description('Print the OpenAPI document (or write it to a file)')
   .option('-o, --out <file>')
-  .action(async (o: { out?: string }) => {
-    const text = await openApiDocument();
+  .option('--openapi <version>', '3.1 (the contract) or 3.0 (the 3.0.3 rendition)', '3.1')
+  .action(async (o: { out?: string; openapi: string }) => {
+    if (o.openapi !== '3.1' && o.openapi !== '3.0') throw new Error('--openapi is 3.1 or 3.0');
+    const text = await openApiText(o.openapi === '3.0' ? '3.0.3' : '3.1.0');
     if (o.out) await writeFile(o.out, text);
     else process.stdout.write(text);
   });
 
-/** The spec from the routes' zod schemas, on a throwaway store: no engine is started. */
-export async function openApiDocument(): Promise<string> {
+/** The document from the routes' zod schemas, on a throwaway store (no engine is started), with
+ * the default address as its server. */
+export async function openApiText(version: OpenApiVersion): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'forkpoint-openapi-'));
   try {
     const cfg = loadConfig({ env: {}, flags: { dataDir: dir } });
     const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION);
-    const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
-    await app.ready();
-    const text = JSON.stringify(app.swagger(), null, 2) + '\n';
-    await app.close();
+    const text = JSON.stringify(await openApiDocument(fp, version), null, 2) + '\n';
     await fp.close();
     return text;
   } finally {

@@ -216,7 +216,7 @@ describe('fork', () => {
     await s.exec(inst.id, { command: 'cd /var && export WHERE=here', session: 'main' });
     const r = await s.api('POST', `/instances/${inst.id}/fork`, { name: 'now-copy' });
     expect(r.status).toBe(201);
-    const fork = r.body.instances[0];
+    const fork = r.body; // without count: the instance itself
     expect(fork.name).toBe('now-copy');
     expect((await s.exec(fork.id, { command: 'pwd; echo $WHERE; hostname', session: 'main' })).stdout).toBe('/var\nhere\nnow-copy\n');
     expect((await s.exec(inst.id, { command: 'echo $WHERE', session: 'main' })).stdout).toBe('here\n');
@@ -226,14 +226,14 @@ describe('fork', () => {
     const root = await s.instance({ name: 'gen0' });
     await s.exec(root.id, { command: 'echo 0 > /root/gen' });
     const c0 = await checkpoint(root.id, { label: 'c0' });
-    const f1 = (await s.api('POST', `/instances/${root.id}/fork`, { checkpoint_id: c0.id, name: 'gen1' })).body.instances[0];
+    const f1 = (await s.api('POST', `/instances/${root.id}/fork`, { checkpoint_id: c0.id, name: 'gen1' })).body;
     await s.exec(f1.id, { command: 'echo 1 >> /root/gen' });
     const c1 = await checkpoint(f1.id, { label: 'c1' });
     expect(c1.parent_id).toBe(c0.id);
-    const f2 = (await s.api('POST', `/instances/${f1.id}/fork`, { checkpoint_id: c1.id, name: 'gen2' })).body.instances[0];
+    const f2 = (await s.api('POST', `/instances/${f1.id}/fork`, { checkpoint_id: c1.id, name: 'gen2' })).body;
     await s.exec(f2.id, { command: 'echo 2 >> /root/gen' });
     const c2 = await checkpoint(f2.id, { label: 'c2' });
-    const f3 = (await s.api('POST', `/instances/${f2.id}/fork`, { checkpoint_id: c2.id, name: 'gen3' })).body.instances[0];
+    const f3 = (await s.api('POST', `/instances/${f2.id}/fork`, { checkpoint_id: c2.id, name: 'gen3' })).body;
     expect((await s.exec(f3.id, { command: 'cat /root/gen' })).stdout).toBe('0\n1\n2\n');
     expect((await s.exec(root.id, { command: 'cat /root/gen' })).stdout).toBe('0\n');
     const tree = (await s.api('GET', `/instances/${root.id}/lineage`)).body;
@@ -249,14 +249,14 @@ describe('fork', () => {
     await s.exec(inst.id, { command: 'echo payload > /root/p' });
     const ck = await checkpoint(inst.id);
     const layers = s.fp.store.checkpoints.get(ck.id)!.layers;
-    const fork = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body.instances[0];
+    const fork = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body;
     expect((await s.api('DELETE', `/instances/${inst.id}/checkpoints/${ck.id}`)).status).toBe(204);
     expect((await s.exec(fork.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
     // The original goes too; the fork still stands on the layer.
     expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);
     expect((await s.exec(fork.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
     expect(statSync(s.fp.engine.layout.layer(layers[0]!)).isDirectory()).toBe(true);
-    const fork2 = (await s.api('POST', `/instances/${fork.id}/fork`, {})).body.instances[0];
+    const fork2 = (await s.api('POST', `/instances/${fork.id}/fork`, {})).body;
     expect((await s.exec(fork2.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
     expect((await s.api('DELETE', `/instances/${fork.id}`)).status).toBe(204);
     expect((await s.api('DELETE', `/instances/${fork2.id}`)).status).toBe(204);

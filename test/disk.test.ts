@@ -129,7 +129,7 @@ describe('finding 9: a per-instance disk limit (limits.disk_mb)', () => {
     await server.exec(i.id, { command: 'echo two > /root/v' });
     expect((await server.api('POST', `/instances/${i.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
     expect((await server.exec(i.id, { command: 'cat /root/v' })).stdout).toBe('one\n');
-    const fork = (await server.api('POST', `/instances/${i.id}/fork`, { checkpoint_id: ck.id })).body.instances[0];
+    const fork = (await server.api('POST', `/instances/${i.id}/fork`, { checkpoint_id: ck.id })).body;
     expect(fork.limits.disk_mb).toBe(96);
     expect((await server.exec(fork.id, { command: 'cat /root/v; wc -c < /root/data' })).stdout).toBe('one\n10000000\n');
     // the fork's own writes count against its own limit, not its source's

@@ -20,6 +20,8 @@ export interface ForkInput {
   name?: string | undefined;
   checkpointId?: string | undefined;
   count?: number | undefined;
+  /** Variables added to (or replacing) the source's, for the new instances' commands. */
+  env?: Record<string, string> | undefined;
 }
 
 export interface LineageNode {
@@ -348,7 +350,8 @@ export class CheckpointService {
   async fork(owner: string, sourceId: string, input: ForkInput): Promise<InstanceRecord[]> {
     const source = this.instances.get(owner, sourceId);
     const count = input.count ?? 1;
-    if (count > 1 && input.name) throw new InvalidRequestError('"name" can only be given with "count": 1');
+    // With several forks a name is a prefix: name-1, name-2, ...
+    const nameOf = (i: number) => (input.name && count > 1 ? `${input.name}-${i + 1}` : input.name);
     let c: CheckpointRecord;
     let unpin: () => void;
     if (input.checkpointId) {
@@ -366,10 +369,10 @@ export class CheckpointService {
       const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
       const made: string[] = [];
       const results = await Promise.allSettled(
-        Array.from({ length: count }, async () => {
+        Array.from({ length: count }, async (_, i) => {
           const rec = this.instances.newRecord(
             owner,
-            { name: input.name, image: c.image, env: source.env, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
+            { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
             { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id },
           );
           made.push(rec.id);

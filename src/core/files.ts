@@ -1,15 +1,27 @@
+import { randomBytes } from 'node:crypto';
+import { Readable } from 'node:stream';
 import type { Logger } from 'pino';
 import { AgentError, type AgentClient } from '../engine/agent/client.js';
-import type { DirEntry } from '../engine/agent/frames.js';
+import type { DirEntry, FileStat } from '../engine/agent/frames.js';
 import { ENOENT } from '../engine/agent/protocol.js';
+import type { Sandbox } from '../engine/sandbox.js';
 import { engineFailure } from './engine-failure.js';
-import { ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
+import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
 import type { InstanceService } from './instances.js';
 
 export const MAX_FILE_BYTES = 8 * 1024 * 1024 - 4096;
+/** Files are streamed to and from a sandbox in pieces of this size (a frame holds 8 MiB). */
+const PIECE = 4 << 20;
+const EINVAL = 22;
+const EISDIR = 21;
+
+export interface FileInfo extends FileStat {
+  path: string;
+}
 
 /** Files inside an instance. Every operation is done by the agent, inside the sandbox's own
- * root: the host never opens a path a sandbox could have redirected with a symlink. */
+ * root: the host never opens a path a sandbox could have redirected with a symlink. Large files
+ * go both ways in pieces, so that no file is ever whole in the server's memory. */
 export class FileService {
   constructor(
     private readonly instances: InstanceService,
@@ -22,11 +34,11 @@ export class FileService {
   }
 
   /** Runs one file operation on the instance's agent, with agent errors as API errors. */
-  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentClient, path: string) => Promise<T>): Promise<T> {
+  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentClient, path: string, sb: Sandbox) => Promise<T>): Promise<T> {
     const sb = this.instances.sandbox(owner, id);
     const p = this.path(path);
     try {
-      return await sb.call((agent) => fn(agent, p));
+      return await sb.call((agent) => fn(agent, p, sb));
     } catch (err) {
       throw this.failed(err, path);
     }
@@ -35,6 +47,10 @@ export class FileService {
   private failed(err: unknown, path: string): Error {
     if (err instanceof AgentError) {
       if (err.errno === ENOENT) return new NotFoundError('file', path);
+      if (err.errno === EISDIR) return new InvalidRequestError(`${path} is a directory`, { path });
+      if (err.errno === EINVAL && /unknown frame type/.test(err.message)) {
+        return new ConflictError('this instance runs an agent older than this operation; stop and start the instance to update it', { path });
+      }
       return new InvalidRequestError(`${path}: ${err.message}`, { path, errno: err.errno });
     }
     const mapped = engineFailure(err);
@@ -42,11 +58,40 @@ export class FileService {
     return mapped;
   }
 
+  /** A whole file, up to MAX_FILE_BYTES (for callers that want it in one piece). */
   async read(owner: string, id: string, path: string): Promise<Buffer> {
     const file = await this.op(owner, id, path, (a, p) => a.readFile(p, MAX_FILE_BYTES));
     if (!file) throw new NotFoundError('file', path);
     if (file.truncated) throw new PayloadTooLargeError(`${path} is larger than ${MAX_FILE_BYTES} bytes`);
     return file.data;
+  }
+
+  /** A file of any size as a stream of pieces; `size` when it is a plain file. */
+  async readStream(owner: string, id: string, path: string): Promise<{ size: number | undefined; stream: Readable }> {
+    const info = await this.stat(owner, id, path).catch((err: unknown) => {
+      if (err instanceof ConflictError) return undefined; // an older agent: no stat, read anyway
+      throw err;
+    });
+    if (info?.type === 'dir') throw new InvalidRequestError(`${path} is a directory`, { path });
+    const first = await this.op(owner, id, path, (a, p) => a.readFile(p, PIECE));
+    if (!first) throw new NotFoundError('file', path);
+    const sb = this.instances.sandbox(owner, id);
+    const p = this.path(path);
+    const fail = (err: unknown) => this.failed(err, path);
+    async function* pieces(): AsyncGenerator<Buffer> {
+      yield first!.data;
+      let offset = first!.data.length;
+      for (let truncated = first!.truncated; truncated; ) {
+        const piece = await sb.call((a) => a.readFile(p, PIECE, offset)).catch((err: unknown) => {
+          throw fail(err);
+        });
+        if (!piece || piece.data.length === 0) return;
+        yield piece.data;
+        offset += piece.data.length;
+        truncated = piece.truncated;
+      }
+    }
+    return { size: info?.type === 'file' ? info.size : undefined, stream: Readable.from(pieces(), { objectMode: false }) };
   }
 
   /** Writes a whole file, making its parent directories. */
@@ -57,6 +102,52 @@ export class FileService {
       if (parent) await a.mkdir(parent);
       await a.writeFile(p, data, 0o644);
     });
+  }
+
+  /**
+   * Writes a file of any size from a stream, a piece at a time, into a temporary name beside
+   * it, renamed over the path once whole: a reader never sees half a file, and a failed upload
+   * leaves nothing. Makes the parent directories.
+   */
+  async writeStream(owner: string, id: string, path: string, source: AsyncIterable<Buffer>): Promise<{ bytes: number }> {
+    const p = this.path(path);
+    const slash = p.lastIndexOf('/');
+    const parent = p.slice(0, slash);
+    const tmp = `${parent}/.${p.slice(slash + 1)}.upload-${randomBytes(6).toString('hex')}`;
+    let offset = 0;
+    let pending: Buffer[] = [];
+    let pendingBytes = 0;
+    let written = false;
+    const flush = () =>
+      this.op(owner, id, tmp, (a) => {
+        const data = Buffer.concat(pending, pendingBytes);
+        return a.writeAt(tmp, offset, data, { truncate: !written }).then(() => {
+          offset += data.length;
+          written = true;
+          pending = [];
+          pendingBytes = 0;
+        });
+      });
+    try {
+      if (parent) await this.op(owner, id, parent, (a, d) => a.mkdir(d));
+      for await (const chunk of source) {
+        pending.push(chunk);
+        pendingBytes += chunk.length;
+        if (pendingBytes >= PIECE) await flush();
+      }
+      if (pendingBytes || !written) await flush();
+      await this.op(owner, id, path, (a) => a.rename(tmp, p));
+      return { bytes: offset };
+    } catch (err) {
+      if (written) await this.op(owner, id, tmp, (a) => a.removeFile(tmp)).catch(() => {});
+      throw err instanceof ForkpointError ? err : this.failed(err, path);
+    }
+  }
+
+  async stat(owner: string, id: string, path: string): Promise<FileInfo> {
+    const st = await this.op(owner, id, path, (a, p) => a.stat(p));
+    if (!st) throw new NotFoundError('file', path);
+    return { path, ...st };
   }
 
   async remove(owner: string, id: string, path: string): Promise<void> {

@@ -100,6 +100,16 @@ export class Forkpoint {
     this.store.close();
   }
 
+  /** Whose a token is; undefined for one that is not valid (unknown or revoked). */
+  ownerOfToken(token: string): string | undefined {
+    return this.store.tokens.verify(token)?.owner;
+  }
+
+  /** Deletes an instance with its checkpoints (forks of them live on). */
+  async deleteInstance(owner: string, id: string): Promise<void> {
+    await this.instances.delete(owner, id, (i) => this.checkpoints.deleteAllOf(i));
+  }
+
   /** Deletes every instance, after the jobs under way: for tests and benchmarks. */
   async destroyAll(): Promise<void> {
     await this.jobs.drain();

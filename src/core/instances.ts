@@ -113,6 +113,19 @@ export class InstanceService {
     };
   }
 
+  /** Renames an instance or replaces its metadata. A new name is its hostname from its next
+   * boot or fork on (a running sandbox keeps the one it has). */
+  update(owner: string, id: string, patch: { name?: string | undefined; metadata?: Record<string, string> | undefined }): InstanceRecord {
+    this.get(owner, id);
+    if (patch.name !== undefined && !INSTANCE_NAME.test(patch.name)) {
+      throw new InvalidRequestError('name must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen', { name: patch.name });
+    }
+    return this.store.instances.update(id, {
+      ...(patch.name !== undefined ? { name: patch.name } : {}),
+      ...(patch.metadata !== undefined ? { metadata: patch.metadata } : {}),
+    });
+  }
+
   /** A new record in `starting`, with its disk and layer references; not yet booted. */
   newRecord(owner: string, input: CreateInstance, from?: Partial<InstanceRecord>): InstanceRecord {
     const image = input.image ?? this.config.defaultImage;
@@ -211,8 +224,10 @@ export class InstanceService {
   async start(owner: string, id: string): Promise<InstanceRecord> {
     this.get(owner, id);
     return this.locks.run(id, async () => {
-      const rec = this.store.instances.get(id)!;
+      let rec = this.store.instances.get(id)!;
       if (rec.status === 'running') return rec;
+      // A fresh boot maps no file of the old agent: it gets the newest one.
+      if (rec.agentLayer !== this.engine.currentAgentLayer) rec = this.store.instances.update(id, { agentLayer: this.engine.currentAgentLayer });
       return this.bootRecord(rec, { freshUpper: false });
     });
   }

@@ -1,20 +1,23 @@
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
-import { jsonSchemaTransform, serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
+import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
 import type { Logger } from 'pino';
 import type { Forkpoint } from '../core/forkpoint.js';
 import { installAuth } from './auth.js';
+import { installBodyParsers } from './body-parsers.js';
 import { installErrorHandling } from './errors.js';
-import { checkpointRoutes } from './routes/checkpoints.js';
+import { swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
-import { instanceRoutes } from './routes/instances.js';
+import { firecaseFace } from './routes/index.js';
 import { openComputerRoutes } from './opencomputer/routes.js';
 
 export interface AppOptions {
   forkpoint: Forkpoint;
   logger: Logger | false;
   bodyLimitBytes: number;
+  /** The document's rendition (3.1 unless asked otherwise; see openapi.ts). */
+  openapi?: OpenApiVersion;
 }
 
 /** The HTTP server: config in, Fastify instance out. Nothing here touches the engine. */
@@ -23,32 +26,38 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   const app: FastifyInstance = opts.logger ? Fastify({ ...base, loggerInstance: opts.logger as FastifyBaseLogger }) : Fastify({ ...base, logger: false });
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
+  installBodyParsers(app);
   installErrorHandling(app);
-  installAuth(app, opts.forkpoint.store.tokens);
+  installAuth(app, (token) => opts.forkpoint.ownerOfToken(token));
 
-  await app.register(swagger, {
-    openapi: {
-      openapi: '3.1.0',
-      info: {
-        title: 'forkpoint',
-        version: opts.forkpoint.version,
-        description: 'Self-hosted sandboxes with instant checkpoints, rollback and fork. Authenticate with `Authorization: Bearer <token>` or `X-API-Key: <token>`.',
-      },
-      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' }, apiKey: { type: 'apiKey', in: 'header', name: 'X-API-Key' } } },
-      security: [{ bearer: [] }, { apiKey: [] }],
-    },
-    transform: jsonSchemaTransform,
-  });
+  const fp = opts.forkpoint;
+  const openapi = opts.openapi ?? '3.1.0';
+  await app.register(swagger, swaggerOptions({ version: fp.version, openapi, host: fp.config.host, port: fp.config.port }));
   // Swagger UI's own routes need no token; the hook must exist before they are added.
   app.addHook('onRoute', (route) => {
     if (route.url.startsWith('/docs')) route.config = { ...(route.config as object), public: true };
   });
   await app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { docExpansion: 'list' } });
   app.get('/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
+  // The 3.0 rendition comes from the same routes, registered once more in a server of its own.
+  let v30: Promise<unknown> | undefined;
+  app.get('/openapi-3.0.json', { config: { public: true }, schema: { hide: true } }, async () => {
+    v30 ??= openApiDocument(fp, '3.0.3');
+    return v30;
+  });
 
-  await app.register(healthRoutes(opts.forkpoint));
-  await app.register(instanceRoutes(opts.forkpoint));
-  await app.register(checkpointRoutes(opts.forkpoint));
-  await app.register(openComputerRoutes(opts.forkpoint), { prefix: '/api' });
+  await app.register(healthRoutes(fp));
+  await app.register(firecaseFace(fp, { documented: true }));
+  await app.register(firecaseFace(fp, { documented: false }), { prefix: '/v1' });
+  await app.register(openComputerRoutes(fp), { prefix: '/api' });
   return app;
+}
+
+/** The OpenAPI document of these routes, in the rendition asked for. */
+export async function openApiDocument(fp: Forkpoint, openapi: OpenApiVersion): Promise<unknown> {
+  const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: fp.config.bodyLimitBytes, openapi });
+  await app.ready();
+  const doc = app.swagger();
+  await app.close();
+  return doc;
 }

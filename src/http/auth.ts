@@ -1,5 +1,4 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { TokenStore } from '../store/tokens.js';
 import { sendError } from './errors.js';
 
 declare module 'fastify' {
@@ -20,15 +19,16 @@ export function tokenOf(request: FastifyRequest): string | undefined {
   return typeof key === 'string' ? key.trim() : undefined;
 }
 
-export function installAuth(app: FastifyInstance, tokens: TokenStore): void {
+/** `owner` answers whose a token is (undefined: not a valid token). */
+export function installAuth(app: FastifyInstance, owner: (token: string) => string | undefined): void {
   app.decorateRequest('owner', '');
   app.addHook('onRequest', async (request, reply) => {
     if (request.routeOptions.config?.public) return;
     const token = tokenOf(request);
-    const record = token ? tokens.verify(token) : undefined;
-    if (!record) {
+    const who = token ? owner(token) : undefined;
+    if (!who) {
       return sendError(reply, 'UNAUTHENTICATED', token ? 'the API token is not valid' : 'an API token is required: Authorization: Bearer <token> or X-API-Key: <token>');
     }
-    request.owner = record.owner;
+    request.owner = who;
   });
 }

@@ -6,12 +6,21 @@ export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: unknown };
 }
 
+/** The OpenComputer-compatible face answers errors in OpenComputer's own envelope. */
+const isOpenComputer = (request: FastifyRequest) => request.url === '/api' || request.url.startsWith('/api/');
+
+/**
+ * One error answer for every failure, in the envelope of the face asked: the Firecase-style
+ * `{"error": {"code", "message", "details"}}`, or OpenComputer's `{"error": "message"}` under
+ * /api. The status comes from the stable code.
+ */
 export function sendError(reply: FastifyReply, code: ErrorCode, message: string, details?: unknown): FastifyReply {
+  reply.code(httpStatusOf[code]).type('application/json; charset=utf-8');
+  if (isOpenComputer(reply.request)) return reply.send({ error: message });
   const body: ErrorBody = { error: { code, message, ...(details === undefined ? {} : { details }) } };
-  return reply.code(httpStatusOf[code]).type('application/json').send(body);
+  return reply.send(body);
 }
 
-/** One envelope for every failure: `{"error": {"code", "message", "details"}}`. */
 export function installErrorHandling(app: FastifyInstance): void {
   app.setErrorHandler((err: FastifyError, request: FastifyRequest, reply: FastifyReply) => {
     if (err instanceof ForkpointError) return sendError(reply, err.code, err.message, err.details);
@@ -38,7 +47,5 @@ export function installErrorHandling(app: FastifyInstance): void {
     request.log.error({ err }, 'internal error');
     return sendError(reply, 'INTERNAL', 'internal error; see the server log', { request_id: request.id });
   });
-  app.setNotFoundHandler((request, reply) =>
-    sendError(reply, 'NOT_FOUND', `no route ${request.method} ${request.url.split('?')[0]}`),
-  );
+  app.setNotFoundHandler((request, reply) => sendError(reply, 'NOT_FOUND', `no route ${request.method} ${request.url.split('?')[0]}`));
 }

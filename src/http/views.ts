@@ -1,3 +1,4 @@
+import type { FileInfo } from '../core/files.js';
 import type { AgentProcessInfo } from '../engine/agent/frames.js';
 import type { ExecResult } from '../engine/exec.js';
 import type { JsonField, OutputEncoding } from './output-json.js';
@@ -58,4 +59,13 @@ export const processView = (p: AgentProcessInfo) => ({
   stdout_bytes: p.stdoutBytes,
   stderr_bytes: p.stderrBytes,
   command: p.command,
+});
+
+export const fileInfoView = (f: FileInfo) => ({
+  path: f.path,
+  type: f.type,
+  size: f.size,
+  mode: f.mode,
+  mtime_ms: f.mtimeMs,
+  target: f.target,
 });

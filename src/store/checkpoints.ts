@@ -119,8 +119,15 @@ export class CheckpointStore {
       .run({ ...next, baseLayer: next.baseLayer ? 1 : 0, layers: JSON.stringify(next.layers) });
   }
 
+  /** Deletes a checkpoint; its children and the instances whose head it was point at its
+   * own parent instead (the nearest ancestor that still exists, or none). */
   delete(id: string): void {
-    this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
+    const parent = this.get(id)?.parentId ?? null;
+    this.db.transaction(() => {
+      this.db.prepare('UPDATE checkpoints SET parent_id = ? WHERE parent_id = ?').run(parent, id);
+      this.db.prepare('UPDATE instances SET head_checkpoint_id = ? WHERE head_checkpoint_id = ?').run(parent, id);
+      this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
+    })();
   }
 
   /** Instances forked from this checkpoint that still exist. */

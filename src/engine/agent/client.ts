@@ -1,8 +1,8 @@
 import { connect, type Socket } from 'node:net';
 import { randomInt } from 'node:crypto';
 import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from './errors.js';
-import { decodeFrame, parseDir, parseList, type AgentMessage, type AgentProcessInfo, type DirEntry } from './frames.js';
-import { ENOENT, FrameDecoder, T, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
+import { decodeFrame, parseDir, parseList, parseStat, type AgentMessage, type AgentProcessInfo, type DirEntry, type FileStat } from './frames.js';
+import { ENOENT, FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
 
 export { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from './errors.js';
 
@@ -250,6 +250,34 @@ export class AgentClient {
       if (m.kind !== 'file') throw this.unexpected(m, 'file');
       if (m.data.length > max) throw this.unexpected(m, `file of at most ${max} bytes`);
       return { data: Buffer.from(m.data), truncated: m.truncated };
+    } catch (err) {
+      if (err instanceof AgentError && err.errno === ENOENT) return undefined;
+      throw err;
+    }
+  }
+
+  /** Writes a piece of a file at `offset`; `truncate` creates or empties it first (the first
+   * piece of a file streamed in). Agents older than WRITE_AT answer EINVAL. */
+  async writeAt(path: string, offset: number, data: Buffer, opts: { truncate: boolean; mode?: number }): Promise<void> {
+    const head = Buffer.alloc(16);
+    head.writeUInt32LE(opts.mode ?? 0o644, 0);
+    head.writeUInt32LE(opts.truncate ? WRITE_TRUNCATE : 0, 4);
+    head.writeBigUInt64LE(BigInt(offset), 8);
+    const m = await this.request(T.WRITE_AT, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`), data]));
+    if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
+  }
+
+  async rename(from: string, to: string): Promise<void> {
+    const m = await this.request(T.RENAME, AgentClient.newProcessId(), Buffer.from(`${from}\0${to}\0`));
+    if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
+  }
+
+  /** What is at `path` (not following a final symlink); undefined when nothing is. */
+  async stat(path: string): Promise<FileStat | undefined> {
+    try {
+      const m = await this.request(T.STAT, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+      if (m.kind !== 'file') throw this.unexpected(m, 'file');
+      return this.parsed(() => parseStat(m.data));
     } catch (err) {
       if (err instanceof AgentError && err.errno === ENOENT) return undefined;
       throw err;

@@ -110,6 +110,31 @@ export function parseList(payload: Buffer): AgentProcessInfo[] {
   });
 }
 
+export interface FileStat {
+  type: 'dir' | 'file' | 'link' | 'other';
+  size: number;
+  mode: number;
+  mtimeMs: number;
+  /** Where a symlink points (as written in it). */
+  target: string | null;
+}
+
+const StatLine = z.object({
+  type: z.enum(['d', 'f', 'l', 'o']),
+  size: z.coerce.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+  mode: z.string().regex(/^[0-7]{1,4}$/),
+  mtimeMs: z.coerce.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+  target: z.string().max(1023),
+});
+
+export function parseStat(payload: Buffer): FileStat {
+  const [type, size, mode, mtimeMs, target = ''] = payload.toString('utf8').replace(/\n$/, '').split('\t');
+  const r = StatLine.safeParse({ type, size, mode, mtimeMs, target });
+  if (!r.success) throw new AgentProtocolError(`stat line: ${r.error.issues[0]?.message ?? 'invalid'}`);
+  const v = r.data;
+  return { type: TYPES[v.type], size: v.size, mode: parseInt(v.mode, 8), mtimeMs: v.mtimeMs, target: v.type === 'l' ? v.target : null };
+}
+
 export interface DirEntry {
   name: string;
   type: 'dir' | 'file' | 'link' | 'other';

@@ -20,6 +20,9 @@ export const T = {
   LIST_DIR: 13,
   MKDIR: 14,
   READ_AT: 15,
+  WRITE_AT: 16,
+  RENAME: 17,
+  STAT: 18,
   OUTPUT: 128,
   SPAWNED: 129,
   EXIT: 130,
@@ -33,6 +36,7 @@ export const T = {
 /** errno values the engine tells apart. */
 export const ENOENT = 2;
 
+export const WRITE_TRUNCATE = 1;
 export const SPAWN_PTY = 1;
 export const SPAWN_NOECHO = 2;
 export const SIG_FOREGROUND = 1;

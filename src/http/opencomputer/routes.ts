@@ -3,10 +3,11 @@ import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import type { CheckpointRecord } from '../../store/checkpoints.js';
 import type { InstanceRecord } from '../../store/instances.js';
+import type { Readable } from 'node:stream';
 import { sendWithOutputs } from '../output-json.js';
-import { errorResponses } from '../schemas.js';
+import { noContent, ok } from '../schemas/common.js';
 import {
-  CheckpointInfo, CheckpointOnlyParams, CreateCheckpointBody, CreateSandboxBody, EntryInfo, FromCheckpointBody,
+  Binary, CheckpointInfo, CheckpointOnlyParams, CreateCheckpointBody, CreateSandboxBody, EntryInfo, FromCheckpointBody, ocErrorResponses,
   PathQuery, RunBody, RunResult, SandboxCheckpointParams, SandboxData, SandboxParams,
 } from './schemas.js';
 
@@ -40,24 +41,14 @@ const checkpointView = (c: CheckpointRecord) => ({
 });
 
 /** `/api/...`, so that the published `@opencomputer/sdk` works against forkpoint unchanged.
- * Same core, same auth (its `X-API-Key` header), same error envelope as the other face. */
+ * Same core, same auth (its `X-API-Key` header); errors in OpenComputer's own envelope. */
 export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     const tags = ['opencomputer'];
-    // The SDK posts `Content-Type: application/json` with no body on some calls.
-    app.removeContentTypeParser('application/json');
-    app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
-      const text = String(body).trim();
-      if (!text) return done(null, {});
-      try {
-        done(null, JSON.parse(text));
-      } catch (err) {
-        done(Object.assign(err as Error, { statusCode: 400, code: 'FST_ERR_CTP_INVALID_JSON_BODY' }), undefined);
-      }
-    });
+    const errors = ocErrorResponses;
 
     app.post('/sandboxes', {
-      schema: { tags, summary: 'Create a sandbox', body: CreateSandboxBody, response: { 201: SandboxData, ...errorResponses } },
+      schema: { operationId: 'ocCreateSandbox', tags, summary: 'Create a sandbox', description: 'Boots a sandbox on `templateID` (an image; `base` or none: the default image) with `envs`, `memoryMB` and `cpuCount`; answers once it runs.', body: CreateSandboxBody, response: { 201: ok('The sandbox, running', SandboxData), ...errors } },
     }, async (req, reply) => {
       const b = req.body;
       const image = !b.templateID || b.templateID === 'base' ? undefined : b.templateID;
@@ -71,30 +62,30 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.get('/sandboxes', {
-      schema: { tags, summary: 'List sandboxes', response: { 200: z.array(SandboxData), ...errorResponses } },
+      schema: { operationId: 'ocListSandboxes', tags, summary: 'List sandboxes', description: 'Every sandbox of the token\'s owner, newest first.', response: { 200: ok('The sandboxes', z.array(SandboxData)), ...errors } },
     }, async (req) => fp.instances.list(req.owner, 500).items.map(sandboxView));
 
     app.get('/sandboxes/:id', {
-      schema: { tags, summary: 'Get a sandbox', params: SandboxParams, response: { 200: SandboxData, ...errorResponses } },
+      schema: { operationId: 'ocGetSandbox', tags, summary: 'Get a sandbox', description: 'Its status (`running`, `hibernated`, `creating`, `error`) and settings.', params: SandboxParams, response: { 200: ok('The sandbox', SandboxData), ...errors } },
     }, async (req) => sandboxView(fp.instances.get(req.owner, req.params.id)));
 
     app.delete('/sandboxes/:id', {
-      schema: { tags, summary: 'Kill a sandbox', params: SandboxParams, response: { 204: z.null(), ...errorResponses } },
+      schema: { operationId: 'ocKillSandbox', tags, summary: 'Kill a sandbox', description: 'Deletes the sandbox, its disk and its checkpoints; sandboxes made from its checkpoints keep running.', params: SandboxParams, response: { 204: noContent('Gone'), ...errors } },
     }, async (req, reply) => {
-      await fp.instances.delete(req.owner, req.params.id, (id) => fp.checkpoints.deleteAllOf(id));
+      await fp.deleteInstance(req.owner, req.params.id);
       return reply.code(204).send(null);
     });
 
     app.post('/sandboxes/:id/hibernate', {
-      schema: { tags, summary: 'Stop the sandbox, keeping its disk', params: SandboxParams, response: { 200: SandboxData, ...errorResponses } },
+      schema: { operationId: 'ocHibernateSandbox', tags, summary: 'Stop the sandbox, keeping its disk', description: 'Stops its processes and frees its memory; its files and checkpoints stay.', params: SandboxParams, response: { 200: ok('The sandbox, hibernated', SandboxData), ...errors } },
     }, async (req) => sandboxView(await fp.instances.stop(req.owner, req.params.id)));
 
     app.post('/sandboxes/:id/wake', {
-      schema: { tags, summary: 'Boot a stopped sandbox again', params: SandboxParams, response: { 200: SandboxData, ...errorResponses } },
+      schema: { operationId: 'ocWakeSandbox', tags, summary: 'Boot a stopped sandbox again', description: 'Boots a hibernated sandbox again on its files.', params: SandboxParams, response: { 200: ok('The sandbox, running', SandboxData), ...errors } },
     }, async (req) => sandboxView(await fp.instances.start(req.owner, req.params.id)));
 
     app.post('/sandboxes/:id/exec/run', {
-      schema: { tags, summary: 'Run a command and wait for it', params: SandboxParams, body: RunBody, response: { 200: RunResult, ...errorResponses } },
+      schema: { operationId: 'ocRunCommand', tags, summary: 'Run a command and wait for it', description: 'Runs `cmd` with `args` (no shell) and answers when it ends, with its exit code and output.', params: SandboxParams, body: RunBody, response: { 200: ok('How it ended', RunResult), ...errors } },
     }, async (req, reply) => {
       const b = req.body;
       const r = await fp.instances.exec(req.owner, req.params.id, {
@@ -107,32 +98,52 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.post('/sandboxes/:id/checkpoints', {
-      schema: { tags, summary: 'Take a checkpoint (memory and files)', params: SandboxParams, body: CreateCheckpointBody, response: { 201: CheckpointInfo, ...errorResponses } },
+      schema: {
+        operationId: 'ocCreateCheckpoint',
+        tags,
+        summary: 'Take a checkpoint (memory and files)', description: 'Checkpoints files, memory and running processes; the checkpoint is `processing`, then `ready`.',
+        params: SandboxParams,
+        body: CreateCheckpointBody,
+        response: { 201: ok('The checkpoint, processing', CheckpointInfo), ...errors },
+      },
     }, async (req, reply) => {
       const { checkpoint } = fp.checkpoints.create(req.owner, req.params.id, { label: req.body.name, memory: true });
       return reply.code(201).send(checkpointView(checkpoint));
     });
 
     app.get('/sandboxes/:id/checkpoints', {
-      schema: { tags, summary: 'List checkpoints', params: SandboxParams, response: { 200: z.array(CheckpointInfo), ...errorResponses } },
+      schema: { operationId: 'ocListCheckpoints', tags, summary: 'List checkpoints', description: 'The sandbox\'s checkpoints, newest first.', params: SandboxParams, response: { 200: ok('The checkpoints', z.array(CheckpointInfo)), ...errors } },
     }, async (req) => fp.checkpoints.list(req.owner, req.params.id, 500).items.map(checkpointView));
 
     app.post('/sandboxes/:id/checkpoints/:checkpointId/restore', {
-      schema: { tags, summary: 'Roll the sandbox back to a checkpoint', params: SandboxCheckpointParams, response: { 200: SandboxData, ...errorResponses } },
+      schema: {
+        operationId: 'ocRestoreCheckpoint',
+        tags,
+        summary: 'Roll the sandbox back to a checkpoint', description: 'Rolls the sandbox back in place: files, memory and processes as they were at the checkpoint.',
+        params: SandboxCheckpointParams,
+        response: { 200: ok('The sandbox, on the checkpoint', SandboxData), ...errors },
+      },
     }, async (req) => sandboxView(await fp.checkpoints.rollback(req.owner, req.params.id, req.params.checkpointId)));
 
     app.delete('/sandboxes/:id/checkpoints/:checkpointId', {
-      schema: { tags, summary: 'Delete a checkpoint', params: SandboxCheckpointParams, response: { 204: z.null(), ...errorResponses } },
+      schema: { operationId: 'ocDeleteCheckpoint', tags, summary: 'Delete a checkpoint', description: '409 while it is processing or being forked from.', params: SandboxCheckpointParams, response: { 204: noContent('Deleted'), ...errors } },
     }, async (req, reply) => {
       await fp.checkpoints.delete(req.owner, req.params.id, req.params.checkpointId);
       return reply.code(204).send(null);
     });
 
     app.post('/sandboxes/from-checkpoint/:checkpointId', {
-      schema: { tags, summary: 'A new sandbox from a checkpoint (a fork)', params: CheckpointOnlyParams, body: FromCheckpointBody, response: { 201: SandboxData, ...errorResponses } },
+      schema: {
+        operationId: 'ocCreateFromCheckpoint',
+        tags,
+        summary: 'A new sandbox from a checkpoint (a fork)', description: 'A fork: a new sandbox running exactly what the checkpoint holds, with `envs` added.',
+        params: CheckpointOnlyParams,
+        body: FromCheckpointBody,
+        response: { 201: ok('The new sandbox', SandboxData), ...errors },
+      },
     }, async (req, reply) => {
       const c = fp.checkpoints.find(req.owner, req.params.checkpointId);
-      const [rec] = await fp.checkpoints.fork(req.owner, c.instanceId, { checkpointId: c.id });
+      const [rec] = await fp.checkpoints.fork(req.owner, c.instanceId, { checkpointId: c.id, env: req.body.envs });
       return reply.code(201).send(sandboxView(rec!));
     });
 
@@ -142,31 +153,53 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 const fileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     const tags = ['opencomputer'];
-    // File bodies are raw bytes whatever their content type.
+    const errors = ocErrorResponses;
+    // File bodies are raw bytes whatever their content type, streamed.
     app.removeAllContentTypeParsers();
-    app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+    app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
 
     app.get('/sandboxes/:id/files', {
-      schema: { tags, summary: 'Read a file', params: SandboxParams, querystring: PathQuery },
-    }, async (req, reply) => reply.type('application/octet-stream').send(await fp.files.read(req.owner, req.params.id, req.query.path)));
+      schema: {
+        operationId: 'ocReadFile',
+        tags,
+        summary: 'Read a file (a directory is a 400)', description: 'The bytes as they are, streamed; a directory is a 400.',
+        params: SandboxParams,
+        querystring: PathQuery,
+        produces: ['application/octet-stream'],
+        response: { 200: { description: 'The file\'s bytes', content: { 'application/octet-stream': { schema: Binary } } }, ...errors },
+      },
+    }, async (req, reply) => {
+      const { size, stream } = await fp.files.readStream(req.owner, req.params.id, req.query.path);
+      reply.type('application/octet-stream');
+      if (size !== undefined) reply.header('content-length', size);
+      return reply.send(stream);
+    });
 
     app.put('/sandboxes/:id/files', {
-      schema: { tags, summary: 'Write a file (the raw body), making parent directories', params: SandboxParams, querystring: PathQuery, response: { 204: z.null(), ...errorResponses } },
+      schema: {
+        operationId: 'ocWriteFile',
+        tags,
+        summary: 'Write a file (the raw body), making parent directories', description: 'The raw body becomes the file (streamed into a temporary name, renamed once whole); parent directories are made.',
+        params: SandboxParams,
+        querystring: PathQuery,
+        consumes: ['application/octet-stream'],
+        body: Binary,
+        response: { 204: noContent('Written'), ...errors },
+      },
     }, async (req, reply) => {
-      const body = Buffer.isBuffer(req.body) ? req.body : Buffer.from(typeof req.body === 'string' ? req.body : '');
-      await fp.files.write(req.owner, req.params.id, req.query.path, body);
+      await fp.files.writeStream(req.owner, req.params.id, req.query.path, req.body as Readable);
       return reply.code(204).send(null);
     });
 
     app.delete('/sandboxes/:id/files', {
-      schema: { tags, summary: 'Remove a file or an empty directory', params: SandboxParams, querystring: PathQuery, response: { 204: z.null(), ...errorResponses } },
+      schema: { operationId: 'ocDeleteFile', tags, summary: 'Remove a file or an empty directory', description: 'Removing what is not there is no error.', params: SandboxParams, querystring: PathQuery, response: { 204: noContent('Removed'), ...errors } },
     }, async (req, reply) => {
       await fp.files.remove(req.owner, req.params.id, req.query.path);
       return reply.code(204).send(null);
     });
 
     app.get('/sandboxes/:id/files/list', {
-      schema: { tags, summary: 'List a directory', params: SandboxParams, querystring: PathQuery, response: { 200: z.array(EntryInfo), ...errorResponses } },
+      schema: { operationId: 'ocListFiles', tags, summary: 'List a directory', description: 'Its entries, with whether each is a directory and its size.', params: SandboxParams, querystring: PathQuery, response: { 200: ok('Its entries', z.array(EntryInfo)), ...errors } },
     }, async (req) => {
       const base = req.query.path.replace(/\/+$/, '');
       return (await fp.files.list(req.owner, req.params.id, req.query.path)).map((e) => ({
@@ -178,7 +211,7 @@ const fileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.post('/sandboxes/:id/files/mkdir', {
-      schema: { tags, summary: 'Make a directory and its parents', params: SandboxParams, querystring: PathQuery, response: { 204: z.null(), ...errorResponses } },
+      schema: { operationId: 'ocMakeDirectory', tags, summary: 'Make a directory and its parents', description: 'Like mkdir -p.', params: SandboxParams, querystring: PathQuery, response: { 204: noContent('Made'), ...errors } },
     }, async (req, reply) => {
       await fp.files.mkdir(req.owner, req.params.id, req.query.path);
       return reply.code(204).send(null);

@@ -2,6 +2,25 @@ import { z } from 'zod';
 
 /** The OpenComputer-compatible face: camelCase, the shapes `@opencomputer/sdk` reads. */
 
+export const OcError = z
+  .object({ error: z.string() })
+  .meta({ id: 'OpenComputerError', description: 'Every failure under /api, as OpenComputer answers them.', examples: [{ error: 'instance inst_0123456789abcdef not found' }] });
+
+const failure = (description: string) => ({ description, content: { 'application/json': { schema: OcError } } });
+
+/** The error statuses any route of this face can answer with. */
+export const ocErrorResponses = {
+  400: failure('Bad input'),
+  401: failure('No token, or not a valid one'),
+  404: failure('No such route or sandbox'),
+  409: failure('The sandbox is not in a state for this'),
+  413: failure('The body is too large'),
+  429: failure('A quota is reached'),
+  500: failure('A bug in forkpoint'),
+  503: failure('The engine could not do it now'),
+  507: failure('The disk is full'),
+};
+
 export const SandboxParams = z.object({ id: z.string().min(1).max(64) });
 export const SandboxCheckpointParams = SandboxParams.extend({ checkpointId: z.string().min(1).max(64) });
 export const CheckpointOnlyParams = z.object({ checkpointId: z.string().min(1).max(64) });
@@ -19,7 +38,8 @@ export const CreateSandboxBody = z
     memoryMB: z.number().int().min(32).max(256 * 1024).optional(),
     diskMB: z.number().int().min(1).optional(),
   })
-  .passthrough();
+  .passthrough()
+  .meta({ id: 'OpenComputerCreateSandboxRequest', examples: [{ templateID: 'base', envs: { A: '1' } }] });
 
 export const SandboxData = z
   .object({
@@ -29,8 +49,8 @@ export const SandboxData = z
     alias: z.string(),
     envs: z.record(z.string(), z.string()),
     metadata: z.record(z.string(), z.string()),
-    cpuCount: z.number(),
-    memoryMB: z.number(),
+    cpuCount: z.number().int(),
+    memoryMB: z.number().int(),
     startedAt: z.string(),
     connectURL: z.string(),
     token: z.string(),
@@ -46,11 +66,17 @@ export const RunBody = z
     cwd: z.string().max(4096).optional(),
     timeout: z.number().min(0).max(86400).optional().describe('seconds'),
   })
-  .passthrough();
+  .passthrough()
+  .meta({ id: 'OpenComputerRunRequest', examples: [{ cmd: 'echo', args: ['hi'] }] });
 
-export const RunResult = z.object({ exitCode: z.number(), stdout: z.string(), stderr: z.string() });
+export const RunResult = z
+  .object({ exitCode: z.number().int(), stdout: z.string(), stderr: z.string() })
+  .meta({ id: 'OpenComputerRunResult', examples: [{ exitCode: 0, stdout: 'hi\n', stderr: '' }] });
 
-export const CreateCheckpointBody = z.object({ name: z.string().max(200).optional() }).passthrough();
+export const CreateCheckpointBody = z
+  .object({ name: z.string().max(200).optional() })
+  .passthrough()
+  .meta({ id: 'OpenComputerCreateCheckpointRequest', examples: [{ name: 'before' }] });
 
 export const CheckpointInfo = z
   .object({
@@ -60,13 +86,19 @@ export const CheckpointInfo = z
     name: z.string(),
     sandboxConfig: z.record(z.string(), z.unknown()),
     status: z.string(),
-    sizeBytes: z.number(),
+    sizeBytes: z.number().int(),
     createdAt: z.string(),
   })
   .meta({ id: 'OpenComputerCheckpoint' });
 
 export const FromCheckpointBody = z
-  .object({ timeout: z.number().optional(), envs: Envs.optional() })
-  .passthrough();
+  .object({ timeout: z.number().optional(), envs: Envs.optional().describe('added to the source sandbox\'s') })
+  .passthrough()
+  .meta({ id: 'OpenComputerFromCheckpointRequest', examples: [{ envs: { ROLE: 'worker' } }] });
 
-export const EntryInfo = z.object({ name: z.string(), isDir: z.boolean(), path: z.string(), size: z.number() });
+export const EntryInfo = z
+  .object({ name: z.string(), isDir: z.boolean(), path: z.string(), size: z.number().int() })
+  .meta({ id: 'OpenComputerEntryInfo' });
+
+/** Raw bytes, both ways. */
+export const Binary = z.custom<unknown>(() => true).meta({ type: 'string', format: 'binary' });

@@ -2,9 +2,9 @@ import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import {
-  Checkpoint, CheckpointPage, CheckpointParams, CreateCheckpointBody, errorResponses, ForkBody, ForkResult, IdParams,
-  Instance, Lineage, PageQuery, RollbackBody, WaitQuery,
-} from '../schemas.js';
+  Checkpoint, CheckpointPage, CheckpointParams, CreateCheckpointRequest, errorResponses, ForkRequest, ForkResult, IdParams,
+  Instance, Lineage, noContent, ok, OPTIONAL_BODY, PageQuery, RollbackRequest, WaitQuery,
+} from '../schemas/index.js';
 import { checkpointView, instanceView } from '../views.js';
 
 const WAIT_MS = 120_000;
@@ -14,34 +14,55 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     const tags = ['checkpoints'];
     app.post('/instances/:id/checkpoints', {
       schema: {
+        operationId: 'createCheckpoint',
         tags,
         summary: 'Take a checkpoint',
         description:
           'Answers 202 with status `processing`; the work runs in the job queue (one at a time per instance). ' +
           'The instance pauses for the dump and runs on; the checkpoint becomes `ready` once its layer is on disk, or `failed` with `error` (the instance runs on as before). ' +
-          'With `?wait=true` the answer comes when it is no longer processing.',
+          'With `?wait=true` the answer (200) comes when it is no longer processing. The body may be left out.',
         params: IdParams,
         querystring: WaitQuery,
-        body: CreateCheckpointBody,
-        response: { 200: Checkpoint, 202: Checkpoint, ...errorResponses },
+        body: CreateCheckpointRequest.optional(),
+        ...OPTIONAL_BODY,
+        response: {
+          200: ok('With wait=true: the checkpoint, ready or failed', Checkpoint),
+          202: ok('The checkpoint, processing', Checkpoint),
+          ...errorResponses,
+        },
       },
     }, async (req, reply) => {
-      const { checkpoint } = fp.checkpoints.create(req.owner, req.params.id, {
-        label: req.body.label, memory: req.body.memory, retention: req.body.retention,
-      });
+      const b = req.body ?? {};
+      const { checkpoint } = fp.checkpoints.create(req.owner, req.params.id, { label: b.label, memory: b.memory, retention: b.retention });
       if (!req.query.wait) return reply.code(202).send(checkpointView(checkpoint));
       return reply.code(200).send(checkpointView(await fp.checkpoints.wait(req.owner, req.params.id, checkpoint.id, WAIT_MS)));
     });
 
     app.get('/instances/:id/checkpoints', {
-      schema: { tags, summary: 'List checkpoints, newest first', params: IdParams, querystring: PageQuery, response: { 200: CheckpointPage, ...errorResponses } },
+      schema: {
+        operationId: 'listCheckpoints',
+        tags,
+        summary: 'List checkpoints, newest first',
+        description: 'A page at a time, with their status, sizes and pause. `next_cursor` pages on.',
+        params: IdParams,
+        querystring: PageQuery,
+        response: { 200: ok('A page of checkpoints', CheckpointPage), ...errorResponses },
+      },
     }, async (req) => {
       const page = fp.checkpoints.list(req.owner, req.params.id, req.query.limit, req.query.cursor);
       return { items: page.items.map(checkpointView), next_cursor: page.nextCursor };
     });
 
     app.get('/instances/:id/checkpoints/:checkpoint_id', {
-      schema: { tags, summary: 'Get a checkpoint (`?wait=true`: once not processing)', params: CheckpointParams, querystring: WaitQuery, response: { 200: Checkpoint, ...errorResponses } },
+      schema: {
+        operationId: 'getCheckpoint',
+        tags,
+        summary: 'Get a checkpoint',
+        description: 'With `?wait=true`, once it is no longer processing.',
+        params: CheckpointParams,
+        querystring: WaitQuery,
+        response: { 200: ok('The checkpoint', Checkpoint), ...errorResponses },
+      },
     }, async (req) => {
       const c = req.query.wait
         ? await fp.checkpoints.wait(req.owner, req.params.id, req.params.checkpoint_id, WAIT_MS)
@@ -51,11 +72,14 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.delete('/instances/:id/checkpoints/:checkpoint_id', {
       schema: {
+        operationId: 'deleteCheckpoint',
         tags,
         summary: 'Delete a checkpoint',
-        description: '409 while processing. Layers it shares with the instance, other checkpoints or forks stay until nothing stands on them.',
+        description:
+          '409 while it is processing or being forked from. Layers it shares with the instance, other checkpoints or forks stay until nothing stands on them. ' +
+          'Its children point at its parent from then on.',
         params: CheckpointParams,
-        response: { 204: z.null(), ...errorResponses },
+        response: { 204: noContent('Deleted'), ...errorResponses },
       },
     }, async (req, reply) => {
       await fp.checkpoints.delete(req.owner, req.params.id, req.params.checkpoint_id);
@@ -64,30 +88,43 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/instances/:id/rollback', {
       schema: {
+        operationId: 'rollbackInstance',
         tags,
         summary: 'Roll the instance back to one of its checkpoints, in place',
         description: 'Files return to exactly the checkpoint; a memory checkpoint also brings back its processes, a files-only one boots fresh on that disk. Commands running at the time are lost (their calls answer 409).',
         params: IdParams,
-        body: RollbackBody,
-        response: { 200: Instance, ...errorResponses },
+        body: RollbackRequest,
+        response: { 200: ok('The instance, running on the checkpoint', Instance), ...errorResponses },
       },
     }, async (req) => instanceView(await fp.checkpoints.rollback(req.owner, req.params.id, req.body.checkpoint_id)));
 
     app.post('/instances/:id/fork', {
       schema: {
+        operationId: 'forkInstance',
         tags,
         summary: 'Fork new instances from a checkpoint (or from now)',
-        description: 'Each fork gets its own namespaces and upper over the checkpoint\'s shared layers. Without `checkpoint_id`, an implicit checkpoint (label "fork") is taken first. A checkpoint still processing is waited for.',
+        description:
+          'Each fork gets its own namespaces and upper over the checkpoint\'s shared layers. Without `checkpoint_id`, an implicit checkpoint (label "fork") is taken first; a checkpoint still processing is waited for. ' +
+          'Without `count` the answer is the new instance itself; with it, `{instances: [...]}` (with `name` as a prefix: name-1, name-2, ...). All or nothing: if one fork fails the others are removed. The body may be left out.',
         params: IdParams,
-        body: ForkBody,
-        response: { 201: ForkResult, ...errorResponses },
+        body: ForkRequest.optional(),
+        ...OPTIONAL_BODY,
+        response: { 201: ok('The new instance, or with count the new instances', z.union([Instance, ForkResult])), ...errorResponses },
       },
     }, async (req, reply) => {
-      const made = await fp.checkpoints.fork(req.owner, req.params.id, { name: req.body.name, checkpointId: req.body.checkpoint_id, count: req.body.count });
-      return reply.code(201).send({ instances: made.map(instanceView) });
+      const b = req.body ?? {};
+      const made = await fp.checkpoints.fork(req.owner, req.params.id, { name: b.name, checkpointId: b.checkpoint_id, count: b.count, env: b.env });
+      return reply.code(201).send(b.count === undefined ? instanceView(made[0]!) : { instances: made.map(instanceView) });
     });
 
     app.get('/instances/:id/lineage', {
-      schema: { tags, summary: 'The tree below an instance: checkpoints by parent, and forks of each', params: IdParams, response: { 200: Lineage, ...errorResponses } },
+      schema: {
+        operationId: 'getLineage',
+        tags,
+        summary: 'The tree below an instance: checkpoints by parent, and the forks of each',
+        description: 'Each checkpoint under the one it followed; each fork (and its own checkpoints and forks) under the checkpoint it came from.',
+        params: IdParams,
+        response: { 200: ok('The tree', Lineage), ...errorResponses },
+      },
     }, async (req) => fp.checkpoints.lineage(req.owner, req.params.id));
   };

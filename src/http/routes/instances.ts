@@ -1,23 +1,29 @@
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
-import { z } from 'zod';
+import type { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import {
-  CreateInstanceBody, errorResponses, ExecBody, ExecResult, IdParams, Instance, InstancePage, OutputQuery,
-  PageQuery, ProcessInfo, ProcessOutput, ProcessParams, Session, SessionParams, SignalBody, StartProcessBody,
-} from '../schemas.js';
-import { sendWithOutputs } from '../output-json.js';
-import { execFields, instanceView, processView } from '../views.js';
+  CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, noContent, ok, OPTIONAL_BODY, PageQuery, UpdateInstanceRequest,
+} from '../schemas/index.js';
+import { instanceView } from '../views.js';
 
-const limitsIn = (l: z.infer<typeof CreateInstanceBody>['limits']) =>
+const limitsIn = (l: z.infer<typeof CreateInstanceRequest>['limits']) =>
   l && { memoryMb: l.memory_mb, pids: l.pids, cpuPercent: l.cpu_percent, diskMb: l.disk_mb };
 
 export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     const tags = ['instances'];
     app.post('/instances', {
-      schema: { tags, summary: 'Create and start an instance', body: CreateInstanceBody, response: { 201: Instance, ...errorResponses } },
+      schema: {
+        operationId: 'createInstance',
+        tags,
+        summary: 'Create and start an instance',
+        description: 'Boots a sandbox on the image (the default one without `image`) and answers once it runs. Every field is optional; so is the body.',
+        body: CreateInstanceRequest.optional(),
+        ...OPTIONAL_BODY,
+        response: { 201: ok('The instance, running', Instance), ...errorResponses },
+      },
     }, async (req, reply) => {
-      const b = req.body;
+      const b = req.body ?? {};
       const rec = await fp.instances.create(req.owner, {
         name: b.name, image: b.image, env: b.env, limits: limitsIn(b.limits), metadata: b.metadata, maxCheckpoints: b.max_checkpoints,
       });
@@ -25,120 +31,77 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.get('/instances', {
-      schema: { tags, summary: 'List instances, newest first', querystring: PageQuery, response: { 200: InstancePage, ...errorResponses } },
+      schema: {
+        operationId: 'listInstances',
+        tags,
+        summary: 'List instances, newest first',
+        description: 'A page at a time: pass `next_cursor` back as `cursor` until it is null.',
+        querystring: PageQuery,
+        response: { 200: ok('A page of instances', InstancePage), ...errorResponses },
+      },
     }, async (req) => {
       const page = fp.instances.list(req.owner, req.query.limit, req.query.cursor);
       return { items: page.items.map(instanceView), next_cursor: page.nextCursor };
     });
 
     app.get('/instances/:id', {
-      schema: { tags, summary: 'Get an instance', params: IdParams, response: { 200: Instance, ...errorResponses } },
+      schema: {
+        operationId: 'getInstance',
+        tags,
+        summary: 'Get an instance',
+        description: 'Its status, limits, metadata, and where it came from (for a fork, its source instance and checkpoint). Another owner\'s instance is a 404.',
+        params: IdParams,
+        response: { 200: ok('The instance', Instance), ...errorResponses },
+      },
     }, async (req) => instanceView(fp.instances.get(req.owner, req.params.id)));
+
+    app.patch('/instances/:id', {
+      schema: {
+        operationId: 'updateInstance',
+        tags,
+        summary: 'Rename an instance or replace its metadata',
+        description: 'A new name becomes the hostname at the next boot or fork; a running sandbox keeps its hostname.',
+        params: IdParams,
+        body: UpdateInstanceRequest,
+        response: { 200: ok('The instance, updated', Instance), ...errorResponses },
+      },
+    }, async (req) => instanceView(fp.instances.update(req.owner, req.params.id, { name: req.body.name, metadata: req.body.metadata })));
 
     app.delete('/instances/:id', {
       schema: {
+        operationId: 'deleteInstance',
         tags,
         summary: 'Delete an instance, its disk and its checkpoints',
-        description: 'Processes and mounts are gone when this returns. Forks of its checkpoints keep running: they hold their own references to the layers they stand on.',
-        params: IdParams,
-        response: { 204: z.null(), ...errorResponses },
-      },
-    }, async (req, reply) => {
-      await fp.instances.delete(req.owner, req.params.id, (id) => fp.checkpoints.deleteAllOf(id));
-      return reply.code(204).send(null);
-    });
-
-    app.post('/instances/:id/stop', {
-      schema: { tags, summary: 'Stop the sandbox; the disk is kept', params: IdParams, response: { 200: Instance, ...errorResponses } },
-    }, async (req) => instanceView(await fp.instances.stop(req.owner, req.params.id)));
-
-    app.post('/instances/:id/start', {
-      schema: { tags, summary: 'Boot a stopped instance again on its disk', params: IdParams, response: { 200: Instance, ...errorResponses } },
-    }, async (req) => instanceView(await fp.instances.start(req.owner, req.params.id)));
-
-    app.post('/instances/:id/exec', {
-      schema: {
-        tags: ['exec'],
-        summary: 'Run a command and wait for it',
         description:
-          'Without `session`: the command runs on pipes (stdout and stderr apart) as a new process group, killed whole on timeout. ' +
-          'With `session`: it runs in a persistent bash on a PTY inside the sandbox, so `cd`, `export` and background jobs persist; ' +
-          'stdout and stderr are still apart. During a checkpoint the call waits; a command running across a checkpoint is carried in the dump and finishes after it. ' +
-          'Output past 1 MiB per stream is kept on disk and streamed into the answer, so `max_output_bytes` up to 64 MiB costs the server no more memory; `output_encoding: "base64"` returns it byte for byte.',
+          'Processes and mounts are gone when this returns. Forks of its checkpoints keep running: they hold their own references to the layers they stand on. ' +
+          'A checkpoint being forked from is waited for (409 if that takes too long).',
         params: IdParams,
-        body: ExecBody,
-        response: { 200: ExecResult, ...errorResponses },
+        response: { 204: noContent('Deleted'), ...errorResponses },
       },
     }, async (req, reply) => {
-      const b = req.body;
-      const r = await fp.instances.exec(req.owner, req.params.id, {
-        command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes,
-      });
-      const encoding = b.output_encoding ?? 'utf8';
-      return sendWithOutputs(reply, execFields(r, encoding), encoding);
-    });
-
-    app.get('/instances/:id/sessions', {
-      schema: { tags: ['exec'], summary: 'List shell sessions', params: IdParams, response: { 200: z.object({ items: z.array(Session) }), ...errorResponses } },
-    }, async (req) => ({
-      items: (await fp.instances.listSessions(req.owner, req.params.id)).map((s) => ({ name: s.name, process_id: s.processId, running: s.running })),
-    }));
-
-    app.delete('/instances/:id/sessions/:name', {
-      schema: { tags: ['exec'], summary: 'Close a shell session', params: SessionParams, response: { 204: z.null(), ...errorResponses } },
-    }, async (req, reply) => {
-      await fp.instances.closeSession(req.owner, req.params.id, req.params.name);
+      await fp.deleteInstance(req.owner, req.params.id);
       return reply.code(204).send(null);
     });
 
-    app.post('/instances/:id/processes', {
-      schema: {
-        tags: ['processes'],
-        summary: 'Start a background process',
-        description: 'It keeps running with no client attached; its output is kept in a bounded scrollback (256 KiB per stream).',
-        params: IdParams,
-        body: StartProcessBody,
-        response: { 201: z.object({ process_id: z.number(), pid: z.number() }), ...errorResponses },
-      },
-    }, async (req, reply) => {
-      const b = req.body;
-      const p = await fp.instances.startProcess(req.owner, req.params.id, { command: b.command, cwd: b.cwd, env: b.env, pty: b.pty });
-      return reply.code(201).send({ process_id: p.id, pid: p.pid });
-    });
-
-    app.get('/instances/:id/processes', {
-      schema: { tags: ['processes'], summary: 'List processes the agent knows', params: IdParams, response: { 200: z.object({ items: z.array(ProcessInfo) }), ...errorResponses } },
-    }, async (req) => ({ items: (await fp.instances.listProcesses(req.owner, req.params.id)).map(processView) }));
-
-    app.get('/instances/:id/processes/:process_id', {
-      schema: { tags: ['processes'], summary: 'Get a process', params: ProcessParams, response: { 200: ProcessInfo, ...errorResponses } },
-    }, async (req) => processView(await fp.instances.processInfo(req.owner, req.params.id, req.params.process_id)));
-
-    app.get('/instances/:id/processes/:process_id/output', {
-      schema: { tags: ['processes'], summary: 'Read output from offsets on', params: ProcessParams, querystring: OutputQuery, response: { 200: ProcessOutput, ...errorResponses } },
-    }, async (req) => {
-      const o = await fp.instances.processOutput(req.owner, req.params.id, req.params.process_id, { stdout: req.query.stdout_offset, stderr: req.query.stderr_offset });
-      return {
-        stdout: o.stdout.toString('utf8'),
-        stderr: o.stderr.toString('utf8'),
-        stdout_offset: o.stdoutOffset,
-        stderr_offset: o.stderrOffset,
-        dropped_bytes: o.dropped,
-        exit_code: o.exit ? (o.exit.signal ? 128 + o.exit.signal : o.exit.code) : null,
-      };
-    });
-
-    app.post('/instances/:id/processes/:process_id/signal', {
-      schema: { tags: ['processes'], summary: 'Send a signal to the process group', params: ProcessParams, body: SignalBody, response: { 204: z.null(), ...errorResponses } },
-    }, async (req, reply) => {
-      await fp.instances.signalProcess(req.owner, req.params.id, req.params.process_id, req.body.signal);
-      return reply.code(204).send(null);
-    });
-
-    app.delete('/instances/:id/processes/:process_id', {
-      schema: { tags: ['processes'], summary: 'Kill (if running) and forget a process', params: ProcessParams, response: { 204: z.null(), ...errorResponses } },
-    }, async (req, reply) => {
-      await fp.instances.forgetProcess(req.owner, req.params.id, req.params.process_id);
-      return reply.code(204).send(null);
-    });
+    const stop = async (owner: string, id: string) => instanceView(await fp.instances.stop(owner, id));
+    const start = async (owner: string, id: string) => instanceView(await fp.instances.start(owner, id));
+    const stopDoc = {
+      tags,
+      summary: 'Stop the sandbox; the disk is kept',
+      description: 'Its processes end and its memory is freed; its files and checkpoints stay. Calls on it answer 409 until it is started again.',
+      params: IdParams,
+      response: { 200: ok('The instance, stopped', Instance), ...errorResponses },
+    };
+    const startDoc = {
+      tags,
+      summary: 'Boot a stopped instance again on its disk',
+      description: 'A fresh boot: processes do not come back (roll back to a memory checkpoint for that). The instance gets the newest agent.',
+      params: IdParams,
+      response: { 200: ok('The instance, running', Instance), ...errorResponses },
+    };
+    app.post('/instances/:id/stop', { schema: { operationId: 'stopInstance', ...stopDoc } }, async (req) => stop(req.owner, req.params.id));
+    app.post('/instances/:id/start', { schema: { operationId: 'startInstance', ...startDoc } }, async (req) => start(req.owner, req.params.id));
+    // Firecase's spelling of the same: the instance's VM.
+    app.post('/instances/:id/vm', { schema: { operationId: 'startInstanceVm', ...startDoc, summary: 'Start the instance (as POST /start)' } }, async (req) => start(req.owner, req.params.id));
+    app.delete('/instances/:id/vm', { schema: { operationId: 'stopInstanceVm', ...stopDoc, summary: 'Stop the instance (as POST /stop)' } }, async (req) => stop(req.owner, req.params.id));
   };

@@ -1,0 +1,31 @@
+/* What the agent's parts share: a client connection and the replies sent on it. */
+#ifndef FP_AGENT_H
+#define FP_AGENT_H
+
+#include <stdint.h>
+#include "protocol.h"
+
+struct conn {
+  int fd;
+  char *in;
+  uint32_t in_len, in_cap;
+  char *out;
+  uint32_t out_len, out_off, out_cap;
+};
+
+void send_frame(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *p, uint32_t n);
+void send_frame2(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *a, uint32_t alen,
+                 const void *b, uint32_t blen);
+void send_error(struct conn *c, uint32_t id, int err, const char *msg);
+
+/* agent_files.c: file operations, run inside the sandbox's root for the host */
+void do_write_file(struct conn *c, struct fp_header *h, char *pl);
+void do_write_at(struct conn *c, struct fp_header *h, char *pl);
+void do_read_file(struct conn *c, struct fp_header *h, char *pl);
+void do_remove_file(struct conn *c, struct fp_header *h, char *pl);
+void do_list_dir(struct conn *c, struct fp_header *h, char *pl);
+void do_mkdir(struct conn *c, struct fp_header *h, char *pl);
+void do_rename(struct conn *c, struct fp_header *h, char *pl);
+void do_stat(struct conn *c, struct fp_header *h, char *pl);
+
+#endif

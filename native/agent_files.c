@@ -1,0 +1,211 @@
+/* File operations for the host. They run here, inside the sandbox's root, so that a symlink
+ * planted in the sandbox can never lead the host's engine to a path of the host: whatever a
+ * path names, it names something of the sandbox. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent.h"
+
+static const char *payload_path(struct fp_header *h, char *pl, uint32_t skip) {
+  if (h->len <= skip) return NULL;
+  char *z = memchr(pl + skip, 0, h->len - skip);
+  return z ? pl + skip : NULL;
+}
+
+void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
+  uint32_t mode;
+  const char *path = payload_path(h, pl, 4);
+  if (!path) return send_error(c, h->id, EINVAL, "bad write");
+  memcpy(&mode, pl, 4);
+  const char *data = path + strlen(path) + 1;
+  uint32_t n = (uint32_t)(pl + h->len - data);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
+  if (fd < 0 && errno == ENOENT) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+      *slash = 0;
+      mkdir(dir, 0700);
+      fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
+    }
+  }
+  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  uint32_t off = 0;
+  while (off < n) {
+    ssize_t w = write(fd, data + off, n - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = errno;
+      close(fd);
+      return send_error(c, h->id, e, strerror(e));
+    }
+    off += (uint32_t)w;
+  }
+  close(fd);
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
+/* READ_FILE: u32 max, path; READ_AT: u32 max, u64 offset, path. */
+void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
+  uint32_t max;
+  uint64_t offset = 0;
+  int at = h->type == FP_T_READ_AT;
+  const char *path = payload_path(h, pl, at ? 12 : 4);
+  if (!path) return send_error(c, h->id, EINVAL, "bad read");
+  memcpy(&max, pl, 4);
+  if (at) memcpy(&offset, pl + 4, 8);
+  if (max > FP_MAX_FRAME - 64) max = FP_MAX_FRAME - 64;
+  if (offset > (uint64_t)INT64_MAX) return send_error(c, h->id, EINVAL, "bad offset");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    close(fd);
+    return send_error(c, h->id, EISDIR, strerror(EISDIR));
+  }
+  char *buf = malloc((size_t)max + 1);
+  if (!buf) {
+    close(fd);
+    return send_error(c, h->id, ENOMEM, "no memory");
+  }
+  uint32_t got = 0;
+  for (;;) {
+    ssize_t r = pread(fd, buf + got, (size_t)max + 1 - got, (off_t)(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int e = errno;
+      free(buf);
+      close(fd);
+      return send_error(c, h->id, e, strerror(e));
+    }
+    if (r == 0) break;
+    got += (uint32_t)r;
+    if (got == max + 1) break;
+  }
+  close(fd);
+  send_frame(c, FP_T_FILE, got > max ? 1 : 0, h->id, buf, got > max ? max : got);
+  free(buf);
+}
+
+void do_remove_file(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path) return send_error(c, h->id, EINVAL, "bad remove");
+  if (unlink(path) < 0 && errno != ENOENT && !(errno == EISDIR && rmdir(path) == 0))
+    return send_error(c, h->id, errno, strerror(errno));
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
+void do_list_dir(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path) return send_error(c, h->id, EINVAL, "bad list");
+  DIR *d = opendir(path);
+  if (!d) return send_error(c, h->id, errno, strerror(errno));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  struct dirent *e;
+  while (f && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || strchr(e->d_name, '\n') || strchr(e->d_name, '\t')) continue;
+    struct stat st;
+    char type = 'o';
+    long long size = 0;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : S_ISLNK(st.st_mode) ? 'l' : 'o';
+      size = (long long)st.st_size;
+    }
+    fprintf(f, "%s\t%c\t%lld\n", e->d_name, type, size);
+  }
+  closedir(d);
+  if (!f) return send_error(c, h->id, ENOMEM, "no memory");
+  fclose(f);
+  send_frame(c, FP_T_FILE, 0, h->id, buf, (uint32_t)len);
+  free(buf);
+}
+
+void do_mkdir(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path || path[0] != '/') return send_error(c, h->id, EINVAL, "bad mkdir");
+  char dir[4096];
+  snprintf(dir, sizeof(dir), "%s", path);
+  for (char *p = dir + 1;; p++) {
+    if (*p == '/' || *p == 0) {
+      char saved = *p;
+      *p = 0;
+      if (mkdir(dir, 0755) < 0 && errno != EEXIST) return send_error(c, h->id, errno, strerror(errno));
+      if (!saved) break;
+      *p = saved;
+    }
+  }
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
+
+/* WRITE_AT: u32 mode, u32 flags, u64 offset, path\0, bytes. A piece of a file streamed in:
+ * FP_WRITE_TRUNCATE creates or empties the file first (the first piece). */
+void do_write_at(struct conn *c, struct fp_header *h, char *pl) {
+  uint32_t mode, flags;
+  uint64_t offset;
+  const char *path = payload_path(h, pl, 16);
+  if (!path) return send_error(c, h->id, EINVAL, "bad write");
+  memcpy(&mode, pl, 4);
+  memcpy(&flags, pl + 4, 4);
+  memcpy(&offset, pl + 8, 8);
+  if (offset > (uint64_t)INT64_MAX) return send_error(c, h->id, EINVAL, "bad offset");
+  const char *data = path + strlen(path) + 1;
+  uint32_t n = (uint32_t)(pl + h->len - data);
+  int oflags = O_WRONLY | O_CLOEXEC | ((flags & FP_WRITE_TRUNCATE) ? O_CREAT | O_TRUNC : 0);
+  int fd = open(path, oflags, mode & 07777);
+  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  uint32_t off = 0;
+  while (off < n) {
+    ssize_t w = pwrite(fd, data + off, n - off, (off_t)(offset + off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : EIO;
+      close(fd);
+      return send_error(c, h->id, e, strerror(e));
+    }
+    off += (uint32_t)w;
+  }
+  close(fd);
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
+/* RENAME: from\0 to\0 */
+void do_rename(struct conn *c, struct fp_header *h, char *pl) {
+  const char *from = payload_path(h, pl, 0);
+  if (!from) return send_error(c, h->id, EINVAL, "bad rename");
+  uint32_t skip = (uint32_t)(strlen(from) + 1);
+  const char *to = payload_path(h, pl, skip);
+  if (!to) return send_error(c, h->id, EINVAL, "bad rename");
+  if (rename(from, to) < 0) return send_error(c, h->id, errno, strerror(errno));
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}
+
+/* STAT: path\0 -> FILE "type\tsize\tmode\tmtime_ms\ttarget\n" (lstat; target for a link) */
+void do_stat(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path) return send_error(c, h->id, EINVAL, "bad stat");
+  struct stat st;
+  if (lstat(path, &st) < 0) return send_error(c, h->id, errno, strerror(errno));
+  char target[1024] = "";
+  if (S_ISLNK(st.st_mode)) {
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    target[n > 0 ? n : 0] = 0;
+    for (char *t = target; *t; t++)
+      if (*t == '\t' || *t == '\n') *t = ' ';
+  }
+  char type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : S_ISLNK(st.st_mode) ? 'l' : 'o';
+  char line[1200];
+  int len = snprintf(line, sizeof(line), "%c\t%lld\t%o\t%lld\t%s\n", type, (long long)st.st_size, st.st_mode & 07777,
+                     (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000, target);
+  send_frame(c, FP_T_FILE, 0, h->id, line, (uint32_t)len);
+}

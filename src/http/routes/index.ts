@@ -1,0 +1,21 @@
+import type { FastifyPluginAsync } from 'fastify';
+import type { Forkpoint } from '../../core/forkpoint.js';
+import { checkpointRoutes } from './checkpoints.js';
+import { execRoutes } from './exec.js';
+import { fileRoutes } from './files.js';
+import { instanceRoutes } from './instances.js';
+
+/** The Firecase-style face: instances, commands, checkpoints, files. Registered at the root and
+ * again under /v1 (Firecase's own prefix), where it is left out of the document. */
+export const firecaseFace = (fp: Forkpoint, opts: { documented: boolean }): FastifyPluginAsync =>
+  async (app) => {
+    if (!opts.documented) {
+      app.addHook('onRoute', (route) => {
+        route.schema = { ...route.schema, hide: true };
+      });
+    }
+    await app.register(instanceRoutes(fp));
+    await app.register(execRoutes(fp));
+    await app.register(checkpointRoutes(fp));
+    await app.register(fileRoutes(fp));
+  };

@@ -1,0 +1,92 @@
+import { z } from 'zod';
+import { Env, Metadata } from './common.js';
+
+/** Instances on the Firecase-style face: snake_case in and out. */
+
+export const LimitsRequest = z
+  .object({
+    memory_mb: z.number().int().min(32).max(256 * 1024).optional().describe('memory, page cache included (no swap); default 1024'),
+    pids: z.number().int().min(16).max(1 << 20).optional().describe('processes and threads; default 512'),
+    cpu_percent: z.number().int().min(1).max(6400).optional().describe('CPU quota, 100 = one core; default 100'),
+    disk_mb: z
+      .number()
+      .int()
+      .min(64)
+      .max(16 << 20)
+      .optional()
+      .describe('everything the instance writes, its checkpoints\' changes included (a filesystem of its own); default: the server\'s, none unless configured'),
+  })
+  .strict()
+  .meta({ id: 'LimitsRequest' });
+
+export const CreateInstanceRequest = z
+  .object({
+    name: z.string().max(63).optional().describe('hostname-safe: lowercase letters, digits, hyphens; defaults to the id'),
+    image: z.string().max(63).optional().describe('an image name; defaults to the server\'s default'),
+    env: Env.optional(),
+    limits: LimitsRequest.optional(),
+    metadata: Metadata.optional(),
+    max_checkpoints: z.number().int().min(1).max(1000).optional().describe('defaults to the server\'s (10)'),
+  })
+  .strict()
+  .meta({ id: 'CreateInstanceRequest', examples: [{ name: 'demo', env: { GREETING: 'hello' }, limits: { memory_mb: 512, disk_mb: 2048 } }] });
+
+export const UpdateInstanceRequest = z
+  .object({
+    name: z.string().max(63).optional().describe('the hostname from the next boot or fork on'),
+    metadata: Metadata.optional().describe('replaces the metadata'),
+  })
+  .strict()
+  .meta({ id: 'UpdateInstanceRequest', examples: [{ name: 'renamed', metadata: { stage: 'review' } }] });
+
+export const Limits = z
+  .object({
+    memory_mb: z.number().int(),
+    pids: z.number().int(),
+    cpu_percent: z.number().int(),
+    disk_mb: z.number().int().nullable().describe('null: no disk limit'),
+  })
+  .meta({ id: 'Limits' });
+
+export const Instance = z
+  .object({
+    id: z.string(),
+    name: z.string(),
+    image: z.string(),
+    status: z.enum(['starting', 'running', 'stopped', 'error']),
+    env: z.record(z.string(), z.string()),
+    limits: Limits,
+    metadata: z.record(z.string(), z.string()),
+    max_checkpoints: z.number().int().nullable(),
+    head_checkpoint_id: z.string().nullable().describe('the checkpoint the instance stands on (its latest, or the one rolled back to)'),
+    source_instance_id: z.string().nullable().describe('for a fork: the instance it was forked from'),
+    source_checkpoint_id: z.string().nullable().describe('for a fork: the checkpoint it was forked from'),
+    error: z.string().nullable().describe('why the instance is in `error`'),
+    created_at: z.string(),
+    updated_at: z.string(),
+  })
+  .meta({
+    id: 'Instance',
+    examples: [
+      {
+        id: 'inst_0123456789abcdef',
+        name: 'demo',
+        image: 'default',
+        status: 'running',
+        env: { GREETING: 'hello' },
+        limits: { memory_mb: 1024, pids: 512, cpu_percent: 100, disk_mb: null },
+        metadata: {},
+        max_checkpoints: null,
+        head_checkpoint_id: null,
+        source_instance_id: null,
+        source_checkpoint_id: null,
+        error: null,
+        created_at: '2026-11-22T08:00:00.000Z',
+        updated_at: '2026-11-22T08:00:00.000Z',
+      },
+    ],
+  });
+
+export const InstancePage = z
+  .object({ items: z.array(Instance), next_cursor: z.string().nullable().describe('pass as `cursor` for the next page; null on the last') })
+  .meta({ id: 'InstancePage' });
