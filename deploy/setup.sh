@@ -19,13 +19,19 @@ node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0
 [ "$node_major" -ge 20 ] || die "Node.js >= 20 is needed (found: $(node --version 2>/dev/null || echo none))."
 
 # System tools: a C compiler with static glibc and libseccomp for the agent, util-linux, tar,
-# apt's download.
+# apt's download, mkfs.ext4 and losetup for disk limits; with --test, also what the test suite
+# drives (Java, for the OpenAPI 3.0 client generator).
+for_tests=0
+[ "${1:-}" = "--test" ] && for_tests=1
 missing=()
 command -v cc >/dev/null || missing+=(gcc)
 command -v make >/dev/null || missing+=(make)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/libc.a ] || missing+=(libc6-dev)
 compgen -G '/usr/lib/*/libseccomp.a' >/dev/null || [ -e /usr/lib/libseccomp.a ] || missing+=(libseccomp-dev)
 command -v nsenter >/dev/null || missing+=(util-linux)
+command -v losetup >/dev/null || missing+=(mount)
+command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+[ $for_tests = 0 ] || command -v java >/dev/null || missing+=(default-jre-headless)
 command -v tar >/dev/null || missing+=(tar)
 command -v python3 >/dev/null || missing+=(python3)
 command -v g++ >/dev/null || missing+=(g++)

@@ -7,7 +7,7 @@ import type { Forkpoint } from '../core/forkpoint.js';
 import { installAuth } from './auth.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installErrorHandling } from './errors.js';
-import { swaggerOptions, type OpenApiVersion } from './openapi.js';
+import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
 import { firecaseFace } from './routes/index.js';
 import { openComputerRoutes } from './opencomputer/routes.js';
@@ -38,12 +38,18 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     if (route.url.startsWith('/docs')) route.config = { ...(route.config as object), public: true };
   });
   await app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { docExpansion: 'list' } });
-  app.get('/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
+  // Served with the address the server is bound to (the configured port may be 0: any).
+  const here = (doc: unknown) => {
+    const addr = app.server.address();
+    if (!addr || typeof addr === 'string') return doc;
+    return { ...(doc as object), servers: [{ url: serverUrl(fp.config.host, addr.port), description: 'this server' }] };
+  };
+  app.get('/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => here(app.swagger()));
   // The 3.0 rendition comes from the same routes, registered once more in a server of its own.
   let v30: Promise<unknown> | undefined;
   app.get('/openapi-3.0.json', { config: { public: true }, schema: { hide: true } }, async () => {
     v30 ??= openApiDocument(fp, '3.0.3');
-    return v30;
+    return here(await v30);
   });
 
   await app.register(healthRoutes(fp));

@@ -25,13 +25,13 @@ export function installErrorHandling(app: FastifyInstance): void {
   app.setErrorHandler((err: FastifyError, request: FastifyRequest, reply: FastifyReply) => {
     if (err instanceof ForkpointError) return sendError(reply, err.code, err.message, err.details);
     if (hasZodFastifySchemaValidationErrors(err)) {
-      const details = err.validation.map((v) => ({
+      const issues = err.validation.map((v) => ({
         where: err.validationContext,
         path: v.instancePath || '/',
         message: v.message,
       }));
-      const first = details[0];
-      return sendError(reply, 'INVALID_REQUEST', `invalid ${first?.where ?? 'request'}: ${first?.path} ${first?.message}`, details);
+      const first = issues[0];
+      return sendError(reply, 'INVALID_REQUEST', `invalid ${first?.where ?? 'request'}: ${first?.path} ${first?.message}`, { issues });
     }
     if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return sendError(reply, 'PAYLOAD_TOO_LARGE', 'request body is too large');
     if (err.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || err instanceof SyntaxError) {

@@ -61,14 +61,19 @@ export function swaggerOptions(opts: DocumentOptions): FastifyDynamicSwaggerOpti
   };
 }
 
-/** What @fastify/swagger cannot say by itself: bodies that may be left out; and for 3.0, the
+/** What @fastify/swagger cannot say by itself: bodies that may be left out, 204s without a body;
+ * and for 3.0, the
  * `example` keyword where JSON Schema 2020-12 has `examples`; and a license without 3.1's
  * `identifier`. */
 function finish(doc: Json, openapi: OpenApiVersion): Json {
   foldInputSchemas(doc);
   for (const item of Object.values((doc.paths ?? {}) as Record<string, Record<string, Json>>)) {
     for (const op of Object.values(item)) {
-      if (!op || typeof op !== 'object' || !('x-optional-body' in op)) continue;
+      if (!op || typeof op !== 'object') continue;
+      // A 204 has no body (the 3.0 target would describe z.null() as a JSON "null").
+      const noContent = (op.responses as Record<string, Json> | undefined)?.['204'];
+      if (noContent) delete noContent.content;
+      if (!('x-optional-body' in op)) continue;
       delete op['x-optional-body'];
       if (op.requestBody) (op.requestBody as Json).required = false;
     }
@@ -80,6 +85,8 @@ function finish(doc: Json, openapi: OpenApiVersion): Json {
     license.url = 'https://www.apache.org/licenses/LICENSE-2.0';
     singleExamples(doc.components);
     singleExamples(doc.paths);
+    openMaps(doc.components);
+    openMaps(doc.paths);
     doc.components = bareRefs(doc.components);
     doc.paths = bareRefs(doc.paths);
   }
@@ -156,6 +163,17 @@ function foldInputSchemas(doc: Json): void {
   }
   if (components) components.schemas = Object.fromEntries(Object.entries(kept).sort(([a], [b]) => a.localeCompare(b)));
   doc.paths = renameRefs(doc.paths, renamed);
+}
+
+/** A map of anything: `additionalProperties: true` says it in a way every 3.0 generator reads
+ * (an empty schema there is taken for a model called Object). */
+function openMaps(node: unknown): void {
+  if (Array.isArray(node)) return node.forEach(openMaps);
+  if (!node || typeof node !== 'object') return;
+  const o = node as Json;
+  const ap = o.additionalProperties;
+  if (ap && typeof ap === 'object' && !Array.isArray(ap) && Object.keys(ap).length === 0) o.additionalProperties = true;
+  for (const v of Object.values(o)) openMaps(v);
 }
 
 /** 3.0 allows nothing beside a `$ref`, so zod wraps one in `allOf`; with nothing else beside

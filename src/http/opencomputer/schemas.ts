@@ -38,7 +38,7 @@ export const CreateSandboxBody = z
     memoryMB: z.number().int().min(32).max(256 * 1024).optional(),
     diskMB: z.number().int().min(1).optional(),
   })
-  .passthrough()
+  .strip()
   .meta({ id: 'OpenComputerCreateSandboxRequest', examples: [{ templateID: 'base', envs: { A: '1' } }] });
 
 export const SandboxData = z
@@ -66,7 +66,7 @@ export const RunBody = z
     cwd: z.string().max(4096).optional(),
     timeout: z.number().min(0).max(86400).optional().describe('seconds'),
   })
-  .passthrough()
+  .strip()
   .meta({ id: 'OpenComputerRunRequest', examples: [{ cmd: 'echo', args: ['hi'] }] });
 
 export const RunResult = z
@@ -75,7 +75,7 @@ export const RunResult = z
 
 export const CreateCheckpointBody = z
   .object({ name: z.string().max(200).optional() })
-  .passthrough()
+  .strip()
   .meta({ id: 'OpenComputerCreateCheckpointRequest', examples: [{ name: 'before' }] });
 
 export const CheckpointInfo = z
@@ -84,7 +84,7 @@ export const CheckpointInfo = z
     sandboxId: z.string(),
     orgId: z.string(),
     name: z.string(),
-    sandboxConfig: z.record(z.string(), z.unknown()),
+    sandboxConfig: z.object({ memory: z.boolean(), parentId: z.string().nullable() }),
     status: z.string(),
     sizeBytes: z.number().int(),
     createdAt: z.string(),
@@ -93,7 +93,7 @@ export const CheckpointInfo = z
 
 export const FromCheckpointBody = z
   .object({ timeout: z.number().optional(), envs: Envs.optional().describe('added to the source sandbox\'s') })
-  .passthrough()
+  .strip()
   .meta({ id: 'OpenComputerFromCheckpointRequest', examples: [{ envs: { ROLE: 'worker' } }] });
 
 export const EntryInfo = z

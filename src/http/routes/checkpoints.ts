@@ -3,7 +3,7 @@ import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import {
   Checkpoint, CheckpointPage, CheckpointParams, CreateCheckpointRequest, errorResponses, ForkRequest, ForkResult, IdParams,
-  Instance, Lineage, noContent, ok, OPTIONAL_BODY, PageQuery, RollbackRequest, WaitQuery,
+  Instance, Lineage, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, RollbackRequest, WaitQuery,
 } from '../schemas/index.js';
 import { checkpointView, instanceView } from '../views.js';
 
@@ -23,7 +23,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
           'With `?wait=true` the answer (200) comes when it is no longer processing. The body may be left out.',
         params: IdParams,
         querystring: WaitQuery,
-        body: CreateCheckpointRequest.optional(),
+        body: optionalBody(CreateCheckpointRequest),
         ...OPTIONAL_BODY,
         response: {
           200: ok('With wait=true: the checkpoint, ready or failed', Checkpoint),
@@ -107,7 +107,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
           'Each fork gets its own namespaces and upper over the checkpoint\'s shared layers. Without `checkpoint_id`, an implicit checkpoint (label "fork") is taken first; a checkpoint still processing is waited for. ' +
           'Without `count` the answer is the new instance itself; with it, `{instances: [...]}` (with `name` as a prefix: name-1, name-2, ...). All or nothing: if one fork fails the others are removed. The body may be left out.',
         params: IdParams,
-        body: ForkRequest.optional(),
+        body: optionalBody(ForkRequest),
         ...OPTIONAL_BODY,
         response: { 201: ok('The new instance, or with count the new instances', z.union([Instance, ForkResult])), ...errorResponses },
       },

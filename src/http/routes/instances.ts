@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import {
-  CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, noContent, ok, OPTIONAL_BODY, PageQuery, UpdateInstanceRequest,
+  CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
 } from '../schemas/index.js';
 import { instanceView } from '../views.js';
 
@@ -18,7 +18,7 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         tags,
         summary: 'Create and start an instance',
         description: 'Boots a sandbox on the image (the default one without `image`) and answers once it runs. Every field is optional; so is the body.',
-        body: CreateInstanceRequest.optional(),
+        body: optionalBody(CreateInstanceRequest),
         ...OPTIONAL_BODY,
         response: { 201: ok('The instance, running', Instance), ...errorResponses },
       },

@@ -19,7 +19,7 @@ export const ErrorEnvelope = z
     error: z.object({
       code: z.enum(ERROR_CODES).describe('stable: clients branch on it'),
       message: z.string().describe('for people'),
-      details: z.unknown().optional().describe('what the error is about (the field, the instance, ...)'),
+      details: z.record(z.string(), z.unknown()).optional().describe('what the error is about: the instance, the field, the issues found in the request, ...'),
     }),
   })
   .meta({
@@ -48,6 +48,9 @@ export const ok = <T extends z.ZodType>(description: string, schema: T) => ({ de
 
 /** A success answer with no body. */
 export const noContent = (description: string) => z.null().describe(description);
+
+/** A request body that may be left out altogether: Fastify validates a missing body as null. */
+export const optionalBody = <T extends z.ZodType>(schema: T) => z.preprocess((v) => (v === null ? undefined : v), schema.optional());
 
 /** Marks an operation whose request body may be left out altogether (openapi.ts turns it into
  * `requestBody.required: false`; @fastify/swagger always says true). */
