@@ -155,9 +155,9 @@ describe('finding 2: kernel keyrings are not shared', () => {
   it('a key added in one sandbox is seen neither in another tenant\'s nor on the host', async () => {
     // b belongs to tenant-b: the kit goes in through the core, as tenant-b's own upload would
     await s.fp.files.write(ownerB, b, KIT, kit.binary);
-    await s.fp.instances.exec(ownerB, b, { command: `chmod 755 ${KIT}` });
+    await s.fp.commands.exec(ownerB, b, { command: `chmod 755 ${KIT}` });
     expect(await attack(a, 'addkey fp-tenant-secret')).toMatch(/refused/);
-    const seen = await s.fp.instances.exec(ownerB, b, { command: `${KIT} findkey fp-tenant-secret` });
+    const seen = await s.fp.commands.exec(ownerB, b, { command: `${KIT} findkey fp-tenant-secret` });
     expect(seen.stdout.toBuffer().toString()).toMatch(/findkey: refused/);
     expect(readFileSync('/proc/keys', 'utf8')).not.toContain('fp-tenant-secret');
   });

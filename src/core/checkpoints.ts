@@ -6,6 +6,8 @@ import { newId } from '../store/ids.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord, Page } from '../store/instances.js';
 import { ConflictError, InvalidRequestError, isNoSpace, NotFoundError, QuotaExceededError } from './errors.js';
+import type { EventBus } from './events.js';
+import type { ExecutionService } from './executions.js';
 import type { InstanceService } from './instances.js';
 import type { JobQueue, KeyedLock } from './jobs.js';
 import { requireRoom, shortOfRoom } from './space.js';
@@ -58,6 +60,8 @@ export class CheckpointService {
     private readonly jobs: JobQueue,
     private readonly defaultMax: number,
     private readonly squash: { after: number; keep: number },
+    private readonly events: EventBus,
+    private readonly executions: ExecutionService,
     private readonly log: Logger,
   ) {}
 
@@ -83,9 +87,12 @@ export class CheckpointService {
 
   /** Records the checkpoint as `processing` and queues the work; `done` settles when it is
    * `ready` or `failed`. */
-  create(owner: string, instanceId: string, input: CreateCheckpoint): { checkpoint: CheckpointRecord; done: Promise<void> } {
-    const inst = this.instances.get(owner, instanceId);
+  /** Takes a checkpoint: answers at once with it `processing`; `done` settles when it is
+   * `ready` or `failed`. A hibernated instance is woken first. */
+  async create(owner: string, instanceId: string, input: CreateCheckpoint): Promise<{ checkpoint: CheckpointRecord; done: Promise<void> }> {
+    let inst = this.instances.get(owner, instanceId);
     if (this.instances.isBeingDeleted(instanceId)) throw new ConflictError(`instance ${instanceId} is being deleted`);
+    if (inst.status === 'hibernated') inst = await this.instances.wake(owner, instanceId);
     if (inst.status !== 'running' && inst.status !== 'stopped') {
       throw new ConflictError(`instance ${instanceId} is ${inst.status}`, { status: inst.status });
     }
@@ -115,6 +122,7 @@ export class CheckpointService {
       readyAt: null,
     };
     this.store.checkpoints.insert(c);
+    this.events.emit(instanceId, 'checkpoint.processing', { checkpoint_id: c.id, memory });
     // From now on the instance's callers wait for the dump: the checkpoint is of this moment.
     const release = this.engine.sandbox(instanceId)?.hold() ?? (() => {});
     const done = this.jobs.enqueue(c.id, instanceId, () =>
@@ -208,6 +216,7 @@ export class CheckpointService {
     const memoryBytes = c.memory ? await this.engine.diskUsage(images) : 0;
     this.store.layers.markSynced(layerId);
     this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
+    this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
     if (layers.length > this.squash.after) this.track(this.squashOldest(inst.id));
   }
@@ -287,6 +296,7 @@ export class CheckpointService {
 
   private fail(c: CheckpointRecord, reason: string): void {
     this.log.warn({ checkpoint: c.id, reason }, 'checkpoint failed');
+    this.events.emit(c.instanceId, 'checkpoint.failed', { checkpoint_id: c.id, error: reason });
     try {
       this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
     } catch (err) {
@@ -334,9 +344,14 @@ export class CheckpointService {
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
       const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
       try {
+        const t = performance.now();
         const sb = await this.engine.replace(spec, images);
         this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
-        return this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
+        // A hibernated instance rolled back wakes on the checkpoint; its own memory image goes.
+        await this.instances.dropHibernation(inst);
+        const rec = this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
+        this.events.emit(inst.id, 'rollback', { checkpoint_id: c.id, ms: Math.round((performance.now() - t) * 100) / 100 });
+        return rec;
       } catch (err) {
         this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
         throw this.instances.engineFailure(err);
@@ -358,7 +373,7 @@ export class CheckpointService {
       c = this.get(owner, sourceId, input.checkpointId);
       unpin = this.pin(c.id);
     } else {
-      const made = this.create(owner, sourceId, { label: 'fork', memory: source.status === 'running', retention: { mode: 'delete_oldest' } });
+      const made = await this.create(owner, sourceId, { label: 'fork', memory: source.status === 'running' || source.status === 'hibernated', retention: { mode: 'delete_oldest' } });
       unpin = this.pin(made.checkpoint.id);
       c = made.checkpoint;
       await made.done.catch(() => {});
@@ -379,12 +394,17 @@ export class CheckpointService {
           return this.locks.run(rec.id, async () => {
             const spec = this.instances.spec(rec);
             const sb = images ? await this.engine.restore(spec, images, { setHostname: true }) : await this.engine.boot(spec, { freshUpper: true });
+            if (images) await this.executions.adoptInFork(source.id, rec.id);
             return this.instances.running(rec.id, sb);
           });
         }),
       );
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-      if (!failed) return results.map((r) => (r as PromiseFulfilledResult<InstanceRecord>).value);
+      if (!failed) {
+        const forks = results.map((r) => (r as PromiseFulfilledResult<InstanceRecord>).value);
+        this.events.emit(source.id, 'fork', { checkpoint_id: c.id, instance_ids: forks.map((f) => f.id) });
+        return forks;
+      }
       // All or nothing: a call that answers with an error leaves no instance of its own behind.
       this.log.warn({ err: failed.reason, checkpoint: c.id, count }, 'fork failed; removing the forks it made');
       await Promise.all(made.map((id) => this.instances.discard(id)));

@@ -7,7 +7,7 @@ import { ENOENT } from '../engine/agent/protocol.js';
 import type { Sandbox } from '../engine/sandbox.js';
 import { engineFailure } from './engine-failure.js';
 import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
-import type { InstanceService } from './instances.js';
+import type { SandboxAccess } from './access.js';
 
 export const MAX_FILE_BYTES = 8 * 1024 * 1024 - 4096;
 /** Files are streamed to and from a sandbox in pieces of this size (a frame holds 8 MiB). */
@@ -24,7 +24,7 @@ export interface FileInfo extends FileStat {
  * go both ways in pieces, so that no file is ever whole in the server's memory. */
 export class FileService {
   constructor(
-    private readonly instances: InstanceService,
+    private readonly access: SandboxAccess,
     private readonly log: Logger,
   ) {}
 
@@ -35,9 +35,9 @@ export class FileService {
 
   /** Runs one file operation on the instance's agent, with agent errors as API errors. */
   private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentClient, path: string, sb: Sandbox) => Promise<T>): Promise<T> {
-    const sb = this.instances.sandbox(owner, id);
     const p = this.path(path);
     try {
+      const { sb } = await this.access.sandbox(owner, id);
       return await sb.call((agent) => fn(agent, p, sb));
     } catch (err) {
       throw this.failed(err, path);
@@ -75,7 +75,7 @@ export class FileService {
     if (info?.type === 'dir') throw new InvalidRequestError(`${path} is a directory`, { path });
     const first = await this.op(owner, id, path, (a, p) => a.readFile(p, PIECE));
     if (!first) throw new NotFoundError('file', path);
-    const sb = this.instances.sandbox(owner, id);
+    const { sb } = await this.access.sandbox(owner, id);
     const p = this.path(path);
     const fail = (err: unknown) => this.failed(err, path);
     async function* pieces(): AsyncGenerator<Buffer> {

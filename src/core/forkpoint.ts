@@ -6,7 +6,11 @@ import { Engine, type EngineOptions } from '../engine/engine.js';
 import { Images } from '../engine/images.js';
 import { isMounted } from '../engine/overlay.js';
 import { openStore, type Store } from '../store/index.js';
+import { SandboxAccess } from './access.js';
 import { CheckpointService } from './checkpoints.js';
+import { CommandService } from './commands.js';
+import { EventBus } from './events.js';
+import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
 import { InstanceService } from './instances.js';
 import { JobQueue, KeyedLock } from './jobs.js';
@@ -30,6 +34,13 @@ export class Forkpoint {
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
   readonly files: FileService;
+  /** Commands run and waited for, shell sessions, background processes. */
+  readonly commands: CommandService;
+  /** Commands streamed and attached to: exec sessions, async runs, terminals. */
+  readonly executions: ExecutionService;
+  readonly events: EventBus;
+  /** How services reach a sandbox: hibernated instances wake, idle ones hibernate. */
+  readonly access: SandboxAccess;
   private readonly jobs: JobQueue;
 
   constructor(
@@ -43,12 +54,16 @@ export class Forkpoint {
     this.images = new Images(this.engine.layout.images);
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
-    this.instances = new InstanceService(this.store, this.engine, this.images, locks, config, log);
-    this.files = new FileService(this.instances, log);
+    this.events = new EventBus();
+    this.instances = new InstanceService(this.store, this.engine, this.images, locks, config, this.events, log);
+    this.access = new SandboxAccess(this.instances, this.store, log);
+    this.commands = new CommandService(this.instances, this.access, this.engine, this.events, log);
+    this.executions = new ExecutionService(this.store, this.instances, this.access, this.engine.layout.spill, this.events, log);
+    this.files = new FileService(this.access, log);
     this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
-    }, log);
+    }, this.events, this.executions, log);
   }
 
   static async open(config: Config, log: Logger, version: string, engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
@@ -63,6 +78,7 @@ export class Forkpoint {
     await this.images.seedFrom(this.config.imageSeedDir);
     await this.checkpoints.recover();
     await this.instances.recover();
+    this.access.startIdleMonitor();
   }
 
   /** The first token, when there is none: printed once and kept in a 0600 file. */
@@ -94,6 +110,8 @@ export class Forkpoint {
   /** Stops serving once queued jobs are done; sandboxes keep running and are re-adopted by
    * the next start. */
   async close(): Promise<void> {
+    this.access.stopIdleMonitor();
+    this.executions.forget();
     await this.jobs.drain();
     await this.checkpoints.idle();
     await this.engine.shutdown();
@@ -108,15 +126,15 @@ export class Forkpoint {
   /** Deletes an instance with its checkpoints (forks of them live on). */
   async deleteInstance(owner: string, id: string): Promise<void> {
     await this.instances.delete(owner, id, (i) => this.checkpoints.deleteAllOf(i));
+    this.executions.forget(id);
+    this.commands.forget(id);
   }
 
   /** Deletes every instance, after the jobs under way: for tests and benchmarks. */
   async destroyAll(): Promise<void> {
     await this.jobs.drain();
     await this.checkpoints.idle();
-    for (const rec of this.store.instances.all()) {
-      await this.instances.delete(rec.owner, rec.id, (id) => this.checkpoints.deleteAllOf(id));
-    }
+    for (const rec of this.store.instances.all()) await this.deleteInstance(rec.owner, rec.id);
   }
 
   /** Stops every sandbox and unmounts every disk: for tests and `serve --stop-on-exit`. */

@@ -2,19 +2,14 @@ import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { Engine, SandboxSpec } from '../engine/engine.js';
-import { EngineError } from '../engine/errors.js';
-import { execOnce, type ExecResult } from '../engine/exec.js';
-import { Output } from '../engine/output.js';
 import type { Images } from '../engine/images.js';
-import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from '../engine/processes.js';
 import type { Sandbox } from '../engine/sandbox.js';
 import { processStartTime } from '../engine/launcher.js';
-import { SessionRegistry, ShellSession } from '../engine/session.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { InstanceRecord, Limits, Page } from '../store/instances.js';
-import type { AgentProcessInfo } from '../engine/agent/frames.js';
 import { engineFailure } from './engine-failure.js';
+import type { EventBus } from './events.js';
 import { requireRoom } from './space.js';
 import { ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
@@ -26,31 +21,10 @@ export interface CreateInstance {
   limits?: Partial<Limits> | undefined;
   metadata?: Record<string, string> | undefined;
   maxCheckpoints?: number | undefined;
+  /** Seconds without activity after which it hibernates by itself (0 or none: never). */
+  idleTimeoutS?: number | undefined;
 }
 
-export interface ExecInput {
-  command: string | string[];
-  cwd?: string | undefined;
-  env?: Record<string, string> | undefined;
-  timeoutMs?: number | undefined;
-  stdin?: string | undefined;
-  session?: string | undefined;
-  maxOutputBytes?: number | undefined;
-}
-
-export interface BackgroundInput {
-  command: string | string[];
-  cwd?: string | undefined;
-  env?: Record<string, string> | undefined;
-  pty?: { rows: number; cols: number } | undefined;
-}
-
-export interface ProcessView extends AgentProcessInfo {
-  session: string | null;
-}
-
-export const DEFAULT_TIMEOUT_MS = 60_000;
-export const DEFAULT_MAX_OUTPUT = 1 << 20;
 const BASE_ENV: Record<string, string> = {
   PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
   HOME: '/root',
@@ -59,11 +33,8 @@ const BASE_ENV: Record<string, string> = {
 };
 export const INSTANCE_NAME = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
 
-const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
-
-/** Instances: their records, their sandboxes, and the commands run in them. */
+/** Instances: their records and lifecycle (create, start, stop, hibernate, wake, delete). */
 export class InstanceService {
-  private readonly sessions = new Map<string, Map<string, ShellSession>>();
   /** Instances whose deletion is under way: no new checkpoint job may queue behind it. */
   private readonly deleting = new Set<string>();
 
@@ -73,6 +44,7 @@ export class InstanceService {
     private readonly images: Images,
     private readonly locks: KeyedLock,
     private readonly config: Config,
+    private readonly events: EventBus,
     private readonly log: Logger,
   ) {}
 
@@ -154,6 +126,8 @@ export class InstanceService {
       sourceCheckpointId: null,
       maxCheckpoints: input.maxCheckpoints ?? null,
       headCheckpointId: null,
+      hibernationId: null,
+      idleTimeoutS: input.idleTimeoutS && input.idleTimeoutS > 0 ? input.idleTimeoutS : null,
       error: null,
       createdAt: now,
       updatedAt: now,
@@ -186,6 +160,7 @@ export class InstanceService {
       try {
         this.store.db.transaction(() => {
           this.store.layers.dropHolder(`instance:${id}`);
+          this.store.executions.removeAllOf(id);
           this.store.instances.delete(id);
         })();
       } catch (err) {
@@ -208,28 +183,33 @@ export class InstanceService {
 
   /** Marks the record as running on the given sandbox. */
   running(id: string, sb: Sandbox, patch: Partial<InstanceRecord> = {}): InstanceRecord {
-    this.sessions.delete(id);
     return this.store.instances.update(id, { ...patch, status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
   }
 
+  /** Stops the sandbox (a hibernated instance forgets its memory); the disk is kept. */
   async stop(owner: string, id: string): Promise<InstanceRecord> {
     this.get(owner, id);
-    return this.locks.run(id, async () => {
+    const rec = await this.locks.run(id, async () => {
       await this.engine.stop(id);
-      this.sessions.delete(id);
+      await this.dropHibernation(this.store.instances.get(id)!);
       return this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
     });
+    this.events.emit(id, 'instance.stopped');
+    return rec;
   }
 
+  /** Boots a stopped instance on its disk; a hibernated one wakes instead. */
   async start(owner: string, id: string): Promise<InstanceRecord> {
-    this.get(owner, id);
-    return this.locks.run(id, async () => {
+    if (this.get(owner, id).status === 'hibernated') return this.wake(owner, id);
+    const started = await this.locks.run(id, async () => {
       let rec = this.store.instances.get(id)!;
       if (rec.status === 'running') return rec;
       // A fresh boot maps no file of the old agent: it gets the newest one.
       if (rec.agentLayer !== this.engine.currentAgentLayer) rec = this.store.instances.update(id, { agentLayer: this.engine.currentAgentLayer });
       return this.bootRecord(rec, { freshUpper: false });
     });
+    this.events.emit(id, 'instance.started');
+    return started;
   }
 
   /** Removes the instance, its disk and its checkpoints. Forks keep running: each holds its
@@ -241,12 +221,14 @@ export class InstanceService {
       // Checkpoints first: that may have to wait for forks reading from them, or refuse.
       await onCheckpoints(id);
       await this.engine.destroy(id);
-      this.sessions.delete(id);
+      await this.dropHibernation(this.store.instances.get(id)!);
       this.store.db.transaction(() => {
         this.store.layers.dropHolder(`instance:${id}`);
+        this.store.executions.removeAllOf(id);
         this.store.instances.delete(id);
       })();
     }).finally(() => this.deleting.delete(id));
+    this.events.emit(id, 'instance.deleted');
     await this.collectLayers();
   }
 
@@ -255,132 +237,90 @@ export class InstanceService {
     for (const layer of this.store.layers.takeUnreferenced()) await this.engine.removeLayer(layer);
   }
 
-  /** The live sandbox of a running instance. */
-  sandbox(owner: string, id: string): Sandbox {
-    const rec = this.get(owner, id);
-    const sb = this.engine.sandbox(id);
-    if (rec.status !== 'running' || !sb) throw new ConflictError(`instance ${id} is ${rec.status}, not running`, { status: rec.status });
-    return sb;
+  /** The live sandbox of the instance, if it runs (SandboxAccess is how services reach it). */
+  live(id: string): Sandbox | undefined {
+    return this.engine.sandbox(id);
   }
 
-  private envOf(rec: InstanceRecord, extra?: Record<string, string>): string[] {
+  /** The environment of commands in the instance: the base, its own, and the call's. */
+  envOf(rec: InstanceRecord, extra?: Record<string, string>): string[] {
     const env = { ...BASE_ENV, HOSTNAME: rec.name, ...rec.env, ...extra };
     return Object.entries(env).map(([k, v]) => `${k}=${v}`);
   }
 
-  async exec(owner: string, id: string, input: ExecInput): Promise<ExecResult> {
-    const rec = this.get(owner, id);
-    const sb = this.sandbox(owner, id);
-    const timeoutMs = input.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-    const maxOutputBytes = input.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
-    const stdin = input.stdin !== undefined ? Buffer.from(input.stdin) : undefined;
-    const spillDir = this.engine.layout.spill;
-    try {
-      if (input.session) {
-        const session = await this.session(rec, sb, input.session);
-        let script = Array.isArray(input.command) ? input.command.map(quote).join(' ') : input.command;
-        if (input.cwd) script = `cd ${quote(input.cwd)} && ${script}`;
-        if (input.env) script = `${Object.entries(input.env).map(([k, v]) => `export ${k}=${quote(v)}`).join('; ')}; ${script}`;
-        return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir });
-      }
-      const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-      return await execOnce(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir });
-    } catch (err) {
-      if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
-        return { exitCode: 127, signal: 0, stdout: Output.of('', spillDir), stderr: Output.of(`${err.message}\n`, spillDir), durationMs: 0, timedOut: false, truncated: false };
-      }
-      throw this.engineFailure(err);
-    }
+  /** Sets (or, with null, clears) the seconds without activity after which the instance
+   * hibernates by itself. */
+  setIdleTimeout(owner: string, id: string, seconds: number | null): InstanceRecord {
+    this.get(owner, id);
+    return this.store.instances.update(id, { idleTimeoutS: seconds && seconds > 0 ? seconds : null });
   }
 
-  /** The named shell session, found again after a restore or a restart from the registry
-   * the sandbox keeps in its own filesystem (so it travels with checkpoints and forks). */
-  private async session(rec: InstanceRecord, sb: Sandbox, name: string): Promise<ShellSession> {
-    let byName = this.sessions.get(rec.id);
-    if (!byName) this.sessions.set(rec.id, (byName = new Map()));
-    const known = byName.get(name);
-    if (known?.alive) return known;
-    const registry = new SessionRegistry(sb);
-    const entries = await registry.read();
-    const saved = entries.get(name);
-    if (saved) {
-      const info = (await sb.list()).find((p) => p.id === saved && p.running);
-      if (info) {
-        const s = await ShellSession.adopt(sb, name, saved, [info.stdoutBytes, info.stderrBytes]);
-        byName.set(name, s);
-        return s;
+  /**
+   * Hibernates a running instance: its memory and processes go to an image, its changes are
+   * frozen into a layer (as for a checkpoint), and its processes end, their memory freed. Its
+   * wake brings all of it back. `ifIdle`, checked under the instance's lock, lets the idle
+   * monitor give up if the instance was used meanwhile.
+   */
+  async hibernate(owner: string, id: string, opts: { ifIdle?: () => boolean } = {}): Promise<InstanceRecord> {
+    this.get(owner, id);
+    return this.locks.run(id, async () => {
+      const rec = this.store.instances.get(id)!;
+      if (rec.status === 'hibernated') return rec;
+      if (rec.status !== 'running') throw new ConflictError(`instance ${id} is ${rec.status}, not running`, { status: rec.status });
+      if (opts.ifIdle && !opts.ifIdle()) return rec;
+      await requireRoom(this.engine, await this.engine.memoryInUse(id));
+      const layerId = newId('lyr');
+      const hibernationId = newId('hib');
+      this.store.layers.add(layerId, id);
+      let pauseMs: number;
+      try {
+        ({ pauseMs } = await this.engine.hibernate(this.spec(rec), layerId, this.engine.layout.checkpoint(hibernationId)));
+      } catch (err) {
+        this.store.layers.remove(layerId);
+        await this.engine.removeCheckpointImages(hibernationId);
+        if (!this.engine.sandbox(id)) this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+        throw this.engineFailure(err);
       }
-    }
-    const s = await ShellSession.open(sb, name, this.envOf(rec));
-    entries.set(name, s.processId);
-    await registry.write(entries);
-    byName.set(name, s);
-    return s;
-  }
-
-  /** Runs one operation on an instance's sandbox, with engine and agent failures as API errors. */
-  private async onSandbox<T>(owner: string, id: string, op: (sb: Sandbox) => Promise<T>): Promise<T> {
-    const sb = this.sandbox(owner, id);
-    try {
-      return await op(sb);
-    } catch (err) {
-      throw this.engineFailure(err);
-    }
-  }
-
-  async listSessions(owner: string, id: string): Promise<{ name: string; processId: number; running: boolean }[]> {
-    return this.onSandbox(owner, id, async (sb) => {
-      const [entries, procs] = await Promise.all([new SessionRegistry(sb).read(), sb.list()]);
-      return [...entries].map(([name, pid]) => ({ name, processId: pid, running: procs.some((p) => p.id === pid && p.running) }));
+      const layers = [layerId, ...rec.layers];
+      const next = this.store.db.transaction(() => {
+        this.store.layers.settle(layerId);
+        this.store.layers.setRefs(`instance:${id}`, layers);
+        return this.store.instances.update(id, { status: 'hibernated', layers, hibernationId, pid: null, pidStart: null });
+      })();
+      await this.engine.syncLayer(layerId);
+      this.store.layers.markSynced(layerId);
+      this.events.emit(id, 'instance.hibernated', { pause_ms: pauseMs });
+      return next;
     });
   }
 
-  async closeSession(owner: string, id: string, name: string): Promise<void> {
-    await this.onSandbox(owner, id, async (sb) => {
-      const registry = new SessionRegistry(sb);
-      const entries = await registry.read();
-      const pid = entries.get(name);
-      if (!pid) throw new NotFoundError('session', name);
-      await signalProcess(sb, pid, 9);
-      entries.delete(name);
-      await registry.write(entries);
-      this.sessions.get(id)?.delete(name);
+  /** Wakes a hibernated instance exactly as it was: memory, processes, sessions. */
+  async wake(owner: string, id: string): Promise<InstanceRecord> {
+    this.get(owner, id);
+    return this.locks.run(id, async () => {
+      const rec = this.store.instances.get(id)!;
+      if (rec.status !== 'hibernated' || !rec.hibernationId) return rec;
+      const t = performance.now();
+      let sb: Sandbox;
+      try {
+        sb = await this.engine.restore(this.spec(rec), this.engine.layout.checkpoint(rec.hibernationId), { setHostname: false });
+      } catch (err) {
+        this.log.error({ err, instance: id }, 'wake failed');
+        this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the wake failed: ${(err as Error).message}` });
+        throw this.engineFailure(err);
+      }
+      await this.engine.removeCheckpointImages(rec.hibernationId);
+      const next = this.running(id, sb, { hibernationId: null });
+      this.events.emit(id, 'instance.woken', { ms: Math.round((performance.now() - t) * 100) / 100 });
+      return next;
     });
   }
 
-  async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
-    const rec = this.get(owner, id);
-    const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-    return this.onSandbox(owner, id, (sb) => startBackground(sb, { argv, env: this.envOf(rec, input.env), cwd: input.cwd ?? '/', pty: input.pty }));
-  }
-
-  async listProcesses(owner: string, id: string): Promise<AgentProcessInfo[]> {
-    return this.onSandbox(owner, id, (sb) => listProcesses(sb));
-  }
-
-  async processInfo(owner: string, id: string, processId: number): Promise<AgentProcessInfo> {
-    const p = (await this.listProcesses(owner, id)).find((x) => x.id === processId);
-    if (!p) throw new NotFoundError('process', String(processId));
-    return p;
-  }
-
-  async processOutput(owner: string, id: string, processId: number, from: { stdout: number; stderr: number }): Promise<OutputChunk> {
-    const out = await this.onSandbox(owner, id, (sb) => readOutput(sb, processId, from));
-    if (!out) throw new NotFoundError('process', String(processId));
-    return out;
-  }
-
-  async signalProcess(owner: string, id: string, processId: number, signo: number): Promise<void> {
-    await this.processInfo(owner, id, processId);
-    await this.onSandbox(owner, id, (sb) => signalProcess(sb, processId, signo));
-  }
-
-  async forgetProcess(owner: string, id: string, processId: number): Promise<void> {
-    const p = await this.processInfo(owner, id, processId);
-    await this.onSandbox(owner, id, async (sb) => {
-      if (p.running) await signalProcess(sb, processId, 9);
-      await forgetProcess(sb, processId);
-    });
+  /** A hibernated instance's memory image goes (stop, delete): its files stay in its layers. */
+  async dropHibernation(rec: InstanceRecord): Promise<void> {
+    if (!rec.hibernationId) return;
+    await this.engine.removeCheckpointImages(rec.hibernationId);
+    this.store.instances.update(rec.id, { hibernationId: null });
   }
 
   /** After a server restart: re-adopt what still runs, mark the rest stopped, and leave

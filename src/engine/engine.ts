@@ -465,6 +465,45 @@ export class Engine {
     return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
   }
 
+  /**
+   * Hibernation: the sandbox's memory and processes go to `images` and its upper is frozen into
+   * `layerId`, like a checkpoint, but nothing is restored: its processes are gone and their
+   * memory freed, its disk unmounted. `restore(spec with the layer, images)` wakes it.
+   */
+  async hibernate(spec: SandboxSpec, layerId: string, images: string): Promise<{ pauseMs: number }> {
+    const sb = this.live.get(spec.id);
+    if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
+    await mkdir(images, { recursive: true });
+    this.criu.markFormat(images);
+    const dumper = worker(this.opts.agentPath, this.criu.workerCommand({ netnsOf: sb.pid }), join(this.layout.run(spec.id), 'dump-worker.log'));
+    let imagesFd: number;
+    try {
+      [imagesFd] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), run(this.opts.agentPath, ['syncfs', this.upperOf(spec.id)])]);
+    } catch (err) {
+      dumper.end();
+      throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
+    }
+    let dumpError: EngineError | undefined;
+    const t0 = performance.now();
+    await sb.pause(async () => {
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      dumper.end();
+      if (!dumped.success) {
+        const log = await tail(join(images, 'dump.log'));
+        dumpError = new EngineError('DUMP_FAILED', `criu dump failed: ${lastError(log) ?? dumped.cr_errmsg ?? 'no reason given'}`, log);
+        if (isAliveSync(sb.pid, sb.startTime)) return { pid: sb.pid, startTime: sb.startTime, result: undefined };
+      } else {
+        await waitGone(sb.pid, sb.startTime);
+        this.freezeUpper(spec.id, layerId);
+      }
+      this.live.delete(spec.id);
+      await this.teardown(spec.id);
+      return undefined;
+    });
+    if (dumpError) throw dumpError;
+    return { pauseMs: Math.round((performance.now() - t0) * 100) / 100 };
+  }
+
   /** Freezes the upper of a stopped (unmounted) instance into a layer. */
   async freezeStopped(id: string, layerId: string): Promise<void> {
     if (await isMounted(this.layout.merged(id))) throw new EngineError('NOT_RUNNING', `instance ${id} is mounted`);
@@ -520,7 +559,6 @@ export class Engine {
       prepared?.catch(() => {});
       const oldGone = killTree(sb.pid, sb.startTime);
       oldGone.catch(() => {});
-      sb.loseAll(new AgentError(0, 'the instance was rolled back'));
       try {
         this.prepareDisk(spec, true);
         steps.mark('disk');
@@ -534,7 +572,7 @@ export class Engine {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    }).finally(() => this.restorers.refillSoon());
+    }, undefined, { rollback: true }).finally(() => this.restorers.refillSoon());
     return sb;
   }
 

@@ -7,13 +7,36 @@ import { openAgentSocket, viaDescriptor } from './agent/socket.js';
 import { EngineError } from './errors.js';
 import { isAliveSync } from './launcher.js';
 
-/** A process the engine waits on: its listener survives reconnects, and it is re-attached
- * from the byte offsets it has seen, so a dump or a dropped connection loses no output. */
-interface Tracked {
+/** One follower of a process: it gets each byte once, from its own offsets on. */
+interface Subscriber {
   listener: ProcessListener;
   offsets: [number, number];
+  /** Carried over a rollback when the restored tree has the process (an attached terminal or
+   * exec session); otherwise the rollback loses it (a command waited on for its result). */
+  survivesRollback: boolean;
+  /** Joined a process already followed and has not had its replay yet: an exit that comes
+   * first (already on its way) must not end it before its replay. */
+  replaying: boolean;
+}
+
+/** A process the engine follows, for one or more subscribers: re-attached after a pause or a
+ * dropped connection from the lowest offset any of them has seen, so nothing is lost. */
+interface Tracked {
+  subs: Set<Subscriber>;
   /** False until the agent confirmed the spawn: a spawn waiting at the gate is not re-attached. */
   spawned: boolean;
+  fan: ProcessListener;
+}
+
+export interface Subscription {
+  /** Stops following (the process runs on). */
+  close(): void;
+}
+
+export interface SubscribeOptions {
+  survivesRollback?: boolean;
+  /** Called once the scrollback from `offsets` on has been delivered (then output is live). */
+  onReplayed?: () => void;
 }
 
 /** How long a checkpoint may hold callers back before its pause starts (its job may be queued
@@ -82,7 +105,11 @@ export class Sandbox {
       try {
         const client = await this.open({ onClose: (expected) => this.onMainClosed(client, expected) });
         this.client = client;
-        for (const [id, t] of this.tracked) if (t.spawned) client.attach(id, t.offsets[0], t.offsets[1], t.listener);
+        for (const [id, t] of this.tracked) {
+          if (!t.spawned) continue;
+          const [out, err] = lowest(t);
+          client.attach(id, out, err, t.fan);
+        }
         return client;
       } catch (err) {
         if (this.broken) throw this.broken;
@@ -188,6 +215,7 @@ export class Sandbox {
   async pause<T>(
     work: () => Promise<{ pid: number; startTime: string; result: T } | undefined>,
     release?: () => void,
+    opts: { rollback?: boolean } = {},
   ): Promise<T | undefined> {
     while (this.gate) await this.gate;
     let open!: () => void;
@@ -200,7 +228,13 @@ export class Sandbox {
       this.client = undefined;
       await Promise.all([...this.sideClients].map((c) => c.close()));
       this.sideClients.clear();
-      const out = await withDeadline(work(), PAUSE_DEADLINE_MS, `the pause of ${this.id}`);
+      let out: { pid: number; startTime: string; result: T } | undefined;
+      try {
+        out = await withDeadline(work(), PAUSE_DEADLINE_MS, `the pause of ${this.id}`);
+      } catch (err) {
+        this.loseAll(new AgentError(0, `the sandbox did not come back: ${(err as Error).message}`));
+        throw err;
+      }
       if (!out) {
         this.loseAll(new AgentError(0, 'the sandbox stopped'));
         return undefined;
@@ -208,7 +242,8 @@ export class Sandbox {
       if (out.pid !== this.pid) this.broken = undefined; // a new PID 1 gets a new chance
       this.pid = out.pid;
       this.startTime = out.startTime;
-      await this.connect();
+      if (opts.rollback) await this.rebase();
+      else await this.connect();
       return out.result;
     } finally {
       this.gate = undefined;
@@ -218,8 +253,35 @@ export class Sandbox {
 
   /** Every waiter fails: the sandbox was stopped or deleted, or its agent broke. */
   loseAll(err: AgentError): void {
-    for (const t of [...this.tracked.values()]) t.listener.onLost(err);
+    for (const t of [...this.tracked.values()]) t.fan.onLost(err);
     this.tracked.clear();
+  }
+
+  /**
+   * After a rollback the processes are those of the checkpoint. A follower that survives
+   * rollbacks goes on with the restored process of the same id, from its output as restored
+   * (no replay of what it already had); the others, and followers of a process the checkpoint
+   * does not have, are told it is lost.
+   */
+  private async rebase(): Promise<void> {
+    const lost = new AgentError(0, 'the instance was rolled back');
+    const followed = [...this.tracked];
+    this.tracked.clear();
+    const client = await this.connect();
+    const procs = followed.length ? await client.list() : [];
+    for (const [id, t] of followed) {
+      const now = procs.find((p) => p.id === id);
+      for (const sub of t.subs) {
+        if (!now || !sub.survivesRollback) {
+          sub.listener.onLost(lost);
+          continue;
+        }
+        sub.offsets = [now.stdoutBytes, now.stderrBytes];
+        this.add(id, sub, true);
+      }
+      const kept = this.tracked.get(id);
+      if (kept) client.attach(id, now!.stdoutBytes, now!.stderrBytes, kept.fan);
+    }
   }
 
   async close(): Promise<void> {
@@ -231,39 +293,60 @@ export class Sandbox {
     this.sideClients.clear();
   }
 
-  /** Registers a process to follow across reconnects. Output replayed below the offsets
-   * already seen is dropped, so a re-attach delivers each byte once. */
-  private register(id: number, offsets: [number, number], spawned: boolean, listener: ProcessListener): Tracked {
-    const t: Tracked = {
-      offsets: [...offsets],
-      spawned,
-      listener: {
-        onOutput: (stream, offset, data) => {
-          const seen = t.offsets[stream - 1]!;
-          if (offset + data.length <= seen) return;
-          const fresh = offset < seen ? data.subarray(seen - offset) : data;
-          t.offsets[stream - 1] = offset + data.length;
-          listener.onOutput(stream, offset, fresh);
+  /** Adds a follower of process `id`, making the fan-out for it on first use. */
+  private add(id: number, sub: Subscriber, spawned: boolean): Tracked {
+    let t = this.tracked.get(id);
+    if (!t) {
+      const subs = new Set<Subscriber>();
+      const end = (each: (l: ProcessListener) => void) => {
+        if (this.tracked.get(id) === t) this.tracked.delete(id);
+        for (const x of [...subs]) each(x.listener);
+        subs.clear();
+      };
+      t = {
+        subs,
+        spawned,
+        fan: {
+          onOutput: (stream, offset, data) => {
+            for (const x of [...subs]) {
+              const seen = x.offsets[stream - 1]!;
+              if (offset + data.length <= seen) continue;
+              const fresh = offset < seen ? data.subarray(seen - offset) : data;
+              x.offsets[stream - 1] = offset + data.length;
+              x.listener.onOutput(stream, offset < seen ? seen : offset, fresh);
+            }
+          },
+          onExit: (code, sig) => {
+            const waiting = [...subs].filter((x) => x.replaying);
+            for (const x of waiting) subs.delete(x);
+            end((l) => l.onExit(code, sig));
+            // Their replay (and the exit after it) is still on its way: they go on following.
+            for (const x of waiting) this.add(id, x, true);
+            const again = this.tracked.get(id);
+            if (again && this.client?.isOpen) this.client.attach(id, ...lowest(again), again.fan);
+          },
+          onLost: (err) => end((l) => l.onLost(err)),
         },
-        onExit: (code, sig) => {
-          this.tracked.delete(id);
-          listener.onExit(code, sig);
-        },
-        onLost: (err) => {
-          this.tracked.delete(id);
-          listener.onLost(err);
-        },
-      },
-    };
-    this.tracked.set(id, t);
+      };
+      this.tracked.set(id, t);
+    }
+    t.subs.add(sub);
     return t;
   }
 
+  private remove(id: number, sub: Subscriber): void {
+    const t = this.tracked.get(id);
+    if (!t || !t.subs.delete(sub) || t.subs.size) return;
+    this.tracked.delete(id);
+    if (this.client?.isOpen) this.client.detach(id);
+  }
+
   /** Starts a process and follows it until it exits or is lost. */
-  async start(id: number, req: SpawnRequest, listener: ProcessListener): Promise<number> {
-    const t = this.register(id, [0, 0], false, listener);
+  async start(id: number, req: SpawnRequest, listener: ProcessListener, opts: { survivesRollback?: boolean } = {}): Promise<number> {
+    const sub: Subscriber = { listener, offsets: [0, 0], survivesRollback: opts.survivesRollback ?? false, replaying: false };
+    const t = this.add(id, sub, false);
     try {
-      const pid = await this.track((await this.agent()).spawn(id, req, t.listener));
+      const pid = await this.track((await this.agent()).spawn(id, req, t.fan));
       t.spawned = true;
       return pid;
     } catch (err) {
@@ -276,8 +359,25 @@ export class Sandbox {
   /** Follows a process that is already running (after a restart or a restore), from the
    * given offsets on. */
   async follow(id: number, offsets: [number, number], listener: ProcessListener): Promise<void> {
-    const t = this.register(id, offsets, true, listener);
-    (await this.agent()).attach(id, offsets[0], offsets[1], t.listener);
+    await this.subscribe(id, offsets, listener);
+  }
+
+  /**
+   * Follows a process from `offsets` on, alongside any other followers: the agent replays its
+   * scrollback from there, then output is live. Each follower sees every byte once.
+   */
+  async subscribe(id: number, offsets: [number, number], listener: ProcessListener, opts: SubscribeOptions = {}): Promise<Subscription> {
+    const agent = await this.agent();
+    const sub: Subscriber = { listener, offsets: [...offsets], survivesRollback: opts.survivesRollback ?? false, replaying: this.tracked.has(id) };
+    const t = this.add(id, sub, true);
+    agent.attach(id, offsets[0], offsets[1], t.fan);
+    // Frames come in order: once the ping is answered, the replay is in.
+    const replayed = () => {
+      sub.replaying = false;
+      opts.onReplayed?.();
+    };
+    agent.ping().then(replayed, replayed);
+    return { close: () => this.remove(id, sub) };
   }
 
   untrack(id: number): void {
@@ -303,4 +403,15 @@ export function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promis
     timer = setTimeout(() => reject(new EngineError('TIMEOUT', `${what} did not finish within ${Math.round(ms / 1000)} s`)), ms);
   });
   return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+/** The lowest offsets any follower has seen: where a re-attach replays from. */
+function lowest(t: Tracked): [number, number] {
+  let out = Infinity;
+  let err = Infinity;
+  for (const x of t.subs) {
+    out = Math.min(out, x.offsets[0]);
+    err = Math.min(err, x.offsets[1]);
+  }
+  return [out === Infinity ? 0 : out, err === Infinity ? 0 : err];
 }

@@ -4,13 +4,15 @@ import swaggerUi from '@fastify/swagger-ui';
 import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
 import type { Logger } from 'pino';
 import type { Forkpoint } from '../core/forkpoint.js';
-import { installAuth } from './auth.js';
+import websocket from '@fastify/websocket';
+import { installAuth, redactUrl } from './auth.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
 import { firecaseFace } from './routes/index.js';
 import { openComputerRoutes } from './opencomputer/routes.js';
+import { closeStreams } from './streams/sse.js';
 
 export interface AppOptions {
   forkpoint: Forkpoint;
@@ -20,15 +22,35 @@ export interface AppOptions {
   openapi?: OpenApiVersion;
 }
 
+/** The largest WebSocket message a client may send (stdin); larger ones close the socket. */
+const WS_MAX_MESSAGE = 1 << 20;
+
+/** Request logs without tokens (a WebSocket may carry one in its query). */
+function withRequestSerializers(log: Logger): FastifyBaseLogger {
+  return log.child({}, {
+    serializers: {
+      req: (req: { method?: string; url?: string; hostname?: string; ip?: string }) => ({ method: req.method, url: redactUrl(req.url ?? ''), host: req.hostname, remoteAddress: req.ip }),
+    },
+  }) as FastifyBaseLogger;
+}
+
 /** The HTTP server: config in, Fastify instance out. Nothing here touches the engine. */
 export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   const base = { bodyLimit: opts.bodyLimitBytes, routerOptions: { ignoreTrailingSlash: true } };
-  const app: FastifyInstance = opts.logger ? Fastify({ ...base, loggerInstance: opts.logger as FastifyBaseLogger }) : Fastify({ ...base, logger: false });
+  const app: FastifyInstance = opts.logger ? Fastify({ ...base, loggerInstance: withRequestSerializers(opts.logger) }) : Fastify({ ...base, logger: false });
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
   installBodyParsers(app);
   installErrorHandling(app);
+  // Upgrades are routed as GETs through the hooks (a bad token is a plain 401). The plugin's
+  // own hooks come first: they close the socket of an upgrade that was answered, not upgraded.
+  await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });
   installAuth(app, (token) => opts.forkpoint.ownerOfToken(token));
+  app.addHook('preClose', async () => closeStreams(app.server));
+  // The plugin leaves WebSocket routes out of the document; ours are part of the contract.
+  app.addHook('onRoute', (route) => {
+    if (route.websocket && route.schema) route.schema = { ...route.schema, hide: false };
+  });
 
   const fp = opts.forkpoint;
   const openapi = opts.openapi ?? '3.1.0';

@@ -11,12 +11,29 @@ declare module 'fastify' {
   }
 }
 
-/** The token of a request: `Authorization: Bearer <token>` or `X-API-Key: <token>`. */
+/** Query parameters a WebSocket upgrade may carry its token in (browsers' WebSocket cannot
+ * set headers; OpenComputer's SDK sends `api_key`). Nowhere else: URLs end up in logs. */
+const WS_TOKEN_PARAMS = ['api_key', 'token', 'access_token'] as const;
+
+/** The token of a request: `Authorization: Bearer <token>` or `X-API-Key: <token>`; for a
+ * WebSocket upgrade also `?api_key=`, `?token=` or `?access_token=`. */
 export function tokenOf(request: FastifyRequest): string | undefined {
   const auth = request.headers.authorization;
   if (auth?.startsWith('Bearer ')) return auth.slice(7).trim();
   const key = request.headers['x-api-key'];
-  return typeof key === 'string' ? key.trim() : undefined;
+  if (typeof key === 'string') return key.trim();
+  if (request.headers.upgrade?.toLowerCase() !== 'websocket') return undefined;
+  const query = new URL(request.url, 'http://x').searchParams;
+  for (const name of WS_TOKEN_PARAMS) {
+    const v = query.get(name);
+    if (v) return v.trim();
+  }
+  return undefined;
+}
+
+/** A URL with the values of token parameters replaced, for logs. */
+export function redactUrl(url: string): string {
+  return url.replace(/([?&](?:api_key|token|access_token)=)[^&#]*/gi, '$1[redacted]');
 }
 
 /** `owner` answers whose a token is (undefined: not a valid token). */

@@ -15,6 +15,7 @@ export const instanceView = (r: InstanceRecord) => ({
   limits: { memory_mb: r.limits.memoryMb, pids: r.limits.pids, cpu_percent: r.limits.cpuPercent, disk_mb: r.limits.diskMb ?? null },
   metadata: r.metadata,
   max_checkpoints: r.maxCheckpoints,
+  idle_timeout_s: r.idleTimeoutS,
   head_checkpoint_id: r.headCheckpointId,
   source_instance_id: r.sourceInstanceId,
   source_checkpoint_id: r.sourceCheckpointId,

@@ -1,5 +1,6 @@
 import { CheckpointStore } from './checkpoints.js';
 import { openDb, type Db } from './db.js';
+import { ExecutionStore } from './executions.js';
 import { InstanceStore } from './instances.js';
 import { LayerStore } from './layers.js';
 import { TokenStore } from './tokens.js';
@@ -10,6 +11,7 @@ export interface Store {
   instances: InstanceStore;
   checkpoints: CheckpointStore;
   layers: LayerStore;
+  executions: ExecutionStore;
   close(): void;
 }
 
@@ -21,6 +23,7 @@ export function openStore(file: string): Store {
     instances: new InstanceStore(db),
     checkpoints: new CheckpointStore(db),
     layers: new LayerStore(db),
+    executions: new ExecutionStore(db),
     close: () => db.close(),
   };
 }

@@ -1,6 +1,6 @@
 import type { Db } from './db.js';
 
-export type InstanceStatus = 'starting' | 'running' | 'stopped' | 'error';
+export type InstanceStatus = 'starting' | 'running' | 'hibernated' | 'stopped' | 'error';
 
 export interface Limits {
   memoryMb: number;
@@ -30,6 +30,10 @@ export interface InstanceRecord {
   sourceCheckpointId: string | null;
   maxCheckpoints: number | null;
   headCheckpointId: string | null;
+  /** The memory image a hibernated instance wakes from. */
+  hibernationId: string | null;
+  /** Seconds without activity after which it hibernates by itself; null: never. */
+  idleTimeoutS: number | null;
   error: string | null;
   createdAt: string;
   updatedAt: string;
@@ -53,6 +57,8 @@ interface Row {
   source_checkpoint_id: string | null;
   max_checkpoints: number | null;
   head_checkpoint_id: string | null;
+  hibernation_id: string | null;
+  idle_timeout_s: number | null;
   error: string | null;
   created_at: string;
   updated_at: string;
@@ -76,6 +82,8 @@ const fromRow = (r: Row): InstanceRecord => ({
   sourceCheckpointId: r.source_checkpoint_id,
   maxCheckpoints: r.max_checkpoints,
   headCheckpointId: r.head_checkpoint_id,
+  hibernationId: r.hibernation_id,
+  idleTimeoutS: r.idle_timeout_s,
   error: r.error,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
@@ -93,9 +101,11 @@ export class InstanceStore {
     this.db
       .prepare(
         `INSERT INTO instances (id, owner, name, image, status, layers, base_layer, agent_layer, env, limits, metadata,
-           pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, error, created_at, updated_at)
+           pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, hibernation_id, idle_timeout_s,
+           error, created_at, updated_at)
          VALUES (@id, @owner, @name, @image, @status, @layers, @baseLayer, @agentLayer, @env, @limits, @metadata,
-           @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @error, @createdAt, @updatedAt)`,
+           @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @hibernationId, @idleTimeoutS,
+           @error, @createdAt, @updatedAt)`,
       )
       .run({
         ...rec,
@@ -114,6 +124,11 @@ export class InstanceStore {
 
   all(): InstanceRecord[] {
     return (this.db.prepare('SELECT * FROM instances').all() as Row[]).map(fromRow);
+  }
+
+  /** Running instances that hibernate when idle: what the idle monitor watches. */
+  idleCandidates(): InstanceRecord[] {
+    return (this.db.prepare("SELECT * FROM instances WHERE status = 'running' AND idle_timeout_s > 0").all() as Row[]).map(fromRow);
   }
 
   /** Newest first; the cursor is the last id of the previous page. */
@@ -143,7 +158,8 @@ export class InstanceStore {
       .prepare(
         `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, base_layer=@baseLayer, agent_layer=@agentLayer,
            env=@env, limits=@limits, metadata=@metadata, pid=@pid, pid_start=@pidStart,
-           max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, error=@error, updated_at=@updatedAt WHERE id=@id`,
+           max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, hibernation_id=@hibernationId,
+           idle_timeout_s=@idleTimeoutS, error=@error, updated_at=@updatedAt WHERE id=@id`,
       )
       .run({
         ...next,

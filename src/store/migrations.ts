@@ -99,4 +99,35 @@ export const migrations: readonly Migration[] = [
       ALTER TABLE instances ADD COLUMN base_layer INTEGER NOT NULL DEFAULT 0;
       ALTER TABLE checkpoints ADD COLUMN base_layer INTEGER NOT NULL DEFAULT 0;`,
   },
+  {
+    version: 6,
+    name: 'hibernation and idle timeouts',
+    sql: `
+      -- the memory image of a hibernated instance (under checkpoints/), restored by its wake
+      ALTER TABLE instances ADD COLUMN hibernation_id TEXT;
+      -- seconds without activity after which a running instance hibernates by itself
+      ALTER TABLE instances ADD COLUMN idle_timeout_s INTEGER;`,
+  },
+  {
+    version: 7,
+    name: 'executions',
+    sql: `
+      -- commands started to be streamed, attached to or waited for; their state while they run
+      -- is the agent's, these rows keep what it does not (argv, times, the end once seen)
+      CREATE TABLE executions (
+        instance_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        process_id INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        argv TEXT NOT NULL,
+        cwd TEXT NOT NULL,
+        started_at TEXT NOT NULL,
+        ended_at TEXT,
+        exit_code INTEGER,
+        signal INTEGER,
+        timed_out INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (instance_id, id)
+      );
+      CREATE INDEX executions_started ON executions (instance_id, started_at);`,
+  },
 ];

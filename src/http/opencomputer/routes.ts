@@ -5,13 +5,14 @@ import type { CheckpointRecord } from '../../store/checkpoints.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import type { Readable } from 'node:stream';
 import { sendWithOutputs } from '../output-json.js';
-import { noContent, ok } from '../schemas/common.js';
+import { noContent, ok, OPTIONAL_BODY, optionalBody } from '../schemas/common.js';
 import {
   Binary, CheckpointInfo, CheckpointOnlyParams, CreateCheckpointBody, CreateSandboxBody, EntryInfo, FromCheckpointBody, ocErrorResponses,
-  PathQuery, RunBody, RunResult, SandboxCheckpointParams, SandboxData, SandboxParams,
+  PathQuery, RunBody, RunResult, SandboxCheckpointParams, SandboxData, SandboxParams, TimeoutBody, WakeBody,
 } from './schemas.js';
+import { execSessionRoutes } from './exec-routes.js';
 
-const STATUS: Record<InstanceRecord['status'], string> = { starting: 'creating', running: 'running', stopped: 'hibernated', error: 'error' };
+const STATUS: Record<InstanceRecord['status'], string> = { starting: 'creating', running: 'running', hibernated: 'hibernated', stopped: 'stopped', error: 'error' };
 
 const sandboxView = (r: InstanceRecord) => ({
   sandboxID: r.id,
@@ -57,6 +58,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         env: b.envs,
         metadata: b.metadata,
         limits: { memoryMb: b.memoryMB, cpuPercent: b.cpuCount ? b.cpuCount * 100 : undefined },
+        idleTimeoutS: b.timeout,
       });
       return reply.code(201).send(sandboxView(rec));
     });
@@ -77,18 +79,29 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.post('/sandboxes/:id/hibernate', {
-      schema: { operationId: 'ocHibernateSandbox', tags, summary: 'Stop the sandbox, keeping its disk', description: 'Stops its processes and frees its memory; its files and checkpoints stay.', params: SandboxParams, response: { 200: ok('The sandbox, hibernated', SandboxData), ...errors } },
-    }, async (req) => sandboxView(await fp.instances.stop(req.owner, req.params.id)));
+      schema: { operationId: 'ocHibernateSandbox', tags, summary: 'Hibernate: memory to disk, RAM freed', description: 'Its memory, processes and exec sessions go to an image and its RAM is freed; `wake`, or any call that needs it (exec, files, attach), restores it exactly as it was.', params: SandboxParams, response: { 200: ok('The sandbox, hibernated', SandboxData), ...errors } },
+    }, async (req) => sandboxView(await fp.instances.hibernate(req.owner, req.params.id)));
 
     app.post('/sandboxes/:id/wake', {
-      schema: { operationId: 'ocWakeSandbox', tags, summary: 'Boot a stopped sandbox again', description: 'Boots a hibernated sandbox again on its files.', params: SandboxParams, response: { 200: ok('The sandbox, running', SandboxData), ...errors } },
-    }, async (req) => sandboxView(await fp.instances.start(req.owner, req.params.id)));
+      schema: { operationId: 'ocWakeSandbox', tags, summary: 'Wake a hibernated sandbox', description: 'Restores it exactly as it was hibernated (a stopped one boots on its files); `timeout` becomes its idle timeout (0: never).', params: SandboxParams, body: optionalBody(WakeBody), ...OPTIONAL_BODY, response: { 200: ok('The sandbox, running', SandboxData), ...errors } },
+    }, async (req) => {
+      const rec = await fp.instances.start(req.owner, req.params.id);
+      const timeout = req.body?.timeout;
+      return sandboxView(timeout === undefined ? rec : fp.instances.setIdleTimeout(req.owner, rec.id, timeout));
+    });
+
+    app.post('/sandboxes/:id/timeout', {
+      schema: { operationId: 'ocSetTimeout', tags, summary: 'Set the idle timeout', description: 'Seconds without activity (no call, no attached client) after which the sandbox hibernates by itself; 0: never.', params: SandboxParams, body: TimeoutBody, response: { 204: noContent('Set'), ...errors } },
+    }, async (req, reply) => {
+      fp.instances.setIdleTimeout(req.owner, req.params.id, req.body.timeout);
+      return reply.code(204).send(null);
+    });
 
     app.post('/sandboxes/:id/exec/run', {
       schema: { operationId: 'ocRunCommand', tags, summary: 'Run a command and wait for it', description: 'Runs `cmd` with `args` (no shell) and answers when it ends, with its exit code and output.', params: SandboxParams, body: RunBody, response: { 200: ok('How it ended', RunResult), ...errors } },
     }, async (req, reply) => {
       const b = req.body;
-      const r = await fp.instances.exec(req.owner, req.params.id, {
+      const r = await fp.commands.exec(req.owner, req.params.id, {
         command: [b.cmd, ...(b.args ?? [])],
         env: b.envs,
         cwd: b.cwd,
@@ -107,7 +120,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 201: ok('The checkpoint, processing', CheckpointInfo), ...errors },
       },
     }, async (req, reply) => {
-      const { checkpoint } = fp.checkpoints.create(req.owner, req.params.id, { label: req.body.name, memory: true });
+      const { checkpoint } = await fp.checkpoints.create(req.owner, req.params.id, { label: req.body.name, memory: true });
       return reply.code(201).send(checkpointView(checkpoint));
     });
 
@@ -144,9 +157,11 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const c = fp.checkpoints.find(req.owner, req.params.checkpointId);
       const [rec] = await fp.checkpoints.fork(req.owner, c.instanceId, { checkpointId: c.id, env: req.body.envs });
-      return reply.code(201).send(sandboxView(rec!));
+      const timeout = req.body.timeout;
+      return reply.code(201).send(sandboxView(timeout ? fp.instances.setIdleTimeout(req.owner, rec!.id, timeout) : rec!));
     });
 
+    await app.register(execSessionRoutes(fp));
     await app.register(fileRoutes(fp));
   };
 

@@ -31,7 +31,7 @@ const Envs = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().m
 export const CreateSandboxBody = z
   .object({
     templateID: z.string().max(63).optional().describe('an image name; "base" means the default image'),
-    timeout: z.number().int().min(0).optional().describe('accepted; sandboxes here never hibernate by themselves'),
+    timeout: z.number().int().min(0).max(30 * 86400).optional().describe('seconds idle (no call, no attached client) before the sandbox hibernates by itself, its memory kept; 0: never'),
     envs: Envs.optional(),
     metadata: z.record(z.string().max(64), z.string().max(1024)).optional(),
     cpuCount: z.number().int().min(1).max(64).optional(),
@@ -92,7 +92,7 @@ export const CheckpointInfo = z
   .meta({ id: 'OpenComputerCheckpoint' });
 
 export const FromCheckpointBody = z
-  .object({ timeout: z.number().optional(), envs: Envs.optional().describe('added to the source sandbox\'s') })
+  .object({ timeout: z.number().int().min(0).max(30 * 86400).optional().describe('its idle timeout, seconds (0: never)'), envs: Envs.optional().describe('added to the source sandbox\'s') })
   .strip()
   .meta({ id: 'OpenComputerFromCheckpointRequest', examples: [{ envs: { ROLE: 'worker' } }] });
 
@@ -102,3 +102,70 @@ export const EntryInfo = z
 
 /** Raw bytes, both ways. */
 export const Binary = z.custom<unknown>(() => true).meta({ type: 'string', format: 'binary' });
+
+export const TimeoutBody = z
+  .object({ timeout: z.number().int().min(0).max(30 * 86400).describe('seconds idle before the sandbox hibernates by itself; 0: never') })
+  .strip()
+  .meta({ id: 'OpenComputerTimeoutRequest', examples: [{ timeout: 300 }] });
+
+export const WakeBody = z
+  .object({ timeout: z.number().int().min(0).max(30 * 86400).optional().describe('the idle timeout from now on, seconds; 0: never') })
+  .strip()
+  .meta({ id: 'OpenComputerWakeRequest', examples: [{ timeout: 0 }] });
+
+export const ExecSessionBody = z
+  .object({
+    cmd: z.string().min(1).max(1 << 16),
+    args: z.array(z.string().max(1 << 16)).max(4096).optional(),
+    envs: Envs.optional(),
+    cwd: z.string().max(4096).optional(),
+    timeout: z.number().min(0).max(7 * 86400).optional().describe('seconds; the command is killed after it (0 or none: never)'),
+    maxRunAfterDisconnect: z.number().min(0).max(7 * 86400).optional().describe('seconds the command may run with no client attached before it is killed (none: forever)'),
+  })
+  .strip()
+  .meta({ id: 'OpenComputerExecSessionRequest', examples: [{ cmd: 'bash', args: ['-c', 'for i in 1 2 3; do echo $i; sleep 1; done'] }] });
+
+export const ExecSessionCreated = z.object({ sessionID: z.string() }).meta({ id: 'OpenComputerExecSessionCreated' });
+
+export const ExecSessionInfo = z
+  .object({
+    sessionID: z.string(),
+    sandboxID: z.string(),
+    command: z.string(),
+    args: z.array(z.string()),
+    running: z.boolean(),
+    exitCode: z.number().int().optional(),
+    startedAt: z.string(),
+    attachedClients: z.number().int(),
+  })
+  .meta({ id: 'OpenComputerExecSessionInfo' });
+
+export const SessionParams = SandboxParams.extend({ sessionId: z.string().min(1).max(64) });
+export const ExecIdParams = SandboxParams.extend({ execId: z.string().min(1).max(64) });
+
+export const KillBody = z
+  .object({ signal: z.number().int().min(1).max(64).optional().describe('default SIGKILL (9)') })
+  .strip()
+  .meta({ id: 'OpenComputerKillRequest', examples: [{ signal: 15 }] });
+
+export const ExecResultBody = z
+  .object({
+    execId: z.string(),
+    running: z.boolean(),
+    exitCode: z.number().int().optional(),
+    stdout: z.string().optional(),
+    stderr: z.string().optional(),
+    startedAt: z.string().optional(),
+    error: z.string().optional().describe('why there is no result (the command was lost: the sandbox was rolled back past it, stopped or deleted)'),
+  })
+  .meta({ id: 'OpenComputerExecResult', examples: [{ execId: 'exec_0a1b2c3d', running: false, exitCode: 0, stdout: 'hi\n', stderr: '' }] });
+
+export const PtyBody = z
+  .object({ cols: z.number().int().min(1).max(1000).default(80), rows: z.number().int().min(1).max(1000).default(24) })
+  .strip()
+  .meta({ id: 'OpenComputerPtyRequest', examples: [{ cols: 80, rows: 24 }] });
+
+export const ResizeBody = z
+  .object({ cols: z.number().int().min(1).max(1000), rows: z.number().int().min(1).max(1000) })
+  .strip()
+  .meta({ id: 'OpenComputerResizeRequest', examples: [{ cols: 120, rows: 40 }] });

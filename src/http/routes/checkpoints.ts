@@ -33,7 +33,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req, reply) => {
       const b = req.body ?? {};
-      const { checkpoint } = fp.checkpoints.create(req.owner, req.params.id, { label: b.label, memory: b.memory, retention: b.retention });
+      const { checkpoint } = await fp.checkpoints.create(req.owner, req.params.id, { label: b.label, memory: b.memory, retention: b.retention });
       if (!req.query.wait) return reply.code(202).send(checkpointView(checkpoint));
       return reply.code(200).send(checkpointView(await fp.checkpoints.wait(req.owner, req.params.id, checkpoint.id, WAIT_MS)));
     });

@@ -25,7 +25,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req, reply) => {
       const b = req.body;
-      const r = await fp.instances.exec(req.owner, req.params.id, {
+      const r = await fp.commands.exec(req.owner, req.params.id, {
         command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes,
       });
       const encoding = b.output_encoding ?? 'utf8';
@@ -42,7 +42,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('The sessions', SessionList), ...errorResponses },
       },
     }, async (req) => ({
-      items: (await fp.instances.listSessions(req.owner, req.params.id)).map((s) => ({ name: s.name, process_id: s.processId, running: s.running })),
+      items: (await fp.commands.listSessions(req.owner, req.params.id)).map((s) => ({ name: s.name, process_id: s.processId, running: s.running })),
     }));
 
     app.delete('/instances/:id/sessions/:name', {
@@ -55,7 +55,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 204: noContent('Closed'), ...errorResponses },
       },
     }, async (req, reply) => {
-      await fp.instances.closeSession(req.owner, req.params.id, req.params.name);
+      await fp.commands.closeSession(req.owner, req.params.id, req.params.name);
       return reply.code(204).send(null);
     });
 
@@ -72,7 +72,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req, reply) => {
       const b = req.body;
-      const p = await fp.instances.startProcess(req.owner, req.params.id, { command: b.command, cwd: b.cwd, env: b.env, pty: b.pty });
+      const p = await fp.commands.startProcess(req.owner, req.params.id, { command: b.command, cwd: b.cwd, env: b.env, pty: b.pty });
       return reply.code(201).send({ process_id: p.id, pid: p.pid });
     });
 
@@ -85,7 +85,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         params: IdParams,
         response: { 200: ok('The processes', ProcessList), ...errorResponses },
       },
-    }, async (req) => ({ items: (await fp.instances.listProcesses(req.owner, req.params.id)).map(processView) }));
+    }, async (req) => ({ items: (await fp.commands.listProcesses(req.owner, req.params.id)).map(processView) }));
 
     app.get('/instances/:id/processes/:process_id', {
       schema: {
@@ -96,7 +96,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         params: ProcessParams,
         response: { 200: ok('The process', ProcessInfo), ...errorResponses },
       },
-    }, async (req) => processView(await fp.instances.processInfo(req.owner, req.params.id, req.params.process_id)));
+    }, async (req) => processView(await fp.commands.processInfo(req.owner, req.params.id, req.params.process_id)));
 
     app.get('/instances/:id/processes/:process_id/output', {
       schema: {
@@ -109,7 +109,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('Output since the offsets', ProcessOutput), ...errorResponses },
       },
     }, async (req) => {
-      const o = await fp.instances.processOutput(req.owner, req.params.id, req.params.process_id, { stdout: req.query.stdout_offset, stderr: req.query.stderr_offset });
+      const o = await fp.commands.processOutput(req.owner, req.params.id, req.params.process_id, { stdout: req.query.stdout_offset, stderr: req.query.stderr_offset });
       return {
         stdout: o.stdout.toString('utf8'),
         stderr: o.stderr.toString('utf8'),
@@ -131,7 +131,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 204: noContent('Sent'), ...errorResponses },
       },
     }, async (req, reply) => {
-      await fp.instances.signalProcess(req.owner, req.params.id, req.params.process_id, req.body.signal);
+      await fp.commands.signalProcess(req.owner, req.params.id, req.params.process_id, req.body.signal);
       return reply.code(204).send(null);
     });
 
@@ -145,7 +145,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 204: noContent('Gone'), ...errorResponses },
       },
     }, async (req, reply) => {
-      await fp.instances.forgetProcess(req.owner, req.params.id, req.params.process_id);
+      await fp.commands.forgetProcess(req.owner, req.params.id, req.params.process_id);
       return reply.code(204).send(null);
     });
   };

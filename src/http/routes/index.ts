@@ -1,9 +1,12 @@
 import type { FastifyPluginAsync } from 'fastify';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { checkpointRoutes } from './checkpoints.js';
+import { eventRoutes } from './events.js';
 import { execRoutes } from './exec.js';
+import { executionRoutes } from './executions.js';
 import { fileRoutes } from './files.js';
 import { instanceRoutes } from './instances.js';
+import { terminalRoutes } from './terminals.js';
 
 /** The Firecase-style face: instances, commands, checkpoints, files. Registered at the root and
  * again under /v1 (Firecase's own prefix), where it is left out of the document. */
@@ -16,6 +19,9 @@ export const firecaseFace = (fp: Forkpoint, opts: { documented: boolean }): Fast
     }
     await app.register(instanceRoutes(fp));
     await app.register(execRoutes(fp));
+    await app.register(executionRoutes(fp));
+    await app.register(terminalRoutes(fp));
+    await app.register(eventRoutes(fp));
     await app.register(checkpointRoutes(fp));
     await app.register(fileRoutes(fp));
   };

@@ -25,7 +25,7 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const b = req.body ?? {};
       const rec = await fp.instances.create(req.owner, {
-        name: b.name, image: b.image, env: b.env, limits: limitsIn(b.limits), metadata: b.metadata, maxCheckpoints: b.max_checkpoints,
+        name: b.name, image: b.image, env: b.env, limits: limitsIn(b.limits), metadata: b.metadata, maxCheckpoints: b.max_checkpoints, idleTimeoutS: b.idle_timeout_s,
       });
       return reply.code(201).send(instanceView(rec));
     });
@@ -59,13 +59,17 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       schema: {
         operationId: 'updateInstance',
         tags,
-        summary: 'Rename an instance or replace its metadata',
+        summary: 'Rename an instance, replace its metadata or set its idle timeout',
         description: 'A new name becomes the hostname at the next boot or fork; a running sandbox keeps its hostname.',
         params: IdParams,
         body: UpdateInstanceRequest,
         response: { 200: ok('The instance, updated', Instance), ...errorResponses },
       },
-    }, async (req) => instanceView(fp.instances.update(req.owner, req.params.id, { name: req.body.name, metadata: req.body.metadata })));
+    }, async (req) => {
+      const { name, metadata, idle_timeout_s: idle } = req.body;
+      if (idle !== undefined) fp.instances.setIdleTimeout(req.owner, req.params.id, idle);
+      return instanceView(fp.instances.update(req.owner, req.params.id, { name, metadata }));
+    });
 
     app.delete('/instances/:id', {
       schema: {
@@ -82,6 +86,30 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       await fp.deleteInstance(req.owner, req.params.id);
       return reply.code(204).send(null);
     });
+
+    app.post('/instances/:id/hibernate', {
+      schema: {
+        operationId: 'hibernateInstance',
+        tags,
+        summary: 'Hibernate: memory to disk, RAM freed',
+        description:
+          'A memory checkpoint of its own: the sandbox\'s memory, processes, sessions and terminals go to an image and its changes into a layer; then its processes are gone and its RAM is freed. ' +
+          '`wake` (or any call that needs it running: exec, files, attach, checkpoint) restores it exactly as it was. Hibernating a hibernated instance is no error.',
+        params: IdParams,
+        response: { 200: ok('The instance, hibernated', Instance), ...errorResponses },
+      },
+    }, async (req) => instanceView(await fp.instances.hibernate(req.owner, req.params.id)));
+
+    app.post('/instances/:id/wake', {
+      schema: {
+        operationId: 'wakeInstance',
+        tags,
+        summary: 'Wake a hibernated instance',
+        description: 'Restores it exactly as it was hibernated: memory, processes, shell variables, running loops. Waking a running instance is no error.',
+        params: IdParams,
+        response: { 200: ok('The instance, running', Instance), ...errorResponses },
+      },
+    }, async (req) => instanceView(await fp.instances.wake(req.owner, req.params.id)));
 
     const stop = async (owner: string, id: string) => instanceView(await fp.instances.stop(owner, id));
     const start = async (owner: string, id: string) => instanceView(await fp.instances.start(owner, id));

@@ -3,7 +3,7 @@ import { Env, IdParams } from './common.js';
 
 /** Commands, shell sessions and background processes. */
 
-const Command = z
+export const Command = z
   .union([z.string().min(1).max(1 << 20), z.array(z.string().max(1 << 16)).min(1).max(4096)])
   .describe('an argv array, run directly; or a string, run by /bin/sh -c (or by the session shell)');
 

@@ -5,3 +5,4 @@ export * from './exec.js';
 export * from './checkpoints.js';
 export * from './files.js';
 export * from './health.js';
+export * from './executions.js';

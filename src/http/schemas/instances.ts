@@ -3,6 +3,13 @@ import { Env, Metadata } from './common.js';
 
 /** Instances on the Firecase-style face: snake_case in and out. */
 
+export const IdleTimeout = z
+  .number()
+  .int()
+  .min(0)
+  .max(30 * 86400)
+  .describe('seconds without activity (no call, no attached client) after which the instance hibernates by itself, its memory kept; any later call wakes it. 0: never');
+
 export const LimitsRequest = z
   .object({
     memory_mb: z.number().int().min(32).max(256 * 1024).optional().describe('memory, page cache included (no swap); default 1024'),
@@ -27,6 +34,7 @@ export const CreateInstanceRequest = z
     limits: LimitsRequest.optional(),
     metadata: Metadata.optional(),
     max_checkpoints: z.number().int().min(1).max(1000).optional().describe('defaults to the server\'s (10)'),
+    idle_timeout_s: IdleTimeout.optional(),
   })
   .strict()
   .meta({ id: 'CreateInstanceRequest', examples: [{ name: 'demo', env: { GREETING: 'hello' }, limits: { memory_mb: 512, disk_mb: 2048 } }] });
@@ -35,6 +43,7 @@ export const UpdateInstanceRequest = z
   .object({
     name: z.string().max(63).optional().describe('the hostname from the next boot or fork on'),
     metadata: Metadata.optional().describe('replaces the metadata'),
+    idle_timeout_s: IdleTimeout.nullable().optional().describe('seconds without activity before it hibernates by itself; 0 or null: never'),
   })
   .strict()
   .meta({ id: 'UpdateInstanceRequest', examples: [{ name: 'renamed', metadata: { stage: 'review' } }] });
@@ -53,11 +62,12 @@ export const Instance = z
     id: z.string(),
     name: z.string(),
     image: z.string(),
-    status: z.enum(['starting', 'running', 'stopped', 'error']),
+    status: z.enum(['starting', 'running', 'hibernated', 'stopped', 'error']).describe('`hibernated`: its memory and processes are in an image and its RAM is freed; any call on it wakes it'),
     env: z.record(z.string(), z.string()),
     limits: Limits,
     metadata: z.record(z.string(), z.string()),
     max_checkpoints: z.number().int().nullable(),
+    idle_timeout_s: z.number().int().nullable().describe('seconds without activity before it hibernates by itself; null: never'),
     head_checkpoint_id: z.string().nullable().describe('the checkpoint the instance stands on (its latest, or the one rolled back to)'),
     source_instance_id: z.string().nullable().describe('for a fork: the instance it was forked from'),
     source_checkpoint_id: z.string().nullable().describe('for a fork: the checkpoint it was forked from'),
@@ -77,6 +87,7 @@ export const Instance = z
         limits: { memory_mb: 1024, pids: 512, cpu_percent: 100, disk_mb: null },
         metadata: {},
         max_checkpoints: null,
+        idle_timeout_s: null,
         head_checkpoint_id: null,
         source_instance_id: null,
         source_checkpoint_id: null,

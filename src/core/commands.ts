@@ -1,0 +1,159 @@
+import type { Logger } from 'pino';
+import type { AgentProcessInfo } from '../engine/agent/frames.js';
+import type { Engine } from '../engine/engine.js';
+import { EngineError } from '../engine/errors.js';
+import { execOnce, type ExecResult } from '../engine/exec.js';
+import { Output } from '../engine/output.js';
+import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from '../engine/processes.js';
+import type { Sandbox } from '../engine/sandbox.js';
+import { SessionRegistry, ShellSession } from '../engine/session.js';
+import type { InstanceRecord } from '../store/instances.js';
+import type { SandboxAccess } from './access.js';
+import { NotFoundError } from './errors.js';
+import type { EventBus } from './events.js';
+import type { InstanceService } from './instances.js';
+
+export interface ExecInput {
+  command: string | string[];
+  cwd?: string | undefined;
+  env?: Record<string, string> | undefined;
+  timeoutMs?: number | undefined;
+  stdin?: string | undefined;
+  session?: string | undefined;
+  maxOutputBytes?: number | undefined;
+}
+
+export interface BackgroundInput {
+  command: string | string[];
+  cwd?: string | undefined;
+  env?: Record<string, string> | undefined;
+  pty?: { rows: number; cols: number } | undefined;
+}
+
+export const DEFAULT_TIMEOUT_MS = 60_000;
+export const DEFAULT_MAX_OUTPUT = 1 << 20;
+
+const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+
+/** Commands in an instance: run and waited for, in a persistent shell session, or in the
+ * background. Every call wakes a hibernated instance and counts as activity. */
+export class CommandService {
+  private readonly sessions = new Map<string, Map<string, ShellSession>>();
+
+  constructor(
+    private readonly instances: InstanceService,
+    private readonly access: SandboxAccess,
+    private readonly engine: Engine,
+    private readonly events: EventBus,
+    private readonly log: Logger,
+  ) {}
+
+  async exec(owner: string, id: string, input: ExecInput): Promise<ExecResult> {
+    const timeoutMs = input.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const maxOutputBytes = input.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
+    const stdin = input.stdin !== undefined ? Buffer.from(input.stdin) : undefined;
+    const spillDir = this.engine.layout.spill;
+    return this.access.use(owner, id, async (sb, rec) => {
+      try {
+        if (input.session) {
+          const session = await this.session(rec, sb, input.session);
+          let script = Array.isArray(input.command) ? input.command.map(quote).join(' ') : input.command;
+          if (input.cwd) script = `cd ${quote(input.cwd)} && ${script}`;
+          if (input.env) script = `${Object.entries(input.env).map(([k, v]) => `export ${k}=${quote(v)}`).join('; ')}; ${script}`;
+          return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir });
+        }
+        const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
+        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir });
+      } catch (err) {
+        if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
+          return { exitCode: 127, signal: 0, stdout: Output.of('', spillDir), stderr: Output.of(`${err.message}\n`, spillDir), durationMs: 0, timedOut: false, truncated: false };
+        }
+        throw err;
+      }
+    });
+  }
+
+  /** The named shell session, found again after a restore or a restart from the registry
+   * the sandbox keeps in its own filesystem (so it travels with checkpoints and forks). */
+  private async session(rec: InstanceRecord, sb: Sandbox, name: string): Promise<ShellSession> {
+    let byName = this.sessions.get(rec.id);
+    if (!byName) this.sessions.set(rec.id, (byName = new Map()));
+    const known = byName.get(name);
+    if (known?.alive) return known;
+    const registry = new SessionRegistry(sb);
+    const entries = await registry.read();
+    const saved = entries.get(name);
+    if (saved) {
+      const info = (await sb.list()).find((p) => p.id === saved && p.running);
+      if (info) {
+        const s = await ShellSession.adopt(sb, name, saved, [info.stdoutBytes, info.stderrBytes]);
+        byName.set(name, s);
+        return s;
+      }
+    }
+    const s = await ShellSession.open(sb, name, this.instances.envOf(rec));
+    entries.set(name, s.processId);
+    await registry.write(entries);
+    byName.set(name, s);
+    return s;
+  }
+
+  /** Forgets what the service keeps of a deleted instance. */
+  forget(id: string): void {
+    this.sessions.delete(id);
+  }
+
+  async listSessions(owner: string, id: string): Promise<{ name: string; processId: number; running: boolean }[]> {
+    return this.access.use(owner, id, async (sb) => {
+      const [entries, procs] = await Promise.all([new SessionRegistry(sb).read(), sb.list()]);
+      return [...entries].map(([name, pid]) => ({ name, processId: pid, running: procs.some((p) => p.id === pid && p.running) }));
+    });
+  }
+
+  async closeSession(owner: string, id: string, name: string): Promise<void> {
+    await this.access.use(owner, id, async (sb) => {
+      const registry = new SessionRegistry(sb);
+      const entries = await registry.read();
+      const pid = entries.get(name);
+      if (!pid) throw new NotFoundError('session', name);
+      await signalProcess(sb, pid, 9);
+      entries.delete(name);
+      await registry.write(entries);
+      this.sessions.get(id)?.delete(name);
+    });
+  }
+
+  async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
+    const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
+    return this.access.use(owner, id, (sb, rec) => startBackground(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? '/', pty: input.pty }));
+  }
+
+  async listProcesses(owner: string, id: string): Promise<AgentProcessInfo[]> {
+    return this.access.use(owner, id, (sb) => listProcesses(sb));
+  }
+
+  async processInfo(owner: string, id: string, processId: number): Promise<AgentProcessInfo> {
+    const p = (await this.listProcesses(owner, id)).find((x) => x.id === processId);
+    if (!p) throw new NotFoundError('process', String(processId));
+    return p;
+  }
+
+  async processOutput(owner: string, id: string, processId: number, from: { stdout: number; stderr: number }): Promise<OutputChunk> {
+    const out = await this.access.use(owner, id, (sb) => readOutput(sb, processId, from));
+    if (!out) throw new NotFoundError('process', String(processId));
+    return out;
+  }
+
+  async signalProcess(owner: string, id: string, processId: number, signo: number): Promise<void> {
+    await this.processInfo(owner, id, processId);
+    await this.access.use(owner, id, (sb) => signalProcess(sb, processId, signo));
+  }
+
+  async forgetProcess(owner: string, id: string, processId: number): Promise<void> {
+    const p = await this.processInfo(owner, id, processId);
+    await this.access.use(owner, id, async (sb) => {
+      if (p.running) await signalProcess(sb, processId, 9);
+      await forgetProcess(sb, processId);
+    });
+  }
+}

@@ -1,0 +1,462 @@
+import type { Logger } from 'pino';
+import { AgentClient, type ProcessListener } from '../engine/agent/client.js';
+import type { AgentProcessInfo } from '../engine/agent/frames.js';
+import { Output } from '../engine/output.js';
+import { readOutput } from '../engine/processes.js';
+import type { Sandbox } from '../engine/sandbox.js';
+import type { Store } from '../store/index.js';
+import type { ExecutionKind, ExecutionRecord } from '../store/executions.js';
+import type { InstanceRecord, Page } from '../store/instances.js';
+import type { SandboxAccess } from './access.js';
+import { engineFailure } from './engine-failure.js';
+import { InvalidRequestError, NotFoundError } from './errors.js';
+import type { EventBus } from './events.js';
+import type { InstanceService } from './instances.js';
+
+export interface StartExecution {
+  kind: ExecutionKind;
+  argv: string[];
+  env?: Record<string, string> | undefined;
+  cwd?: string | undefined;
+  /** A terminal of this size (kind `pty`). */
+  pty?: { rows: number; cols: number } | undefined;
+  /** Written to stdin, which is then closed (unless `keepStdinOpen`). */
+  stdin?: Buffer | undefined;
+  /** Stdin stays open for attached clients to write to (sessions, shells, terminals). */
+  keepStdinOpen?: boolean | undefined;
+  /** The command's whole process group is killed after this long. */
+  timeoutMs?: number | undefined;
+  /** Killed once no client has been attached for this long. */
+  maxRunAfterDisconnectMs?: number | undefined;
+  /** Keeps the whole output (up to this many bytes per stream) for `result`, instead of
+   * what the sandbox's scrollback still holds. */
+  collectBytes?: number | undefined;
+}
+
+/** An execution as callers see it: the record, with the agent's word on its state. */
+export interface ExecutionState {
+  record: ExecutionRecord;
+  running: boolean;
+  pid: number | null;
+  exitCode: number | null;
+  signal: number | null;
+  timedOut: boolean;
+  durationMs: number | null;
+  stdoutBytes: number;
+  stderrBytes: number;
+  /** Clients attached right now. */
+  attached: number;
+}
+
+export interface ExecutionOutput {
+  state: ExecutionState;
+  stdout: Buffer;
+  stderr: Buffer;
+  /** Output that fell out of the sandbox's scrollback (256 KiB per stream) or past the
+   * collected maximum before it could be read. */
+  truncated: boolean;
+}
+
+export interface ExecListener {
+  output(stream: 1 | 2, offset: number, data: Buffer): void;
+  /** The scrollback asked for has been delivered; output is live from here. */
+  replayed(): void;
+  exit(exitCode: number, signal: number | null): void;
+  /** The stream ended without an exit: the instance was rolled back past the command, stopped,
+   * hibernated or deleted. */
+  lost(reason: string): void;
+}
+
+export interface Attachment {
+  record: ExecutionRecord;
+  write(data: Buffer): void;
+  closeStdin(): void;
+  resize(rows: number, cols: number): void;
+  /** Lets go (the command runs on). */
+  detach(): void;
+}
+
+/** What the service follows of an execution it started, while the server runs. */
+interface Watch {
+  instanceId: string;
+  record: ExecutionRecord;
+  timedOut: boolean;
+  timers: NodeJS.Timeout[];
+  orphanTimer: NodeJS.Timeout | undefined;
+  maxRunAfterDisconnectMs: number | undefined;
+  collected: { stdout: Output; stderr: Output } | undefined;
+  ended: boolean;
+  expiry: NodeJS.Timeout | undefined;
+  /** exec.started was emitted; an exit seen before (a quick command) waits for it. */
+  announced: boolean;
+  endEvent: (() => void) | undefined;
+}
+
+const SIGKILL = 9;
+/** Records kept per instance (running ones are always kept). */
+const MAX_RECORDS = 1000;
+/** How long a finished execution's collected output is kept for `result`. */
+const RESULT_KEPT_MS = 10 * 60_000;
+const EXEC_ID = /^exec_[0-9a-f]{8}$/;
+
+export const execIdOf = (processId: number): string => `exec_${processId.toString(16).padStart(8, '0')}`;
+
+/**
+ * Commands that are streamed, attached to and waited for: exec sessions, streamed execs, async
+ * runs and terminals. Each is a process of the sandbox's agent, which keeps its scrollback and
+ * carries it through checkpoints, rollbacks, forks and hibernation; the service keeps a record
+ * of it, follows its end for events and timeouts, and lets any number of clients attach.
+ */
+export class ExecutionService {
+  private readonly watches = new Map<string, Watch>();
+  private readonly attached = new Map<string, number>();
+
+  constructor(
+    private readonly store: Store,
+    private readonly instances: InstanceService,
+    private readonly access: SandboxAccess,
+    private readonly spillDir: string,
+    private readonly events: EventBus,
+    private readonly log: Logger,
+  ) {}
+
+  async start(owner: string, id: string, input: StartExecution): Promise<ExecutionState> {
+    if (input.argv.length === 0 || !input.argv[0]) throw new InvalidRequestError('the command is empty');
+    return this.access.use(owner, id, async (sb, rec) => {
+      const processId = AgentClient.newProcessId();
+      const record: ExecutionRecord = {
+        instanceId: id,
+        id: execIdOf(processId),
+        processId,
+        kind: input.kind,
+        argv: input.argv,
+        cwd: input.cwd ?? (input.kind === 'pty' ? '/root' : '/'),
+        startedAt: new Date().toISOString(),
+        endedAt: null,
+        exitCode: null,
+        signal: null,
+        timedOut: false,
+      };
+      const watch: Watch = {
+        instanceId: id,
+        record,
+        timedOut: false,
+        timers: [],
+        orphanTimer: undefined,
+        maxRunAfterDisconnectMs: input.maxRunAfterDisconnectMs,
+        collected: input.collectBytes ? { stdout: new Output(input.collectBytes, this.spillDir), stderr: new Output(input.collectBytes, this.spillDir) } : undefined,
+        ended: false,
+        expiry: undefined,
+        announced: false,
+        endEvent: undefined,
+      };
+      this.store.executions.insert(record);
+      this.store.executions.prune(id, MAX_RECORDS);
+      this.watches.set(key(id, record.id), watch);
+      let pid: number;
+      try {
+        pid = await sb.start(
+          processId,
+          { argv: input.argv, env: this.instances.envOf(rec, input.env), cwd: record.cwd, pty: input.pty && { ...input.pty, echo: true } },
+          this.watcher(watch),
+          { survivesRollback: true },
+        );
+      } catch (err) {
+        this.watches.delete(key(id, record.id));
+        this.store.executions.remove(id, record.id);
+        this.dispose(watch);
+        throw err;
+      }
+      const agent = await sb.agent();
+      if (input.stdin?.length) agent.stdin(processId, input.stdin);
+      if (!input.keepStdinOpen && !input.pty) agent.closeStdin(processId);
+      if (input.timeoutMs && !watch.ended) {
+        watch.timers.push(setTimeout(() => {
+          watch.timedOut = true;
+          void this.kill(sb, processId);
+        }, input.timeoutMs));
+      }
+      this.armOrphanTimer(watch, sb);
+      this.events.emit(id, 'exec.started', { exec_id: record.id, kind: record.kind, argv: record.argv, pid });
+      watch.announced = true;
+      watch.endEvent?.();
+      return this.view(record, { pid, running: true });
+    });
+  }
+
+  /** The listener the service itself keeps on an execution it started: the end recorded and
+   * announced, the output collected when asked for. It survives rollbacks to a checkpoint that
+   * has the process. */
+  private watcher(w: Watch): ProcessListener {
+    return {
+      onOutput: (stream, _offset, data) => {
+        if (w.collected) (stream === 1 ? w.collected.stdout : w.collected.stderr).push(data);
+      },
+      onExit: (code, signal) => {
+        const end = { exitCode: signal ? 128 + signal : code, signal: signal || null, timedOut: w.timedOut, endedAt: new Date().toISOString() };
+        this.store.executions.finish(w.instanceId, w.record.id, end);
+        w.record = { ...w.record, ...end };
+        w.endEvent = () =>
+          this.events.emit(w.instanceId, 'exec.ended', {
+            exec_id: w.record.id,
+            exit_code: end.exitCode,
+            signal: end.signal,
+            timed_out: end.timedOut,
+            duration_ms: Date.parse(end.endedAt) - Date.parse(w.record.startedAt),
+          });
+        if (w.announced) w.endEvent();
+        this.ended(w);
+      },
+      onLost: () => this.ended(w),
+    };
+  }
+
+  /** Stops the timers of an execution that ended (or that the server lost sight of); its
+   * collected output stays a while for `result`. */
+  private ended(w: Watch): void {
+    w.ended = true;
+    for (const t of w.timers) clearTimeout(t);
+    clearTimeout(w.orphanTimer);
+    if (!w.collected) {
+      this.watches.delete(key(w.instanceId, w.record.id));
+      return;
+    }
+    w.expiry = setTimeout(() => {
+      if (this.watches.get(key(w.instanceId, w.record.id)) === w) this.watches.delete(key(w.instanceId, w.record.id));
+      this.dispose(w);
+    }, RESULT_KEPT_MS);
+    w.expiry.unref();
+  }
+
+  private dispose(w: Watch): void {
+    w.collected?.stdout.dispose();
+    w.collected?.stderr.dispose();
+  }
+
+  private armOrphanTimer(w: Watch, sb: Sandbox): void {
+    clearTimeout(w.orphanTimer);
+    w.orphanTimer = undefined;
+    if (w.ended || w.maxRunAfterDisconnectMs === undefined || (this.attached.get(key(w.instanceId, w.record.id)) ?? 0) > 0) return;
+    w.orphanTimer = setTimeout(() => void this.kill(sb, w.record.processId), w.maxRunAfterDisconnectMs);
+  }
+
+  private async kill(sb: Sandbox, processId: number): Promise<void> {
+    await sb.agent().then((a) => a.signal(processId, SIGKILL), () => {});
+  }
+
+  /** The record of an execution (404 if the instance or the execution is not there). */
+  find(owner: string, id: string, execId: string): ExecutionRecord {
+    this.instances.get(owner, id);
+    const r = EXEC_ID.test(execId) ? this.store.executions.get(id, execId) : undefined;
+    if (!r) throw new NotFoundError('execution', execId);
+    return r;
+  }
+
+  private view(record: ExecutionRecord, live: { pid: number | null; running: boolean; info?: AgentProcessInfo | undefined }): ExecutionState {
+    const info = live.info;
+    const watch = this.watches.get(key(record.instanceId, record.id));
+    let { exitCode, signal, endedAt } = record;
+    if (info && !info.running) {
+      exitCode = info.signal ? 128 + info.signal : info.exitCode;
+      signal = info.signal || null;
+      if (!endedAt) {
+        // Ended while nobody watched (a fork's, or after a restart): recorded now.
+        endedAt = new Date().toISOString();
+        this.store.executions.finish(record.instanceId, record.id, { exitCode, signal, timedOut: record.timedOut, endedAt });
+      }
+    }
+    const running = info ? info.running : live.running;
+    return {
+      record: { ...record, exitCode, signal, endedAt },
+      running,
+      pid: info?.pid ?? live.pid,
+      exitCode: running ? null : exitCode,
+      signal: running ? null : signal,
+      timedOut: watch?.timedOut ?? record.timedOut,
+      durationMs: !running && endedAt ? Date.parse(endedAt) - Date.parse(record.startedAt) : null,
+      stdoutBytes: info?.stdoutBytes ?? 0,
+      stderrBytes: info?.stderrBytes ?? 0,
+      attached: this.attached.get(key(record.instanceId, record.id)) ?? 0,
+    };
+  }
+
+  /** The state of records: the agent's word for the processes it knows, if the instance runs;
+   * a hibernated instance's commands are suspended in its image, so as they were. */
+  private async states(rec: InstanceRecord, records: ExecutionRecord[]): Promise<ExecutionState[]> {
+    const sb = this.instances.live(rec.id);
+    const procs = sb && rec.status === 'running' ? await sb.list().catch((err: unknown) => Promise.reject(engineFailure(err))) : undefined;
+    return records.map((r) => {
+      const info = procs?.find((p) => p.id === r.processId);
+      return this.view(r, { pid: null, running: !procs && rec.status === 'hibernated' && r.endedAt === null, info });
+    });
+  }
+
+  async list(owner: string, id: string, limit: number, cursor?: string): Promise<Page<ExecutionState>> {
+    const rec = this.instances.get(owner, id);
+    if (cursor && !this.store.executions.get(id, cursor)) throw new InvalidRequestError('unknown cursor');
+    const page = this.store.executions.page(id, limit, cursor);
+    return { items: await this.states(rec, page.items), nextCursor: page.nextCursor };
+  }
+
+  async get(owner: string, id: string, execId: string): Promise<ExecutionState> {
+    const record = this.find(owner, id, execId);
+    const [state] = await this.states(this.instances.get(owner, id), [record]);
+    return state!;
+  }
+
+  /** The execution with its output: all of it if it was collected (the first time it is asked
+   * for after the end), else what the sandbox's scrollback still holds (its last 256 KiB per
+   * stream). */
+  async output(owner: string, id: string, execId: string): Promise<ExecutionOutput> {
+    const record = this.find(owner, id, execId);
+    const watch = this.watches.get(key(id, execId));
+    if (watch?.collected && watch.ended) {
+      // Handed over once, then let go: a client that asks again gets what the scrollback holds.
+      const { stdout, stderr } = watch.collected;
+      const out = { state: this.view(watch.record, { pid: null, running: false }), stdout: stdout.toBuffer(), stderr: stderr.toBuffer(), truncated: stdout.truncated || stderr.truncated };
+      clearTimeout(watch.expiry);
+      this.watches.delete(key(id, execId));
+      this.dispose(watch);
+      return out;
+    }
+    return this.access.use(owner, id, async (sb) => {
+      const chunk = await readOutput(sb, record.processId, { stdout: 0, stderr: 0 });
+      const info = (await sb.list()).find((p) => p.id === record.processId);
+      const state = this.view(record, { pid: null, running: false, info });
+      if (!chunk) return { state, stdout: Buffer.alloc(0), stderr: Buffer.alloc(0), truncated: state.stdoutBytes + state.stderrBytes > 0 };
+      return { state, stdout: chunk.stdout, stderr: chunk.stderr, truncated: chunk.dropped > 0 };
+    });
+  }
+
+  /** Waits up to `timeoutMs` for the execution to end; answers its state either way. */
+  async wait(owner: string, id: string, execId: string, timeoutMs: number): Promise<ExecutionState> {
+    const record = this.find(owner, id, execId);
+    const state = await this.get(owner, id, execId);
+    if (!state.running || timeoutMs <= 0) return state;
+    await this.access.use(owner, id, async (sb) => {
+      let sub: { close(): void } | undefined;
+      let timer: NodeJS.Timeout | undefined;
+      await new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, timeoutMs);
+        const done = () => resolve();
+        sb.subscribe(record.processId, [state.stdoutBytes, state.stderrBytes], { onOutput: () => {}, onExit: done, onLost: done }).then(
+          (s) => (sub = s),
+          done,
+        );
+      });
+      clearTimeout(timer);
+      sub?.close();
+    });
+    return this.get(owner, id, execId);
+  }
+
+  /**
+   * Attaches a client: the output from `from` on (the scrollback first, then live), the exit,
+   * and stdin, resize and detach. While attached the instance counts as in use (no idle
+   * hibernation), and a command with a `maxRunAfterDisconnect` is not killed.
+   */
+  async attach(owner: string, id: string, execId: string, from: [number, number], listener: ExecListener): Promise<Attachment> {
+    const record = this.find(owner, id, execId);
+    const k = key(id, execId);
+    const release = this.access.lease(id);
+    let closed = false;
+    let sub: { close(): void } | undefined;
+    const finish = () => {
+      if (closed) return false;
+      closed = true;
+      sub?.close();
+      release();
+      const n = (this.attached.get(k) ?? 1) - 1;
+      if (n > 0) this.attached.set(k, n);
+      else this.attached.delete(k);
+      const w = this.watches.get(k);
+      const live = this.instances.live(id);
+      if (w && live) this.armOrphanTimer(w, live);
+      return true;
+    };
+    this.attached.set(k, (this.attached.get(k) ?? 0) + 1);
+    const w = this.watches.get(k);
+    if (w) clearTimeout(w.orphanTimer);
+    let sb: Sandbox;
+    try {
+      ({ sb } = await this.access.sandbox(owner, id));
+      sub = await sb.subscribe(
+        record.processId,
+        from,
+        {
+          onOutput: (stream, offset, data) => !closed && listener.output(stream, offset, data),
+          onExit: (code, signal) => finish() && listener.exit(signal ? 128 + signal : code, signal || null),
+          onLost: (err) => finish() && listener.lost(err.message),
+        },
+        { survivesRollback: true, onReplayed: () => !closed && listener.replayed() },
+      );
+    } catch (err) {
+      finish();
+      throw engineFailure(err);
+    }
+    if (closed) sub.close();
+    const agent = () => sb.agent();
+    const pid = record.processId;
+    return {
+      record,
+      write: (data) => void agent().then((a) => a.stdin(pid, data), () => {}),
+      closeStdin: () => void agent().then((a) => a.closeStdin(pid), () => {}),
+      resize: (rows, cols) => void agent().then((a) => a.resize(pid, rows, cols), () => {}),
+      detach: () => void finish(),
+    };
+  }
+
+  async signal(owner: string, id: string, execId: string, signo: number): Promise<void> {
+    const record = this.find(owner, id, execId);
+    await this.access.use(owner, id, async (sb) => (await sb.agent()).signal(record.processId, signo));
+  }
+
+  async resize(owner: string, id: string, execId: string, rows: number, cols: number): Promise<void> {
+    const record = this.find(owner, id, execId);
+    if (record.kind !== 'pty') throw new InvalidRequestError(`${execId} is not a terminal`);
+    await this.access.use(owner, id, async (sb) => (await sb.agent()).resize(record.processId, rows, cols));
+  }
+
+  /** Kills the execution (its whole process group) if it runs, and forgets it. */
+  async remove(owner: string, id: string, execId: string): Promise<void> {
+    const record = this.find(owner, id, execId);
+    if (this.instances.live(id)) {
+      await this.access.use(owner, id, async (sb) => {
+        const agent = await sb.agent();
+        agent.signal(record.processId, SIGKILL);
+        agent.forget(record.processId);
+      });
+    }
+    const w = this.watches.get(key(id, execId));
+    if (w) {
+      this.ended(w);
+      clearTimeout(w.expiry);
+      this.watches.delete(key(id, execId));
+      this.dispose(w);
+    }
+    this.store.executions.remove(id, execId);
+  }
+
+  /** A fork runs the processes of its checkpoint: it gets their records. */
+  async adoptInFork(sourceId: string, forkId: string): Promise<void> {
+    const sb = this.instances.live(forkId);
+    if (!sb) return;
+    const procs = await sb.list();
+    this.store.executions.copy(sourceId, forkId, procs.map((p) => p.id));
+  }
+
+  /** Lets go of what is kept of a deleted instance's executions (of all, without an id: the
+   * server is closing; the commands run on in their sandboxes). */
+  forget(instanceId?: string): void {
+    for (const [k, w] of this.watches) {
+      if (instanceId !== undefined && w.instanceId !== instanceId) continue;
+      for (const t of w.timers) clearTimeout(t);
+      clearTimeout(w.orphanTimer);
+      clearTimeout(w.expiry);
+      this.dispose(w);
+      this.watches.delete(k);
+    }
+  }
+}
+
+const key = (instanceId: string, execId: string) => `${instanceId}/${execId}`;
