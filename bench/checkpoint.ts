@@ -96,7 +96,7 @@ const busyFork = await sample(N, async () => {
   const t = performance.now();
   const r = await s.api('POST', `/instances/${busy}/fork`, { checkpoint_id: busyRuns[0].id });
   const ms = performance.now() - t;
-  await s.api('DELETE', `/instances/${r.body.instances[0].id}`);
+  await s.api('DELETE', `/instances/${r.body.id}`);
   return ms;
 });
 rows.push({ name: 'checkpoint pause, shell session + loop running', stats: stats(busyRuns.map((r) => r.pause_ms)), target: '≤ 60' });
@@ -148,7 +148,7 @@ const forkOne = await sample(N, async () => {
   const t = performance.now();
   const r = await s.api('POST', `/instances/${rb}/fork`, { checkpoint_id: rbCk.id });
   const ms = performance.now() - t;
-  await s.api('DELETE', `/instances/${r.body.instances[0].id}`);
+  await s.api('DELETE', `/instances/${r.body.id}`);
   return ms;
 });
 const forkTen = await sample(Math.max(3, Math.floor(N / 2)), async () => {

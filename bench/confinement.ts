@@ -36,7 +36,7 @@ async function round(s: BenchServer, id: string, out: Samples): Promise<void> {
   const f = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.body.id });
   if (f.status !== 201) throw new Error(JSON.stringify(f.body));
   out.fork.push(performance.now() - t);
-  await s.api('DELETE', `/instances/${f.body.instances[0].id}`);
+  await s.api('DELETE', `/instances/${f.body.id}`);
 }
 
 try {

@@ -54,6 +54,7 @@ export function table(title: string, rows: { name: string; stats: Stats; unit?: 
 export interface BenchServer {
   fp: Forkpoint;
   url: string;
+  token: string;
   api<T = any>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }>;
   close(): Promise<void>;
 }
@@ -80,6 +81,7 @@ export async function benchServer(opts: { unconfined?: boolean } = {}): Promise<
   return {
     fp,
     url,
+    token,
     async api(method, path, body) {
       const res = await request(url + path, {
         method: method as 'GET',

@@ -64,3 +64,26 @@ describe('tokens', () => {
     expect(tokens.verify(token)).toBeUndefined();
   });
 });
+
+describe('execution records', () => {
+  const rec = (id: string, startedAt: string, ended: boolean) => ({
+    instanceId: 'inst_a', id, processId: Number.parseInt(id.slice(5), 16), kind: 'exec' as const, argv: ['echo', id], cwd: '/', startedAt,
+    endedAt: ended ? startedAt : null, exitCode: ended ? 0 : null, signal: null, timedOut: false,
+  });
+
+  it('pages newest first, prunes ended ones past the newest N (never running ones), and copies to a fork as running', async () => {
+    const { ExecutionStore } = await import('../src/store/executions.js');
+    const store = new ExecutionStore(openDb(await tmpDb()));
+    store.insert(rec('exec_00000001', '2026-01-01T00:00:01Z', false));
+    for (let i = 2; i <= 6; i++) store.insert(rec(`exec_0000000${i}`, `2026-01-01T00:00:0${i}Z`, true));
+    const p1 = store.page('inst_a', 2);
+    expect(p1.items.map((e) => e.id)).toEqual(['exec_00000006', 'exec_00000005']);
+    expect(store.page('inst_a', 10, p1.nextCursor!).items.map((e) => e.id)).toEqual(['exec_00000004', 'exec_00000003', 'exec_00000002', 'exec_00000001']);
+    store.prune('inst_a', 2);
+    expect(store.page('inst_a', 10).items.map((e) => e.id)).toEqual(['exec_00000006', 'exec_00000005', 'exec_00000001']);
+    store.copy('inst_a', 'inst_b', [5, 1, 99]);
+    const copied = store.page('inst_b', 10).items;
+    expect(copied.map((e) => [e.id, e.endedAt, e.exitCode])).toEqual([['exec_00000005', null, null], ['exec_00000001', null, null]]);
+    expect(copied[0]!.argv).toEqual(['echo', 'exec_00000005']);
+  });
+});
