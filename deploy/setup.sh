@@ -19,7 +19,7 @@ node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0
 [ "$node_major" -ge 20 ] || die "Node.js >= 20 is needed (found: $(node --version 2>/dev/null || echo none))."
 
 # System tools: a C compiler with static glibc and libseccomp for the agent, util-linux, tar,
-# apt's download, mkfs.ext4 and losetup for disk limits; with --test, also what the test suite
+# apt's download, mkfs.ext4 and losetup for disk limits, nft for sandboxes' networks; with --test, also what the test suite
 # drives (Java, for the OpenAPI 3.0 client generator).
 for_tests=0
 [ "${1:-}" = "--test" ] && for_tests=1
@@ -31,6 +31,8 @@ compgen -G '/usr/lib/*/libseccomp.a' >/dev/null || [ -e /usr/lib/libseccomp.a ] 
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v losetup >/dev/null || missing+=(mount)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+command -v nft >/dev/null || missing+=(nftables)
+command -v ip >/dev/null || missing+=(iproute2)
 [ $for_tests = 0 ] || command -v java >/dev/null || missing+=(default-jre-headless)
 command -v tar >/dev/null || missing+=(tar)
 command -v python3 >/dev/null || missing+=(python3)

@@ -23,6 +23,10 @@
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
  *                               it restores is born inside the sandbox's limits     -> 'K'
+ *   'N' HOSTIF\0ADDR\0GW\0MAC   the sandbox's network link (netlink.c), in the netns CRIU
+ *                               restores into, before the restore: sockets come back on it;
+ *                               the host's route to ADDR moves to it when the next 'R' is
+ *                               answered -> 'K'
  * and 'E' MESSAGE for a failure. 'M' mounts in the host's mount namespace (where the engine finds
  * every sandbox's disk: re-adoption after a restart, teardown) and gives CRIU, in the worker's
  * private one, a clone of that mount (see mount_disk). With --pidfile, the pid of a restored tree is written there
@@ -56,6 +60,8 @@
 
 /* Mount namespaces: the host's, where the worker started, and its own private one. */
 static int host_mntns = -1, own_mntns = -1;
+/* Network namespaces: the host's, and the one CRIU works in (the sandbox's, or a fresh one). */
+static int host_netns = -1, own_netns = -1;
 
 static int read_full(int fd, void *buf, size_t len) {
   size_t got = 0;
@@ -186,6 +192,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   static char pidfile_buf[4096];
   const char *pidfile = pidfile_arg;
   int old_root = -1, host_old_root = -1;
+  char route_if[32] = "", route_addr[32] = "";
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -212,6 +219,17 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       ssize_t got = -1;
       if (send(sk, data, len, 0) == (ssize_t)len) {
         do got = recv(sk, buf, MAX_FRAME, 0); while (got < 0 && errno == EINTR);
+      }
+      /* The address moves to the new link only once CRIU is done: its sockets exist then, and
+       * a packet that came earlier was lost (and is sent again), not answered with a reset by
+       * a netns that did not have them yet. */
+      if (route_if[0] && got > 0) {
+        int rc = net_route(host_netns, route_if, route_addr, msg, sizeof(msg));
+        route_if[0] = 0;
+        if (rc < 0) {
+          if (reply_text('E', msg) < 0) break;
+          continue;
+        }
       }
       if (got <= 0) {
         int st = 0;
@@ -241,6 +259,18 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
         if (fd >= 0) close(fd);
       }
       if (reply_text(rc ? 'K' : 'E', rc ? "" : msg) < 0) break;
+    } else if (kind == 'N') {
+      /* HOSTIF\0ADDR\0GW\0MAC: the sandbox's link, made in the netns CRIU restores into. */
+      const char *f[4] = {data, NULL, NULL, NULL};
+      for (int k = 1; k < 4; k++) f[k] = f[k - 1] + strlen(f[k - 1]) + 1;
+      int rc = -1;
+      if ((size_t)(f[3] - data) >= len) snprintf(msg, sizeof(msg), "bad network request");
+      else rc = net_setup(host_netns, own_netns, f[0], f[1], f[2], f[3], 0, msg, sizeof(msg));
+      if (rc == 0) {
+        snprintf(route_if, sizeof(route_if), "%.31s", f[0]);
+        snprintf(route_addr, sizeof(route_addr), "%.31s", f[1]);
+      }
+      if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else {
       reply_text('E', "unknown request");
     }
@@ -309,6 +339,7 @@ int criu_run_main(int argc, char **argv) {
     fprintf(stderr, "criu-run: %s\n", err);
     return 1;
   }
+  host_netns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
   if (netns_of && enter_ns_of(netns_of, "net", CLONE_NEWNET) < 0) {
     perror("criu-run: enter the sandbox's netns");
     return 1;
@@ -317,6 +348,7 @@ int criu_run_main(int argc, char **argv) {
     perror("criu-run: new netns");
     return 1;
   }
+  own_netns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
   if (cache) {
     host_mntns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||

@@ -5,7 +5,8 @@
  *   criu-run         host side: CRIU with its kernel-probe cache on a private /run, in the
  *                    sandbox's netns or a fresh one; with --swrk, a warm RPC worker
  *   mount-overlay, umount, syncfs   host side: the syscalls, without util-linux's start-up
- *   mkdev DIR        host side: the device nodes of the agent layer's /dev */
+ *   mkdev DIR        host side: the device nodes of the agent layer's /dev
+ *   net-setup PID HOSTIF ADDR GW MAC   host side: a booted sandbox's network link */
 #include <stdio.h>
 #include <string.h>
 
@@ -20,6 +21,7 @@ int main(int argc, char **argv) {
     return overlay_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "syncfs")) return syncfs_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "mkdev")) return mkdev_main(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "net-setup")) return net_setup_main(argc - 1, argv + 1);
   fprintf(stderr, "usage: fp-agent init | boot OPTIONS | shim --status FILE -- CMD... | criu-run --cache DIR -- CRIU...\n");
   return 2;
 }

@@ -28,6 +28,25 @@ export const configSchema = z.object({
   defaultCpuPercent: z.coerce.number().int().positive().default(100),
   /** A disk limit for instances that do not ask for one (0: none). See engine/volumes.ts. */
   defaultDiskMb: z.coerce.number().int().min(0).default(0),
+  /** `off`: sandboxes get only loopback (no link, no firewall, no DNS), as before networking. */
+  networking: z.enum(['on', 'off']).default('on'),
+  /** The sandboxes' subnet (the host keeps its first address as their gateway). Two servers on
+   * one host need two subnets. */
+  networkCidr: z
+    .string()
+    .regex(/^(\d{1,3}\.){3}\d{1,3}\/(1[6-9]|2[0-8])$/, 'an IPv4 CIDR from /16 to /28')
+    .default('10.88.0.0/16'),
+  /** A domain whose names `<port>-<instance id>.<domain>` lead to instances' ports (its DNS
+   * points `*.<domain>` at this server); none: previews only under /instances/{id}/ports/. */
+  previewDomain: z
+    .string()
+    .regex(/^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$|^localhost$/, 'a domain name')
+    .optional(),
+  /** Resolvers the sandboxes' DNS forwards to, comma-separated (default: the host's resolv.conf). */
+  dnsServers: z
+    .string()
+    .regex(/^((\d{1,3}\.){3}\d{1,3})(,(\d{1,3}\.){3}\d{1,3})*$/, 'comma-separated IPv4 addresses')
+    .optional(),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -52,6 +71,10 @@ const envNames: Record<keyof Config, string> = {
   defaultPids: 'FORKPOINT_DEFAULT_PIDS',
   defaultCpuPercent: 'FORKPOINT_DEFAULT_CPU_PERCENT',
   defaultDiskMb: 'FORKPOINT_DEFAULT_DISK_MB',
+  networking: 'FORKPOINT_NETWORKING',
+  networkCidr: 'FORKPOINT_NETWORK_CIDR',
+  previewDomain: 'FORKPOINT_PREVIEW_DOMAIN',
+  dnsServers: 'FORKPOINT_DNS_SERVERS',
 };
 
 export const configEnvNames: Readonly<Record<keyof Config, string>> = envNames;

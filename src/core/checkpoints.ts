@@ -392,8 +392,11 @@ export class CheckpointService {
           );
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {
+            const admitted = this.instances.admit(rec); // while it restores: see InstanceService.create
+            admitted.catch(() => {});
             const spec = this.instances.spec(rec);
-            const sb = images ? await this.engine.restore(spec, images, { setHostname: true }) : await this.engine.boot(spec, { freshUpper: true });
+            const sb = images ? await this.engine.restore(spec, images, { setHostname: true, connections: 'close' }) : await this.engine.boot(spec, { freshUpper: true });
+            await admitted;
             if (images) await this.executions.adoptInFork(source.id, rec.id);
             return this.instances.running(rec.id, sb);
           });

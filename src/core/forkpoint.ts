@@ -12,6 +12,8 @@ import { CommandService } from './commands.js';
 import { EventBus } from './events.js';
 import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
+import { PortService } from './ports.js';
+import { PreviewLinks } from './previews.js';
 import { InstanceService } from './instances.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 
@@ -41,6 +43,9 @@ export class Forkpoint {
   readonly events: EventBus;
   /** How services reach a sandbox: hibernated instances wake, idle ones hibernate. */
   readonly access: SandboxAccess;
+  /** Port forwards, and how the HTTP proxy reaches an instance's port. */
+  readonly ports: PortService;
+  private previewLinks: PreviewLinks | undefined;
   private readonly jobs: JobQueue;
 
   constructor(
@@ -49,7 +54,15 @@ export class Forkpoint {
     readonly version: string,
     engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {},
   ) {
-    this.engine = new Engine({ dataDir: config.dataDir, criuPath: config.criuPath, criuCacheDir: config.criuCacheDir, agentPath: config.agentPath, logger: log, ...engineOverrides });
+    this.engine = new Engine({
+      dataDir: config.dataDir,
+      criuPath: config.criuPath,
+      criuCacheDir: config.criuCacheDir,
+      agentPath: config.agentPath,
+      logger: log,
+      network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(',') },
+      ...engineOverrides,
+    });
     this.store = openStore(this.engine.layout.db);
     this.images = new Images(this.engine.layout.images);
     const locks = new KeyedLock();
@@ -60,6 +73,7 @@ export class Forkpoint {
     this.commands = new CommandService(this.instances, this.access, this.engine, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.engine.layout.spill, this.events, log);
     this.files = new FileService(this.access, log);
+    this.ports = new PortService(this.store, this.instances, this.access, config.host, log);
     this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
@@ -75,10 +89,19 @@ export class Forkpoint {
   /** Starts the engine side: agent layer, images, and recovery of what a previous run left. */
   async start(): Promise<void> {
     await this.engine.init();
+    await this.instances.initNetwork();
     await this.images.seedFrom(this.config.imageSeedDir);
     await this.checkpoints.recover();
     await this.instances.recover();
+    this.previewLinks = await PreviewLinks.open(this.engine.layout.previewSecretFile);
+    await this.ports.restore();
     this.access.startIdleMonitor();
+  }
+
+  /** Preview links to instances' ports (after start). */
+  get previews(): PreviewLinks {
+    if (!this.previewLinks) throw new Error('the server has not started');
+    return this.previewLinks;
   }
 
   /** The first token, when there is none: printed once and kept in a 0600 file. */
@@ -111,10 +134,15 @@ export class Forkpoint {
    * the next start. */
   async close(): Promise<void> {
     this.access.stopIdleMonitor();
+    this.ports.closeAll();
     this.executions.forget();
     await this.jobs.drain();
     await this.checkpoints.idle();
     await this.engine.shutdown();
+    // With no instance left, nothing of this server stays on the host's network.
+    if (this.config.networking === 'on' && this.store.instances.all().length === 0) {
+      await this.engine.network.destroy().catch((err: unknown) => this.log.warn({ err }, 'could not remove the sandboxes\' network'));
+    }
     this.store.close();
   }
 
@@ -126,6 +154,7 @@ export class Forkpoint {
   /** Deletes an instance with its checkpoints (forks of them live on). */
   async deleteInstance(owner: string, id: string): Promise<void> {
     await this.instances.delete(owner, id, (i) => this.checkpoints.deleteAllOf(i));
+    this.ports.forget(id);
     this.executions.forget(id);
     this.commands.forget(id);
   }
@@ -135,6 +164,8 @@ export class Forkpoint {
     await this.jobs.drain();
     await this.checkpoints.idle();
     for (const rec of this.store.instances.all()) await this.deleteInstance(rec.owner, rec.id);
+    // Nothing of this server's is left on the host's network either.
+    if (this.config.networking === 'on') await this.engine.network.destroy();
   }
 
   /** Stops every sandbox and unmounts every disk: for tests and `serve --stop-on-exit`. */

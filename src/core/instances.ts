@@ -8,6 +8,8 @@ import { processStartTime } from '../engine/launcher.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { InstanceRecord, Limits, Page } from '../store/instances.js';
+import { DEFAULT_POLICY, parseEntry, type EgressPolicy } from '../engine/network/index.js';
+import { macOf } from '../engine/network/addresses.js';
 import { engineFailure } from './engine-failure.js';
 import type { EventBus } from './events.js';
 import { requireRoom } from './space.js';
@@ -23,6 +25,8 @@ export interface CreateInstance {
   maxCheckpoints?: number | undefined;
   /** Seconds without activity after which it hibernates by itself (0 or none: never). */
   idleTimeoutS?: number | undefined;
+  /** Where it may open connections to (default: anywhere public). */
+  egress?: EgressPolicy | undefined;
 }
 
 const BASE_ENV: Record<string, string> = {
@@ -32,6 +36,16 @@ const BASE_ENV: Record<string, string> = {
   LANG: 'C.UTF-8',
 };
 export const INSTANCE_NAME = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
+const MAX_POLICY_ENTRIES = 256;
+
+/** A policy whose every entry is an address, a CIDR or a host name (else 400). */
+function checkEgress(p: EgressPolicy): EgressPolicy {
+  const all = [...p.allow, ...p.deny];
+  if (all.length > MAX_POLICY_ENTRIES) throw new InvalidRequestError(`at most ${MAX_POLICY_ENTRIES} allow and deny entries`);
+  const bad = all.find((e) => !parseEntry(e));
+  if (bad !== undefined) throw new InvalidRequestError(`not an IPv4 address, CIDR or host name: ${bad}`, { entry: bad });
+  return { egress: p.egress, allow: [...p.allow], deny: [...p.deny] };
+}
 
 /** Instances: their records and lifecycle (create, start, stop, hibernate, wake, delete). */
 export class InstanceService {
@@ -47,6 +61,10 @@ export class InstanceService {
     private readonly events: EventBus,
     private readonly log: Logger,
   ) {}
+
+  private get networking(): boolean {
+    return this.config.networking === 'on';
+  }
 
   isBeingDeleted(id: string): boolean {
     return this.deleting.has(id);
@@ -73,6 +91,7 @@ export class InstanceService {
       agentLayer: rec.agentLayer,
       limits: rec.limits,
       diskMb: rec.limits.diskMb ?? null,
+      network: rec.address && this.networking ? { address: rec.address, mac: macOf(rec.address) } : null,
     };
   }
 
@@ -128,27 +147,69 @@ export class InstanceService {
       headCheckpointId: null,
       hibernationId: null,
       idleTimeoutS: input.idleTimeoutS && input.idleTimeoutS > 0 ? input.idleTimeoutS : null,
+      address: null,
+      egress: checkEgress(input.egress ?? DEFAULT_POLICY),
       error: null,
       createdAt: now,
       updatedAt: now,
       ...from,
     };
     this.store.db.transaction(() => {
+      // A fresh address for every new instance, forks included (a fork is a new machine).
+      if (this.networking) rec.address = this.engine.network.allocate(new Set(this.store.instances.addresses())).address;
       this.store.instances.insert(rec);
       this.store.layers.setRefs(`instance:${rec.id}`, rec.layers);
     })();
     return rec;
   }
 
+  /** Puts a new instance's egress policy in force, before it boots. */
+  async admit(rec: InstanceRecord): Promise<void> {
+    if (rec.address) await this.engine.network.setPolicy(rec.id, rec.address, rec.egress);
+  }
+
+  /** Replaces an instance's egress policy; in force at once, for connections opened from now on. */
+  async setEgress(owner: string, id: string, policy: EgressPolicy): Promise<InstanceRecord> {
+    const rec = this.get(owner, id);
+    const egress = checkEgress(policy);
+    if (rec.address) await this.engine.network.setPolicy(id, rec.address, egress).catch((err: unknown) => Promise.reject(this.engineFailure(err)));
+    return this.store.instances.update(id, { egress });
+  }
+
+  /** Bytes the instance sent and received over its network since the server started. */
+  networkCounters(id: string): { sentBytes: number; receivedBytes: number } {
+    return this.engine.network.counters(id);
+  }
+
+  /** The firewall and the DNS with every instance's address and policy in them (at start). An
+   * instance from before networking gets its address here. */
+  async initNetwork(): Promise<void> {
+    if (!this.networking) return;
+    const used = new Set(this.store.instances.addresses());
+    for (const rec of this.store.instances.all()) {
+      if (rec.address) continue;
+      const { address } = this.engine.network.allocate(used);
+      used.add(address);
+      this.store.instances.update(rec.id, { address });
+    }
+    await this.engine.network.init(this.store.instances.all().map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
+  }
+
   async create(owner: string, input: CreateInstance): Promise<InstanceRecord> {
     await requireRoom(this.engine);
     const rec = this.newRecord(owner, input);
     try {
-      return await this.locks.run(rec.id, () => this.bootRecord(rec, { freshUpper: true }));
+      // The policy goes in while the sandbox boots: until it is in, the firewall lets nothing of
+      // the new address out (no entry: dropped), so nothing escapes meanwhile.
+      const admitted = this.admit(rec);
+      admitted.catch(() => {});
+      const booted = await this.locks.run(rec.id, () => this.bootRecord(rec, { freshUpper: true }));
+      await admitted;
+      return booted;
     } catch (err) {
       // Out of space is not the instance's fault: nothing of it stays for a retry to trip on.
       if (err instanceof InsufficientStorageError) await this.discard(rec.id);
-      throw err;
+      throw this.engineFailure(err);
     }
   }
 
@@ -157,6 +218,7 @@ export class InstanceService {
   async discard(id: string): Promise<void> {
     await this.locks.run(id, async () => {
       await this.engine.destroy(id).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove a failed instance\'s sandbox'));
+      await this.releaseNetwork(id);
       try {
         this.store.db.transaction(() => {
           this.store.layers.dropHolder(`instance:${id}`);
@@ -221,6 +283,7 @@ export class InstanceService {
       // Checkpoints first: that may have to wait for forks reading from them, or refuse.
       await onCheckpoints(id);
       await this.engine.destroy(id);
+      await this.releaseNetwork(id);
       await this.dropHibernation(this.store.instances.get(id)!);
       this.store.db.transaction(() => {
         this.store.layers.dropHolder(`instance:${id}`);
@@ -230,6 +293,12 @@ export class InstanceService {
     }).finally(() => this.deleting.delete(id));
     this.events.emit(id, 'instance.deleted');
     await this.collectLayers();
+  }
+
+  private async releaseNetwork(id: string): Promise<void> {
+    const address = this.store.instances.get(id)?.address;
+    if (!address) return;
+    await this.engine.network.release(id, address).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove an instance\'s firewall rules'));
   }
 
   /** Deletes layers nothing stands on any more. */
@@ -303,7 +372,7 @@ export class InstanceService {
       const t = performance.now();
       let sb: Sandbox;
       try {
-        sb = await this.engine.restore(this.spec(rec), this.engine.layout.checkpoint(rec.hibernationId), { setHostname: false });
+        sb = await this.engine.restore(this.spec(rec), this.engine.layout.checkpoint(rec.hibernationId), { setHostname: false, connections: 'restore' });
       } catch (err) {
         this.log.error({ err, instance: id }, 'wake failed');
         this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the wake failed: ${(err as Error).message}` });

@@ -10,11 +10,14 @@ const root = protobuf.parse(`
     required int32 images_dir_fd = 1;
     optional int32 pid = 2;
     optional bool leave_running = 3;
+    optional bool tcp_established = 5;
     optional int32 log_level = 9;
     optional string log_file = 10;
     optional string root = 13;
     optional int32 work_dir_fd = 17;
     optional int32 manage_cgroups_mode = 34;
+    optional bool tcp_close = 52;
+    optional int32 network_lock = 64;
   }
   message criu_req {
     required int32 type = 1;
@@ -35,6 +38,14 @@ const Resp = root.lookupType('criu_resp');
 
 export const REQ = { DUMP: 1, RESTORE: 2, VERSION: 10 } as const;
 const CG_IGNORE = 0;
+/** CRIU's criu_network_lock_method: the sandbox's netns is CRIU's own during a dump, and
+ * nothing but the sandbox's own sockets live in it. */
+const NETWORK_LOCK = { NFTABLES: 2, SKIP: 3 } as const;
+
+/** What a restore does with the TCP connections in the image: bring them back (the same
+ * instance, at the moment it was dumped: a wake) or restore them closed (a rollback to an older
+ * moment, a fork: the peer knows nothing of them). */
+export type Connections = 'restore' | 'close';
 
 /** Deadlines: a relay's own requests are a few syscalls; CRIU starting up may wait for a busy
  * machine; a dump or restore grows with the sandbox's memory (~2 ms per MiB here). */
@@ -139,6 +150,11 @@ export class CriuWorker {
     if (procsFiles.length) await this.request('C', procsFiles.join('\0'));
   }
 
+  /** The sandbox's network link, made in the netns CRIU restores into (native/netlink.c). */
+  async setUpNetwork(link: { hostIf: string; address: string; gateway: string; mac: string }): Promise<void> {
+    await this.request('N', `${link.hostIf}\0${link.address}\0${link.gateway}\0${link.mac}`);
+  }
+
   async setHostname(pid: number, hostname: string): Promise<void> {
     await this.request('H', `${pid}\0${hostname}`);
   }
@@ -159,14 +175,33 @@ export class CriuWorker {
   async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.DUMP,
-      opts: { images_dir_fd: opts.imagesFd, pid: opts.pid, leave_running: opts.leaveRunning ?? false, log_level: 2, log_file: 'dump.log', manage_cgroups_mode: CG_IGNORE },
+      opts: {
+        images_dir_fd: opts.imagesFd,
+        pid: opts.pid,
+        leave_running: opts.leaveRunning ?? false,
+        // Established connections are dumped (in repair mode), never a reason to fail.
+        tcp_established: true,
+        network_lock: NETWORK_LOCK.NFTABLES,
+        log_level: 2,
+        log_file: 'dump.log',
+        manage_cgroups_mode: CG_IGNORE,
+      },
     }, CRIU_DEADLINES.dumpOrRestore);
   }
 
-  async restore(opts: { imagesFd: number; workFd: number; root: string }): Promise<CriuResponse> {
+  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,
-      opts: { images_dir_fd: opts.imagesFd, work_dir_fd: opts.workFd, root: opts.root, log_level: 2, log_file: 'restore.log', manage_cgroups_mode: CG_IGNORE },
+      opts: {
+        images_dir_fd: opts.imagesFd,
+        work_dir_fd: opts.workFd,
+        root: opts.root,
+        ...(opts.connections === 'restore' ? { tcp_established: true } : { tcp_close: true }),
+        network_lock: NETWORK_LOCK.NFTABLES,
+        log_level: 2,
+        log_file: 'restore.log',
+        manage_cgroups_mode: CG_IGNORE,
+      },
     }, CRIU_DEADLINES.dumpOrRestore);
   }
 

@@ -15,6 +15,8 @@ import { Sandbox } from './sandbox.js';
 import { Volumes } from './volumes.js';
 import { run, Steps } from './run.js';
 import { AgentError } from './agent/client.js';
+import type { Connections } from './criu-worker.js';
+import { Network, type SandboxNetwork } from './network/index.js';
 
 export interface EngineOptions {
   dataDir: string;
@@ -26,6 +28,8 @@ export interface EngineOptions {
   /** Benchmarks only (never from configuration): boot sandboxes without the /proc masks and
    * the seccomp filter, to measure what they cost in the same run. */
   unconfinedForBenchmarks?: boolean;
+  /** The sandboxes' subnet, and the resolvers their DNS asks (default: the host's). */
+  network: { cidr: string; dnsServers?: string[] | undefined };
 }
 
 /** What the engine needs to know of an instance to run it. */
@@ -41,6 +45,8 @@ export interface SandboxSpec {
   limits: ResourceLimits;
   /** A size limit on everything the instance writes (volumes.ts); null: none. */
   diskMb: number | null;
+  /** Its address on the sandboxes' network; null: only loopback. */
+  network: SandboxNetwork | null;
 }
 
 export interface FreezeResult {
@@ -62,6 +68,7 @@ export class Engine {
   readonly layout: DataLayout;
   readonly criu: Criu;
   readonly cgroups = new Cgroups();
+  readonly network: Network;
   private readonly volumes: Volumes;
   private readonly mounter: Mounter;
   private readonly live = new Map<string, Sandbox>();
@@ -73,6 +80,7 @@ export class Engine {
     this.volumes = new Volumes(this.layout.volumes);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
+    this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, log: opts.logger });
   }
 
   get log(): Logger {
@@ -202,7 +210,7 @@ export class Engine {
     const l = this.layout;
     const run = l.run(spec.id);
     await rm(join(run, 'pid'), { force: true });
-    return launchUnderShim({
+    const launched = await launchUnderShim({
       agentPath: this.opts.agentPath,
       command: [
         this.opts.agentPath, 'boot', '--root', l.merged(spec.id), '--hostname', spec.hostname, '--pidfile', join(run, 'pid'),
@@ -215,6 +223,8 @@ export class Engine {
       cgroupProcs: await this.cgroups.create(spec.id, spec.limits),
       failure: 'BOOT_FAILED',
     });
+    if (spec.network) await this.network.connectBooted(launched.pid, await this.network.newLink(spec.id, spec.network));
+    return launched;
   }
 
   /** A CRIU restore worker under a shim of its own, warming up; it belongs to no instance yet. */
@@ -246,6 +256,8 @@ export class Engine {
       r.worker.openDir(work),
       r.worker.setPidfile(join(run, 'pid')),
       r.worker.joinCgroups(cgroupProcs),
+      // The link exists before CRIU restores sockets bound to the sandbox's address.
+      spec.network && this.network.newLink(spec.id, spec.network).then((link) => r.worker.setUpNetwork(link)),
     ]);
     return { imagesFd, workFd };
   }
@@ -256,7 +268,7 @@ export class Engine {
     r: Restorer,
     spec: SandboxSpec,
     prepared: Promise<PreparedRestore>,
-    opts: { hostname?: string; oldGone?: Promise<void> } = {},
+    opts: { connections: Connections; hostname?: string; oldGone?: Promise<void> },
   ): Promise<Launched> {
     const l = this.layout;
     const { hostname, oldGone } = opts;
@@ -267,7 +279,7 @@ export class Engine {
       // (their limits would count both); mounting the disk need not wait for it.
       await Promise.all([r.worker.mountOverlay(dir!, target!, options!), oldGone]);
       const t = performance.now();
-      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id) });
+      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections });
       this.log.debug({ instance: spec.id, ms: Math.round((performance.now() - t) * 100) / 100 }, 'criu restore');
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
@@ -297,7 +309,9 @@ export class Engine {
     await this.ensureVolume(spec);
     this.prepareDisk(spec, opts.freshUpper);
     try {
-      return await this.attach(spec, await this.launchBoot(spec));
+      const sb = await this.attach(spec, await this.launchBoot(spec));
+      if (spec.network) await sb.call((a) => a.writeFile('/etc/resolv.conf', this.network.resolvConf, 0o644)).catch((err: unknown) => this.log.warn({ err, instance: spec.id }, 'could not write the sandbox\'s resolv.conf'));
+      return sb;
     } catch (err) {
       await this.teardown(spec.id);
       throw err;
@@ -306,7 +320,7 @@ export class Engine {
 
   /** Restores a memory image onto a fresh upper over the spec's layers (an image of an older
    * format boots fresh on those layers instead: see Criu.isCurrentFormat). */
-  async restore(spec: SandboxSpec, images: string, opts: { setHostname: boolean }): Promise<Sandbox> {
+  async restore(spec: SandboxSpec, images: string, opts: { setHostname: boolean; connections: Connections }): Promise<Sandbox> {
     if (!this.criu.isCurrentFormat(images)) {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
       return this.boot(spec, { freshUpper: true });
@@ -318,7 +332,7 @@ export class Engine {
       this.prepareDisk(spec, true);
       steps.mark('disk');
       const prepared = this.prepareRestore(restorer, spec, images);
-      const launched = await this.restoreWith(restorer, spec, prepared, opts.setHostname ? { hostname: spec.hostname } : {});
+      const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
       steps.mark('connect');
@@ -448,7 +462,8 @@ export class Engine {
       try {
         this.freezeUpper(spec.id, layerId);
         steps.mark('rename');
-        const launched = await this.restoreWith(restorer, next, prepared);
+        // The same moment the dump was of: its connections go on.
+        const launched = await this.restoreWith(restorer, next, prepared, { connections: 'restore' });
         steps.mark('restore');
         pauseMs = performance.now() - t0;
         return { ...launched, result: undefined };
@@ -548,7 +563,7 @@ export class Engine {
     }
     const sb = this.live.get(spec.id);
     if (!sb) {
-      return images ? this.restore(spec, images, { setHostname: false }) : this.boot(spec, { freshUpper: true });
+      return images ? this.restore(spec, images, { setHostname: false, connections: 'close' }) : this.boot(spec, { freshUpper: true });
     }
     await this.ensureVolume(spec);
     const steps = new Steps();
@@ -562,7 +577,7 @@ export class Engine {
       try {
         this.prepareDisk(spec, true);
         steps.mark('disk');
-        const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { oldGone }) : await oldGone.then(() => this.launchBoot(spec));
+        const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { connections: 'close', oldGone }) : await oldGone.then(() => this.launchBoot(spec));
         steps.mark(images ? 'restore' : 'boot');
         this.log.debug({ instance: spec.id, steps: steps.ms }, 'rollback');
         return { ...launched, result: undefined };
@@ -619,6 +634,7 @@ export class Engine {
   }
 
   async shutdown(): Promise<void> {
+    this.network.close();
     this.restorers.close();
     for (const sb of this.live.values()) await sb.close();
     this.live.clear();

@@ -16,7 +16,9 @@ export type EngineErrorCode =
   | 'SPAWN_FAILED'
   | 'NOT_RUNNING'
   | 'CGROUP_FAILED'
-  | 'CRIU_FAILED';
+  | 'CRIU_FAILED'
+  /** Setting up a sandbox's network (its link, the host's firewall) failed. */
+  | 'NETWORK_FAILED';
 
 export class EngineError extends Error {
   override readonly name = 'EngineError';

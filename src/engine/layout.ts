@@ -11,6 +11,9 @@ export class DataLayout {
   get initialTokenFile(): string {
     return join(this.root, 'initial-token');
   }
+  get previewSecretFile(): string {
+    return join(this.root, 'preview-secret');
+  }
   get images(): string {
     return join(this.root, 'images');
   }

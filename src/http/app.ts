@@ -11,6 +11,7 @@ import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
 import { firecaseFace } from './routes/index.js';
+import { hostRoute } from './routes/proxy.js';
 import { openComputerRoutes } from './opencomputer/routes.js';
 import { closeStreams } from './streams/sse.js';
 
@@ -36,7 +37,16 @@ function withRequestSerializers(log: Logger): FastifyBaseLogger {
 
 /** The HTTP server: config in, Fastify instance out. Nothing here touches the engine. */
 export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
-  const base = { bodyLimit: opts.bodyLimitBytes, routerOptions: { ignoreTrailingSlash: true } };
+  const domain = opts.forkpoint.config.previewDomain;
+  const base = {
+    bodyLimit: opts.bodyLimitBytes,
+    routerOptions: { ignoreTrailingSlash: true },
+    // A preview host name (<port>-<instance>.<domain>) is that port's proxy, at its root.
+    rewriteUrl: (req: { url?: string; headers: { host?: string } }) => {
+      const to = hostRoute(domain, req.headers.host);
+      return to ? `/instances/${to.id}/ports/${to.port}${req.url ?? '/'}` : (req.url ?? '/');
+    },
+  };
   const app: FastifyInstance = opts.logger ? Fastify({ ...base, loggerInstance: withRequestSerializers(opts.logger) }) : Fastify({ ...base, logger: false });
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);

@@ -5,8 +5,9 @@ import type { JsonField, OutputEncoding } from './output-json.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord } from '../store/instances.js';
 
-/** Records to the snake_case wire shapes of the Firecase-style face. */
-export const instanceView = (r: InstanceRecord) => ({
+/** Records to the snake_case wire shapes of the Firecase-style face. `net`: the instance's
+ * network counters (fp.instances.networkCounters). */
+export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receivedBytes: number } = { sentBytes: 0, receivedBytes: 0 }) => ({
   id: r.id,
   name: r.name,
   image: r.image,
@@ -16,6 +17,7 @@ export const instanceView = (r: InstanceRecord) => ({
   metadata: r.metadata,
   max_checkpoints: r.maxCheckpoints,
   idle_timeout_s: r.idleTimeoutS,
+  network: { address: r.address, egress: r.egress.egress, allow: r.egress.allow, deny: r.egress.deny, sent_bytes: net.sentBytes, received_bytes: net.receivedBytes },
   head_checkpoint_id: r.headCheckpointId,
   source_instance_id: r.sourceInstanceId,
   source_checkpoint_id: r.sourceCheckpointId,

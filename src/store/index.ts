@@ -3,6 +3,7 @@ import { openDb, type Db } from './db.js';
 import { ExecutionStore } from './executions.js';
 import { InstanceStore } from './instances.js';
 import { LayerStore } from './layers.js';
+import { PortForwardStore } from './port-forwards.js';
 import { TokenStore } from './tokens.js';
 
 export interface Store {
@@ -12,6 +13,7 @@ export interface Store {
   checkpoints: CheckpointStore;
   layers: LayerStore;
   executions: ExecutionStore;
+  portForwards: PortForwardStore;
   close(): void;
 }
 
@@ -24,6 +26,7 @@ export function openStore(file: string): Store {
     checkpoints: new CheckpointStore(db),
     layers: new LayerStore(db),
     executions: new ExecutionStore(db),
+    portForwards: new PortForwardStore(db),
     close: () => db.close(),
   };
 }

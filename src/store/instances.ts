@@ -34,6 +34,10 @@ export interface InstanceRecord {
   hibernationId: string | null;
   /** Seconds without activity after which it hibernates by itself; null: never. */
   idleTimeoutS: number | null;
+  /** Its address on the sandboxes' network (kept through rollbacks and wakes); null: none. */
+  address: string | null;
+  /** Where it may open connections to. */
+  egress: EgressPolicy;
   error: string | null;
   createdAt: string;
   updatedAt: string;
@@ -59,6 +63,8 @@ interface Row {
   head_checkpoint_id: string | null;
   hibernation_id: string | null;
   idle_timeout_s: number | null;
+  address: string | null;
+  egress: string | null;
   error: string | null;
   created_at: string;
   updated_at: string;
@@ -84,10 +90,19 @@ const fromRow = (r: Row): InstanceRecord => ({
   headCheckpointId: r.head_checkpoint_id,
   hibernationId: r.hibernation_id,
   idleTimeoutS: r.idle_timeout_s,
+  address: r.address,
+  egress: r.egress ? (JSON.parse(r.egress) as EgressPolicy) : { egress: 'allow', allow: [], deny: [] },
   error: r.error,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
 });
+
+/** Where an instance may open connections to (the engine's EgressPolicy, as stored). */
+export interface EgressPolicy {
+  egress: 'allow' | 'deny';
+  allow: string[];
+  deny: string[];
+}
 
 export interface Page<T> {
   items: T[];
@@ -102,13 +117,14 @@ export class InstanceStore {
       .prepare(
         `INSERT INTO instances (id, owner, name, image, status, layers, base_layer, agent_layer, env, limits, metadata,
            pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, hibernation_id, idle_timeout_s,
-           error, created_at, updated_at)
+           address, egress, error, created_at, updated_at)
          VALUES (@id, @owner, @name, @image, @status, @layers, @baseLayer, @agentLayer, @env, @limits, @metadata,
            @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @hibernationId, @idleTimeoutS,
-           @error, @createdAt, @updatedAt)`,
+           @address, @egress, @error, @createdAt, @updatedAt)`,
       )
       .run({
         ...rec,
+        egress: JSON.stringify(rec.egress),
         layers: JSON.stringify(rec.layers),
         baseLayer: rec.baseLayer ? 1 : 0,
         env: JSON.stringify(rec.env),
@@ -124,6 +140,11 @@ export class InstanceStore {
 
   all(): InstanceRecord[] {
     return (this.db.prepare('SELECT * FROM instances').all() as Row[]).map(fromRow);
+  }
+
+  /** Every address in use on the sandboxes' network. */
+  addresses(): string[] {
+    return this.db.prepare('SELECT address FROM instances WHERE address IS NOT NULL').pluck().all() as string[];
   }
 
   /** Running instances that hibernate when idle: what the idle monitor watches. */
@@ -159,10 +180,11 @@ export class InstanceStore {
         `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, base_layer=@baseLayer, agent_layer=@agentLayer,
            env=@env, limits=@limits, metadata=@metadata, pid=@pid, pid_start=@pidStart,
            max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, hibernation_id=@hibernationId,
-           idle_timeout_s=@idleTimeoutS, error=@error, updated_at=@updatedAt WHERE id=@id`,
+           idle_timeout_s=@idleTimeoutS, address=@address, egress=@egress, error=@error, updated_at=@updatedAt WHERE id=@id`,
       )
       .run({
         ...next,
+        egress: JSON.stringify(next.egress),
         layers: JSON.stringify(next.layers),
         baseLayer: next.baseLayer ? 1 : 0,
         env: JSON.stringify(next.env),

@@ -130,4 +130,24 @@ export const migrations: readonly Migration[] = [
       );
       CREATE INDEX executions_started ON executions (instance_id, started_at);`,
   },
+  {
+    version: 8,
+    name: 'networking',
+    sql: `
+      -- the instance's address on the sandboxes' network, and its egress policy (JSON)
+      ALTER TABLE instances ADD COLUMN address TEXT;
+      ALTER TABLE instances ADD COLUMN egress TEXT;
+      -- host ports that lead to a port of an instance
+      CREATE TABLE port_forwards (
+        id TEXT PRIMARY KEY,
+        instance_id TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        guest_port INTEGER NOT NULL,
+        host_port INTEGER NOT NULL UNIQUE,
+        protocol TEXT NOT NULL,
+        label TEXT,
+        created_at TEXT NOT NULL
+      );
+      CREATE INDEX port_forwards_instance ON port_forwards (instance_id);`,
+  },
 ];

@@ -8,7 +8,7 @@ import { sendWithOutputs } from '../output-json.js';
 import { noContent, ok, OPTIONAL_BODY, optionalBody } from '../schemas/common.js';
 import {
   Binary, CheckpointInfo, CheckpointOnlyParams, CreateCheckpointBody, CreateSandboxBody, EntryInfo, FromCheckpointBody, ocErrorResponses,
-  PathQuery, RunBody, RunResult, SandboxCheckpointParams, SandboxData, SandboxParams, TimeoutBody, WakeBody,
+  PathQuery, RunBody, RunResult, SandboxCheckpointParams, SandboxData, SandboxParams, TimeoutBody, WakeBody, AllowedHosts,
 } from './schemas.js';
 import { execSessionRoutes } from './exec-routes.js';
 
@@ -88,6 +88,20 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const rec = await fp.instances.start(req.owner, req.params.id);
       const timeout = req.body?.timeout;
       return sandboxView(timeout === undefined ? rec : fp.instances.setIdleTimeout(req.owner, rec.id, timeout));
+    });
+
+    app.get('/sandboxes/:id/allowed-hosts', {
+      schema: {
+        operationId: 'ocGetAllowedHosts',
+        tags,
+        summary: 'Where the sandbox may connect to',
+        description: 'Its egress policy in OpenComputer\'s shape: `egressAllowlist` lists what is allowed when egress is denied by default (empty: anywhere public).',
+        params: SandboxParams,
+        response: { 200: ok('The allowlist', AllowedHosts), ...errors },
+      },
+    }, async (req) => {
+      const r = fp.instances.get(req.owner, req.params.id);
+      return { sandboxID: r.id, egressAllowlist: r.egress.egress === 'deny' ? r.egress.allow : [], perSecretAllowedHosts: {} };
     });
 
     app.post('/sandboxes/:id/timeout', {

@@ -169,3 +169,7 @@ export const ResizeBody = z
   .object({ cols: z.number().int().min(1).max(1000), rows: z.number().int().min(1).max(1000) })
   .strip()
   .meta({ id: 'OpenComputerResizeRequest', examples: [{ cols: 120, rows: 40 }] });
+
+export const AllowedHosts = z
+  .object({ sandboxID: z.string(), egressAllowlist: z.array(z.string()), perSecretAllowedHosts: z.record(z.string(), z.array(z.string())) })
+  .meta({ id: 'OpenComputerAllowedHosts' });

@@ -1,16 +1,18 @@
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
+import type { InstanceRecord } from '../../store/instances.js';
 import {
   Checkpoint, CheckpointPage, CheckpointParams, CreateCheckpointRequest, errorResponses, ForkRequest, ForkResult, IdParams,
   Instance, Lineage, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, RollbackRequest, WaitQuery,
 } from '../schemas/index.js';
-import { checkpointView, instanceView } from '../views.js';
+import { checkpointView, instanceView as viewOf } from '../views.js';
 
 const WAIT_MS = 120_000;
 
 export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
+    const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r.id));
     const tags = ['checkpoints'];
     app.post('/instances/:id/checkpoints', {
       schema: {
@@ -114,7 +116,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const b = req.body ?? {};
       const made = await fp.checkpoints.fork(req.owner, req.params.id, { name: b.name, checkpointId: b.checkpoint_id, count: b.count, env: b.env });
-      return reply.code(201).send(b.count === undefined ? instanceView(made[0]!) : { instances: made.map(instanceView) });
+      return reply.code(201).send(b.count === undefined ? instanceView(made[0]!) : { instances: made.map((r) => instanceView(r)) });
     });
 
     app.get('/instances/:id/lineage', {

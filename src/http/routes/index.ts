@@ -6,6 +6,8 @@ import { execRoutes } from './exec.js';
 import { executionRoutes } from './executions.js';
 import { fileRoutes } from './files.js';
 import { instanceRoutes } from './instances.js';
+import { networkRoutes } from './network.js';
+import { proxyRoutes } from './proxy.js';
 import { terminalRoutes } from './terminals.js';
 
 /** The Firecase-style face: instances, commands, checkpoints, files. Registered at the root and
@@ -22,6 +24,8 @@ export const firecaseFace = (fp: Forkpoint, opts: { documented: boolean }): Fast
     await app.register(executionRoutes(fp));
     await app.register(terminalRoutes(fp));
     await app.register(eventRoutes(fp));
+    await app.register(networkRoutes(fp));
+    await app.register(proxyRoutes(fp));
     await app.register(checkpointRoutes(fp));
     await app.register(fileRoutes(fp));
   };

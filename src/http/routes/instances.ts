@@ -1,16 +1,18 @@
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
+import type { InstanceRecord } from '../../store/instances.js';
 import {
   CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
 } from '../schemas/index.js';
-import { instanceView } from '../views.js';
+import { instanceView as viewOf } from '../views.js';
 
 const limitsIn = (l: z.infer<typeof CreateInstanceRequest>['limits']) =>
   l && { memoryMb: l.memory_mb, pids: l.pids, cpuPercent: l.cpu_percent, diskMb: l.disk_mb };
 
 export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
+    const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r.id));
     const tags = ['instances'];
     app.post('/instances', {
       schema: {
@@ -26,6 +28,7 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const b = req.body ?? {};
       const rec = await fp.instances.create(req.owner, {
         name: b.name, image: b.image, env: b.env, limits: limitsIn(b.limits), metadata: b.metadata, maxCheckpoints: b.max_checkpoints, idleTimeoutS: b.idle_timeout_s,
+        egress: b.network,
       });
       return reply.code(201).send(instanceView(rec));
     });
@@ -59,15 +62,16 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       schema: {
         operationId: 'updateInstance',
         tags,
-        summary: 'Rename an instance, replace its metadata or set its idle timeout',
+        summary: 'Rename an instance, replace its metadata, set its idle timeout or its network policy',
         description: 'A new name becomes the hostname at the next boot or fork; a running sandbox keeps its hostname.',
         params: IdParams,
         body: UpdateInstanceRequest,
         response: { 200: ok('The instance, updated', Instance), ...errorResponses },
       },
     }, async (req) => {
-      const { name, metadata, idle_timeout_s: idle } = req.body;
+      const { name, metadata, idle_timeout_s: idle, network } = req.body;
       if (idle !== undefined) fp.instances.setIdleTimeout(req.owner, req.params.id, idle);
+      if (network) await fp.instances.setEgress(req.owner, req.params.id, network);
       return instanceView(fp.instances.update(req.owner, req.params.id, { name, metadata }));
     });
 

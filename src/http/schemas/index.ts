@@ -6,3 +6,4 @@ export * from './checkpoints.js';
 export * from './files.js';
 export * from './health.js';
 export * from './executions.js';
+export * from './network.js';

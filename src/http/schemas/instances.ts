@@ -26,6 +26,22 @@ export const LimitsRequest = z
   .strict()
   .meta({ id: 'LimitsRequest' });
 
+const PolicyEntry = z.string().min(1).max(253).describe('an IPv4 address, a CIDR, a host name, or *.domain for its subdomains');
+
+export const NetworkPolicy = z
+  .object({
+    egress: z.enum(['allow', 'deny']).default('allow').describe('`allow`: public addresses are reachable; `deny`: only what `allow` lists'),
+    allow: z.array(PolicyEntry).max(256).default([]).describe('opened whatever `egress` says, private ranges included (a host name: the addresses its DNS answers give)'),
+    deny: z.array(PolicyEntry).max(256).default([]).describe('closed whatever `allow` says'),
+  })
+  .strict()
+  .meta({
+    id: 'NetworkPolicy',
+    description:
+      'Where the instance may open connections to, enforced by the host\'s firewall (root inside cannot change it). Whatever the policy, the host itself (but its DNS), other instances (unless allowed) and link-local metadata addresses are never reachable; private ranges (RFC 1918, 100.64.0.0/10) only when allowed.',
+    examples: [{ egress: 'deny', allow: ['registry.npmjs.org', '10.1.2.0/24'], deny: [] }],
+  });
+
 export const CreateInstanceRequest = z
   .object({
     name: z.string().max(63).optional().describe('hostname-safe: lowercase letters, digits, hyphens; defaults to the id'),
@@ -35,6 +51,7 @@ export const CreateInstanceRequest = z
     metadata: Metadata.optional(),
     max_checkpoints: z.number().int().min(1).max(1000).optional().describe('defaults to the server\'s (10)'),
     idle_timeout_s: IdleTimeout.optional(),
+    network: NetworkPolicy.optional(),
   })
   .strict()
   .meta({ id: 'CreateInstanceRequest', examples: [{ name: 'demo', env: { GREETING: 'hello' }, limits: { memory_mb: 512, disk_mb: 2048 } }] });
@@ -44,6 +61,7 @@ export const UpdateInstanceRequest = z
     name: z.string().max(63).optional().describe('the hostname from the next boot or fork on'),
     metadata: Metadata.optional().describe('replaces the metadata'),
     idle_timeout_s: IdleTimeout.nullable().optional().describe('seconds without activity before it hibernates by itself; 0 or null: never'),
+    network: NetworkPolicy.optional().describe('replaces the egress policy; in force at once for new connections'),
   })
   .strict()
   .meta({ id: 'UpdateInstanceRequest', examples: [{ name: 'renamed', metadata: { stage: 'review' } }] });
@@ -68,6 +86,16 @@ export const Instance = z
     metadata: z.record(z.string(), z.string()),
     max_checkpoints: z.number().int().nullable(),
     idle_timeout_s: z.number().int().nullable().describe('seconds without activity before it hibernates by itself; null: never'),
+    network: z
+      .object({
+        address: z.string().nullable().describe('its IPv4 address (kept through rollbacks and wakes; a fork gets its own)'),
+        egress: z.enum(['allow', 'deny']),
+        allow: z.array(z.string()),
+        deny: z.array(z.string()),
+        sent_bytes: z.number().int().describe('since the server started'),
+        received_bytes: z.number().int(),
+      })
+      .meta({ id: 'InstanceNetwork' }),
     head_checkpoint_id: z.string().nullable().describe('the checkpoint the instance stands on (its latest, or the one rolled back to)'),
     source_instance_id: z.string().nullable().describe('for a fork: the instance it was forked from'),
     source_checkpoint_id: z.string().nullable().describe('for a fork: the checkpoint it was forked from'),
@@ -88,6 +116,7 @@ export const Instance = z
         metadata: {},
         max_checkpoints: null,
         idle_timeout_s: null,
+        network: { address: '10.88.0.2', egress: 'allow', allow: [], deny: [], sent_bytes: 0, received_bytes: 0 },
         head_checkpoint_id: null,
         source_instance_id: null,
         source_checkpoint_id: null,

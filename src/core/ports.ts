@@ -1,0 +1,137 @@
+import { createServer, connect, type Server, type Socket } from 'node:net';
+import type { Logger } from 'pino';
+import type { Store } from '../store/index.js';
+import { newId } from '../store/ids.js';
+import type { PortForwardRecord } from '../store/port-forwards.js';
+import type { SandboxAccess } from './access.js';
+import { ConflictError, NotFoundError } from './errors.js';
+import type { InstanceService } from './instances.js';
+
+const CONNECT_TIMEOUT_MS = 10_000;
+const MAX_FORWARDS_PER_INSTANCE = 32;
+
+/**
+ * Host ports that lead to a port of an instance (Firecase's port forwards), and the way the HTTP
+ * proxy reaches an instance's port. A forward belongs to its instance, not to a moment of it: it
+ * follows the instance through rollbacks and hibernation (the instance keeps its address; a
+ * connection to a hibernated one wakes it), and forks do not inherit it.
+ */
+export class PortService {
+  private readonly listeners = new Map<string, Server>();
+
+  constructor(
+    private readonly store: Store,
+    private readonly instances: InstanceService,
+    private readonly access: SandboxAccess,
+    private readonly bindHost: string,
+    private readonly log: Logger,
+  ) {}
+
+  /** The address and port to reach an instance's port at, waking it if it hibernates. */
+  async target(owner: string, id: string, port: number): Promise<{ host: string; port: number }> {
+    const { rec } = await this.access.sandbox(owner, id);
+    if (!rec.address) throw new ConflictError(`instance ${id} has no network`);
+    return { host: rec.address, port };
+  }
+
+  list(owner: string, id: string): PortForwardRecord[] {
+    this.instances.get(owner, id);
+    return this.store.portForwards.forInstance(id);
+  }
+
+  async create(owner: string, id: string, input: { guestPort: number; hostPort?: number | undefined; label?: string | undefined }): Promise<PortForwardRecord> {
+    this.instances.get(owner, id);
+    if (this.store.portForwards.forInstance(id).length >= MAX_FORWARDS_PER_INSTANCE) {
+      throw new ConflictError(`an instance has at most ${MAX_FORWARDS_PER_INSTANCE} port forwards`);
+    }
+    const id_ = newId('pf');
+    const server = await this.listen(id_, input.hostPort ?? 0).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'EADDRINUSE' || err.code === 'EACCES') throw new ConflictError(`host port ${input.hostPort} is not available`, { host_port: input.hostPort });
+      throw err;
+    });
+    const rec: PortForwardRecord = {
+      id: id_,
+      instanceId: id,
+      owner,
+      guestPort: input.guestPort,
+      hostPort: (server.address() as { port: number }).port,
+      protocol: 'tcp',
+      label: input.label ?? null,
+      createdAt: new Date().toISOString(),
+    };
+    try {
+      this.store.portForwards.insert(rec);
+    } catch (err) {
+      this.close(id_);
+      throw err;
+    }
+    return rec;
+  }
+
+  delete(owner: string, id: string, forwardId: string): void {
+    this.instances.get(owner, id);
+    const rec = this.store.portForwards.get(forwardId);
+    if (!rec || rec.instanceId !== id) throw new NotFoundError('port forward', forwardId);
+    this.close(forwardId);
+    this.store.portForwards.remove(forwardId);
+  }
+
+  /** Listens again on every forward's host port (at start); one whose port is taken now is
+   * logged and left closed. */
+  async restore(): Promise<void> {
+    for (const f of this.store.portForwards.all()) {
+      await this.listen(f.id, f.hostPort).catch((err: unknown) => this.log.warn({ err, forward: f.id, port: f.hostPort }, 'port forward could not listen again'));
+    }
+  }
+
+  /** Closes the listeners of an instance's forwards (it is gone). */
+  forget(instanceId: string): void {
+    for (const f of this.store.portForwards.forInstance(instanceId)) this.close(f.id);
+    this.store.portForwards.removeAllOf(instanceId);
+  }
+
+  closeAll(): void {
+    for (const id of [...this.listeners.keys()]) this.close(id);
+  }
+
+  private close(forwardId: string): void {
+    this.listeners.get(forwardId)?.close();
+    this.listeners.delete(forwardId);
+  }
+
+  private listen(forwardId: string, port: number): Promise<Server> {
+    const server = createServer((client) => void this.relay(forwardId, client));
+    return new Promise((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, this.bindHost, () => {
+        server.off('error', reject);
+        this.listeners.set(forwardId, server);
+        resolve(server);
+      });
+    });
+  }
+
+  private async relay(forwardId: string, client: Socket): Promise<void> {
+    client.on('error', () => client.destroy());
+    const f = this.store.portForwards.get(forwardId);
+    if (!f) return void client.destroy();
+    let to: { host: string; port: number };
+    try {
+      to = await this.target(f.owner, f.instanceId, f.guestPort);
+    } catch (err) {
+      this.log.debug({ err, forward: forwardId }, 'port forward: instance not reachable');
+      return void client.destroy();
+    }
+    const upstream = connect({ host: to.host, port: to.port, timeout: CONNECT_TIMEOUT_MS });
+    upstream.once('connect', () => upstream.setTimeout(0));
+    upstream.once('timeout', () => upstream.destroy());
+    upstream.on('error', () => client.destroy());
+    client.on('close', () => upstream.destroy());
+    upstream.on('close', () => client.destroy());
+    // Activity while bytes flow: an instance with a forward in use does not hibernate.
+    const release = this.access.lease(f.instanceId);
+    client.once('close', release);
+    client.pipe(upstream);
+    upstream.pipe(client);
+  }
+}

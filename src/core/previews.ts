@@ -1,0 +1,44 @@
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { readFile, writeFile } from 'node:fs/promises';
+
+/** The longest a preview link may live. */
+export const MAX_PREVIEW_TTL_S = 7 * 86400;
+
+/**
+ * Preview links: a browser cannot send the API token as a header, so a link to an instance's
+ * port carries a signature of (owner, instance, port, expiry) made with a secret of this
+ * server's. It opens that port of that instance until it expires, and nothing else.
+ */
+export class PreviewLinks {
+  private constructor(private readonly secret: Buffer) {}
+
+  /** The server's secret, made on first start and kept in a 0600 file. */
+  static async open(file: string): Promise<PreviewLinks> {
+    if (!existsSync(file)) await writeFile(file, randomBytes(32).toString('hex'), { mode: 0o600, flag: 'wx' }).catch(() => {});
+    return new PreviewLinks(Buffer.from((await readFile(file, 'utf8')).trim(), 'hex'));
+  }
+
+  private mac(owner: string, id: string, port: number, expires: number): string {
+    return createHmac('sha256', this.secret).update(`${owner}\n${id}\n${port}\n${expires}`).digest('base64url');
+  }
+
+  /** `<expiry>.<owner>.<signature>`, good for `ttlS` seconds. */
+  sign(owner: string, id: string, port: number, ttlS: number): { token: string; expiresAt: Date } {
+    const expires = Math.floor(Date.now() / 1000) + Math.min(Math.max(1, ttlS), MAX_PREVIEW_TTL_S);
+    const o = Buffer.from(owner).toString('base64url');
+    return { token: `${expires}.${o}.${this.mac(owner, id, port, expires)}`, expiresAt: new Date(expires * 1000) };
+  }
+
+  /** The owner a valid, unexpired token of this instance's port speaks for. */
+  verify(token: string, id: string, port: number): string | undefined {
+    const m = /^(\d{1,12})\.([A-Za-z0-9_-]{1,400})\.([A-Za-z0-9_-]{43})$/.exec(token);
+    if (!m) return undefined;
+    const expires = Number(m[1]);
+    if (expires < Date.now() / 1000) return undefined;
+    const owner = Buffer.from(m[2]!, 'base64url').toString('utf8');
+    const want = Buffer.from(this.mac(owner, id, port, expires));
+    const got = Buffer.from(m[3]!);
+    return want.length === got.length && timingSafeEqual(want, got) ? owner : undefined;
+  }
+}

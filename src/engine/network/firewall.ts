@@ -1,0 +1,162 @@
+import { execa } from 'execa';
+import { EngineError } from '../errors.js';
+import { ALWAYS_CLOSED, parseEntry, PRIVATE, type EgressPolicy } from './policy.js';
+
+const ID = /^inst_[a-z0-9]{1,40}$/;
+/** What a sandbox's refused connection gets: an immediate "administratively prohibited", so that
+ * its tools fail at once instead of waiting out their timeouts. */
+const REJECT = 'reject with icmpx type admin-prohibited';
+
+/** What the firewall knows of one sandbox. */
+export interface FirewallEntry {
+  id: string;
+  address: string;
+  policy: EgressPolicy;
+}
+
+const chainOf = (id: string) => `egress_${id}`;
+const learnedOf = (id: string) => `learned_${id}`;
+
+function checkId(id: string): void {
+  if (!ID.test(id)) throw new EngineError('NETWORK_FAILED', `not an instance id: ${id}`);
+}
+
+/**
+ * The host's nftables rules for the sandboxes' network, in a table of their own: the host is reached only at the gateway's DNS, nothing new comes in to a
+ * sandbox, a sandbox's connections out go through its own chain (its policy), and leave by
+ * masquerade. Sandboxes cannot change any of it: it lives in the host's netns.
+ */
+export class Firewall {
+  /** `inet <name>` */
+  private readonly table: string;
+  /** The sandboxes in the table now, by address, with their chain (nft 1.0 has no "delete if
+   * there": a script may only delete what is there). */
+  private readonly present = new Map<string, string>();
+
+  constructor(
+    private readonly cidr: string,
+    private readonly gateway: string,
+    /** The host-side links of the sandboxes are named with it. */
+    private readonly linkPrefix: string,
+    name: string,
+  ) {
+    this.table = `inet ${name}`;
+  }
+
+  private async apply(script: string): Promise<void> {
+    const r = await execa('nft', ['-f', '-'], { input: script, reject: false, timeout: 10_000 });
+    if (r.exitCode !== 0) throw new EngineError('NETWORK_FAILED', `nft: ${(r.stderr || r.stdout).trim().split('\n').slice(0, 3).join(' / ')}`);
+  }
+
+  /** The whole table, from scratch, with these sandboxes in it. */
+  async init(entries: FirewallEntry[]): Promise<void> {
+    const fp = `"${this.linkPrefix}*"`;
+    const base = `
+add table ${this.table}
+delete table ${this.table}
+table ${this.table} {
+  set sandboxes { type ipv4_addr; }
+  map egress { type ipv4_addr : verdict; }
+  chain input {
+    type filter hook input priority filter - 1; policy accept;
+    iifname ${fp} ct state established,related accept
+    iifname ${fp} ip daddr ${this.gateway} udp dport 53 accept
+    iifname ${fp} ip daddr ${this.gateway} tcp dport 53 accept
+    iifname ${fp} ip daddr ${this.gateway} icmp type echo-request accept
+    iifname ${fp} ${REJECT}
+    ip daddr ${this.cidr} iifname != "lo" drop
+  }
+  chain forward {
+    type filter hook forward priority filter - 1; policy accept;
+    iifname ${fp} jump from_sandbox
+    oifname ${fp} ct state established,related accept
+    oifname ${fp} drop
+  }
+  chain from_sandbox {
+    meta nfproto ipv6 drop
+    ct state established,related accept
+    ip saddr != @sandboxes drop
+    ip daddr { ${ALWAYS_CLOSED.join(', ')} } ${REJECT}
+    ip saddr vmap @egress
+    drop
+  }
+  chain postrouting {
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr ${this.cidr} oifname != ${fp} masquerade
+  }
+}
+`;
+    this.present.clear();
+    await this.apply(base + entries.map((e) => this.entryScript(e, false)).join(''));
+    for (const e of entries) this.present.set(e.address, chainOf(e.id));
+  }
+
+  private entryScript(e: FirewallEntry, present: boolean): string {
+    checkId(e.id);
+    const addr = parseEntry(e.address);
+    if (addr?.kind !== 'cidr' || !addr.cidr.endsWith('/32')) throw new EngineError('NETWORK_FAILED', `not an address: ${e.address}`);
+    const ip = addr.cidr.slice(0, -3);
+    const cidrs = (list: string[]) => list.map(parseEntry).flatMap((x) => (x?.kind === 'cidr' ? [x.cidr] : []));
+    const deny = cidrs(e.policy.deny);
+    const allow = cidrs(e.policy.allow);
+    const chain = chainOf(e.id);
+    const rules = [
+      ...(deny.length ? [`ip daddr { ${deny.join(', ')} } ${REJECT}`] : []),
+      ...(allow.length ? [`ip daddr { ${allow.join(', ')} } accept`] : []),
+      `ip daddr @${learnedOf(e.id)} accept`,
+      `ip daddr { ${[...PRIVATE, this.cidr].join(', ')} } ${REJECT}`,
+      e.policy.egress === 'allow' ? 'accept' : REJECT,
+    ];
+    return `
+add set ${this.table} ${learnedOf(e.id)} { type ipv4_addr; flags timeout; }
+add chain ${this.table} ${chain}
+flush chain ${this.table} ${chain}
+${rules.map((r) => `add rule ${this.table} ${chain} ${r}`).join('\n')}
+${present ? `delete element ${this.table} egress { ${ip} }\ndelete element ${this.table} sandboxes { ${ip} }` : ''}
+add element ${this.table} sandboxes { ${ip} }
+add element ${this.table} egress { ${ip} : jump ${chain} }
+`;
+  }
+
+  /** Adds a sandbox, or replaces its policy. */
+  async set(e: FirewallEntry): Promise<void> {
+    const stale = this.present.get(e.address);
+    // An address whose element still names another (deleted) instance's chain: that goes first.
+    const script = stale && stale !== chainOf(e.id) ? this.removeScript(e.address, stale) + this.entryScript(e, false) : this.entryScript(e, stale !== undefined);
+    await this.apply(script);
+    this.present.set(e.address, chainOf(e.id));
+  }
+
+  private removeScript(address: string, chain: string): string {
+    const id = chain.slice('egress_'.length);
+    return `
+delete element ${this.table} egress { ${address} }
+delete element ${this.table} sandboxes { ${address} }
+delete chain ${this.table} ${chain}
+delete set ${this.table} ${learnedOf(id)}
+`;
+  }
+
+  async remove(id: string, address: string): Promise<void> {
+    checkId(id);
+    const chain = this.present.get(address);
+    if (chain !== chainOf(id)) return;
+    await this.apply(this.removeScript(address, chain));
+    this.present.delete(address);
+  }
+
+  /** Opens the addresses a sandbox's DNS answer gave for a name its policy allows, for as long
+   * as the answer lives (at least 30 s). */
+  async learn(id: string, ips: string[], ttlS: number): Promise<void> {
+    checkId(id);
+    const list = ips.map(parseEntry).flatMap((x) => (x?.kind === 'cidr' && x.cidr.endsWith('/32') ? [x.cidr.slice(0, -3)] : []));
+    if (!list.length) return;
+    const t = Math.max(30, Math.min(ttlS, 86400));
+    await this.apply(`add element ${this.table} ${learnedOf(id)} { ${list.map((ip) => `${ip} timeout ${t}s`).join(', ')} }\n`);
+  }
+
+  /** Removes the table (tests; a host that stops running sandboxes). */
+  async destroy(): Promise<void> {
+    await this.apply(`add table ${this.table}\ndelete table ${this.table}\n`);
+  }
+}

@@ -1,0 +1,132 @@
+import { createHash } from 'node:crypto';
+import { writeFile } from 'node:fs/promises';
+import { execa } from 'execa';
+import type { Logger } from 'pino';
+import { EngineError } from '../errors.js';
+import { gatewayOf, macOf, nextFree, parseCidr, toIp, type Subnet } from './addresses.js';
+import { DnsForwarder, hostResolvers } from './dns.js';
+import { Firewall, type FirewallEntry } from './firewall.js';
+import { linkCounters, newHostIf, setUpLink, type LinkRequest, type SandboxNetwork } from './link.js';
+import type { EgressPolicy } from './policy.js';
+
+export type { EgressPolicy } from './policy.js';
+export { DEFAULT_POLICY, parseEntry } from './policy.js';
+export type { SandboxNetwork } from './link.js';
+
+export interface NetworkOptions {
+  agentPath: string;
+  /** The sandboxes' subnet; the host keeps its first address (the gateway). */
+  cidr: string;
+  /** Resolvers the sandboxes' DNS asks; default: the host's resolv.conf. */
+  dnsServers?: string[] | undefined;
+  log: Logger;
+}
+
+export interface NetworkCounters {
+  sentBytes: number;
+  receivedBytes: number;
+}
+
+/**
+ * The sandboxes' network on this host: one routed veth per sandbox (no bridge), the host's
+ * firewall table for the subnet, and the sandboxes' DNS on the gateway. Each server has a subnet
+ * of its own, and its links, table and resolver are named after it, so that two servers on one
+ * host (tests, benchmarks) leave each other alone.
+ */
+export class Network {
+  readonly subnet: Subnet;
+  readonly gateway: string;
+  /** Host-side link names of this server's sandboxes start with it. */
+  readonly linkPrefix: string;
+  private readonly firewall: Firewall;
+  private readonly dns: DnsForwarder;
+  private readonly byAddress = new Map<string, { id: string; policy: EgressPolicy }>();
+  /** The current host-side link of each sandbox, and the bytes of the links it had before. */
+  private readonly links = new Map<string, { hostIf: string; before: NetworkCounters }>();
+
+  constructor(private readonly opts: NetworkOptions) {
+    this.subnet = parseCidr(opts.cidr);
+    this.gateway = gatewayOf(this.subnet);
+    const cidr = `${toIp(this.subnet.base)}/${this.subnet.prefix}`;
+    this.linkPrefix = `fp${createHash('sha256').update(cidr).digest('hex').slice(0, 3)}`;
+    this.firewall = new Firewall(cidr, this.gateway, this.linkPrefix, `forkpoint_${this.linkPrefix}`);
+    this.dns = new DnsForwarder(this.gateway, async () => opts.dnsServers ?? (await hostResolvers()), {
+      policyOf: (address) => this.byAddress.get(address),
+      learn: (id, ips, ttl) => this.firewall.learn(id, ips, ttl),
+    }, opts.log);
+  }
+
+  /** Readies the host: the gateway address, forwarding, the firewall with these sandboxes in it,
+   * the DNS. */
+  async init(entries: FirewallEntry[]): Promise<void> {
+    const ip = await execa('ip', ['addr', 'replace', `${this.gateway}/32`, 'dev', 'lo'], { reject: false });
+    if (ip.exitCode !== 0) throw new EngineError('NETWORK_FAILED', `the gateway address: ${ip.stderr.trim()}`);
+    // Routing between the sandboxes' links and the host's: the firewall decides what passes.
+    await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
+    await this.firewall.init(entries);
+    for (const e of entries) this.byAddress.set(e.address, { id: e.id, policy: e.policy });
+    await this.dns.start();
+  }
+
+  /** A free address of the subnet (`used`: every instance's), with its MAC. */
+  allocate(used: Set<string>): SandboxNetwork {
+    const address = nextFree(this.subnet, used);
+    if (!address) throw new EngineError('NETWORK_FAILED', 'the sandboxes\' subnet is full');
+    return { address, mac: macOf(address) };
+  }
+
+  /** Puts a sandbox's policy in force (a new one, or a change). */
+  async setPolicy(id: string, address: string, policy: EgressPolicy): Promise<void> {
+    await this.firewall.set({ id, address, policy });
+    this.byAddress.set(address, { id, policy });
+  }
+
+  /** A deleted instance's rules go; its address is free again. */
+  async release(id: string, address: string): Promise<void> {
+    this.byAddress.delete(address);
+    this.links.delete(id);
+    await this.firewall.remove(id, address);
+  }
+
+  /** A new link for a sandbox about to be booted or restored. The bytes of the one it replaces
+   * are carried over. */
+  async newLink(id: string, net: SandboxNetwork): Promise<LinkRequest> {
+    const prev = this.links.get(id);
+    const before = prev ? this.countersOf(prev) : { sentBytes: 0, receivedBytes: 0 };
+    const hostIf = newHostIf(this.linkPrefix);
+    this.links.set(id, { hostIf, before });
+    return { hostIf, address: net.address, gateway: this.gateway, mac: net.mac };
+  }
+
+  /** Makes the link of a booted sandbox (a restore's is made by its restorer). */
+  async connectBooted(pid: number, link: LinkRequest): Promise<void> {
+    await setUpLink(this.opts.agentPath, pid, link);
+  }
+
+  private countersOf(l: { hostIf: string; before: NetworkCounters }): NetworkCounters {
+    const now = linkCounters(l.hostIf);
+    return { sentBytes: l.before.sentBytes + (now?.sent ?? 0), receivedBytes: l.before.receivedBytes + (now?.received ?? 0) };
+  }
+
+  /** Bytes the sandbox sent and received since this server started. */
+  counters(id: string): NetworkCounters {
+    const l = this.links.get(id);
+    return l ? this.countersOf(l) : { sentBytes: 0, receivedBytes: 0 };
+  }
+
+  /** What resolv.conf a sandbox gets. */
+  get resolvConf(): string {
+    return `# forkpoint: the sandbox's resolver, on its gateway\nnameserver ${this.gateway}\noptions timeout:2 attempts:2\n`;
+  }
+
+  close(): void {
+    this.dns.close();
+  }
+
+  /** Removes the firewall table and the gateway address: no sandbox of this server is left. */
+  async destroy(): Promise<void> {
+    this.dns.close();
+    await this.firewall.destroy();
+    await execa('ip', ['addr', 'del', `${this.gateway}/32`, 'dev', 'lo'], { reject: false });
+  }
+}

@@ -1,0 +1,70 @@
+import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
+import type { Forkpoint } from '../../core/forkpoint.js';
+import type { PortForwardRecord } from '../../store/port-forwards.js';
+import {
+  CreatePortForwardRequest, errorResponses, IdParams, noContent, ok, optionalBody, OPTIONAL_BODY, PortForwardAnswer, PortForwardList, PortForwardParams,
+  PortParams, PreviewLink, PreviewRequest,
+} from '../schemas/index.js';
+import { PREVIEW_PARAM, previewPath } from './proxy.js';
+
+const forwardView = (f: PortForwardRecord) => ({
+  id: f.id,
+  instance_id: f.instanceId,
+  guest_port: f.guestPort,
+  host_port: f.hostPort,
+  protocol: f.protocol,
+  label: f.label,
+  created_at: f.createdAt,
+});
+
+export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
+  async (app) => {
+    const tags = ['network'];
+    app.post('/instances/:id/port-forwards', {
+      schema: {
+        operationId: 'createPortForward',
+        tags,
+        summary: 'Forward a host port to a port of the instance',
+        description:
+          'A TCP listener on the server\'s address (`host_port`, or any free one) that leads to `guest_port` inside the instance. It follows the instance through rollbacks and hibernation (a connection wakes a hibernated instance); forks do not inherit it. 409 if the host port is taken.',
+        params: IdParams,
+        body: CreatePortForwardRequest,
+        response: { 201: ok('The forward', PortForwardAnswer), ...errorResponses },
+      },
+    }, async (req, reply) => {
+      const b = req.body;
+      const f = await fp.ports.create(req.owner, req.params.id, { guestPort: b.guest_port, hostPort: b.host_port, label: b.label });
+      return reply.code(201).send({ port_forward: forwardView(f) });
+    });
+
+    app.get('/instances/:id/port-forwards', {
+      schema: { operationId: 'listPortForwards', tags, summary: 'List port forwards', description: 'The instance\'s forwards, oldest first.', params: IdParams, response: { 200: ok('The forwards', PortForwardList), ...errorResponses } },
+    }, async (req) => ({ port_forwards: fp.ports.list(req.owner, req.params.id).map(forwardView) }));
+
+    app.delete('/instances/:id/port-forwards/:forward_id', {
+      schema: { operationId: 'deletePortForward', tags, summary: 'Remove a port forward', description: 'Its listener closes; connections through it end.', params: PortForwardParams, response: { 204: noContent('Removed'), ...errorResponses } },
+    }, async (req, reply) => {
+      fp.ports.delete(req.owner, req.params.id, req.params.forward_id);
+      return reply.code(204).send(null);
+    });
+
+    app.post('/instances/:id/ports/:port/preview', {
+      schema: {
+        operationId: 'createPreviewLink',
+        tags,
+        summary: 'A link that opens a port of the instance in a browser',
+        description:
+          'Every request under `/instances/{id}/ports/{port}/` is proxied (HTTP and WebSocket) to that port inside the instance, for a client with the API token, or with this signed link until it expires (the link sets a cookie scoped to that path, so the page\\\'s own requests work too). ' +
+          'With `previewDomain` configured, `<port>-<instance id>.<domain>` (and OpenComputer\\\'s `sb-<instance id>-p<port>.<domain>`) reach the same at the root of the host.',
+        params: PortParams,
+        body: optionalBody(PreviewRequest),
+        ...OPTIONAL_BODY,
+        response: { 200: ok('The link', PreviewLink), ...errorResponses },
+      },
+    }, async (req) => {
+      const { id, port } = req.params;
+      fp.instances.get(req.owner, id);
+      const { token, expiresAt } = fp.previews.sign(req.owner, id, port, req.body?.ttl_s ?? 3600);
+      return { url: `${previewPath(fp, req.headers.host, id, port)}?${PREVIEW_PARAM}=${token}`, expires_at: expiresAt.toISOString() };
+    });
+  };

@@ -1,0 +1,139 @@
+import replyFrom from '@fastify/reply-from';
+import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
+import { WebSocket } from 'ws';
+import { UnauthenticatedError } from '../../core/errors.js';
+import type { Forkpoint } from '../../core/forkpoint.js';
+import { tokenOf } from '../auth.js';
+
+/** The query parameter a preview link carries its signature in; the cookie it becomes. */
+export const PREVIEW_PARAM = 'fp_preview';
+const MAX_WS_BUFFERED = 4 << 20;
+
+/** `<port>-<instance id>.<domain>` or OpenComputer's `sb-<instance id>-p<port>.<domain>`. */
+export function hostRoute(domain: string | undefined, host: string | undefined): { id: string; port: number } | undefined {
+  if (!domain || !host) return undefined;
+  const name = host.replace(/:\d+$/, '').toLowerCase();
+  if (!name.endsWith(`.${domain.toLowerCase()}`)) return undefined;
+  const label = name.slice(0, -domain.length - 1);
+  const m = /^(\d{1,5})-(inst_[a-z0-9]+)$/.exec(label) ?? /^sb-(inst_[a-z0-9]+)-p(\d{1,5})$/.exec(label);
+  if (!m) return undefined;
+  const [a, b] = [m[1]!, m[2]!];
+  const port = Number(/^\d/.test(a) ? a : b);
+  const id = /^\d/.test(a) ? b : a;
+  return port >= 1 && port <= 65535 ? { id, port } : undefined;
+}
+
+/** Where a preview of the port lives: on its own host name with a preview domain, else under
+ * the API's own address. */
+export function previewPath(fp: Forkpoint, apiHost: string | undefined, id: string, port: number): string {
+  const domain = fp.config.previewDomain;
+  if (domain) return `http://${port}-${id}.${domain}/`;
+  return `http://${apiHost ?? `${fp.config.host}:${fp.config.port}`}/instances/${id}/ports/${port}/`;
+}
+
+function cookie(req: FastifyRequest, name: string): string | undefined {
+  for (const part of (req.headers.cookie ?? '').split(';')) {
+    const [k, ...v] = part.trim().split('=');
+    if (k === name) return v.join('=');
+  }
+  return undefined;
+}
+
+interface Target {
+  owner: string;
+  host: string;
+  port: number;
+  /** The path and query to ask upstream. */
+  path: string;
+}
+
+/**
+ * `/instances/{id}/ports/{port}/...`: HTTP and WebSocket requests proxied to a port inside the
+ * instance (waking it if it hibernates), for a client with the API token or a preview link.
+ * Neither the token nor the link's signature goes on to the sandbox.
+ */
+export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
+  async (app) => {
+    await app.register(replyFrom, { undici: { headersTimeout: 60_000, bodyTimeout: 0 } });
+    // Bodies go through as they are, streamed.
+    app.removeAllContentTypeParsers();
+    app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
+
+    const targets = new WeakMap<FastifyRequest, Target>();
+    const authorize = async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
+      const { id, port: p } = req.params as { id: string; port: string };
+      const port = Number(p);
+      if (!Number.isInteger(port) || port < 1 || port > 65535) throw new UnauthenticatedError('not a port');
+      const url = new URL(req.url, 'http://x');
+      const fromQuery = url.searchParams.get(PREVIEW_PARAM);
+      url.searchParams.delete(PREVIEW_PARAM);
+      const token = tokenOf(req);
+      let owner = token ? fp.ownerOfToken(token) : undefined;
+      if (!owner) {
+        const signed = fromQuery ?? cookie(req, PREVIEW_PARAM);
+        owner = signed ? fp.previews.verify(signed, id, port) : undefined;
+        if (owner && fromQuery) {
+          const routed = hostRoute(fp.config.previewDomain, req.headers.host);
+          const path = routed ? '/' : `/instances/${id}/ports/${port}/`;
+          reply.header('set-cookie', `${PREVIEW_PARAM}=${fromQuery}; Path=${path}; HttpOnly; SameSite=Lax; Max-Age=${7 * 86400}`);
+        }
+      }
+      if (!owner) throw new UnauthenticatedError('an API token or a valid preview link is required');
+      const to = await fp.ports.target(owner, id, port);
+      const prefix = `/instances/${id}/ports/${port}`;
+      const rest = url.pathname.startsWith(prefix) ? url.pathname.slice(prefix.length) : url.pathname;
+      targets.set(req, { owner, host: to.host, port: to.port, path: `${rest || '/'}${url.search}` });
+    };
+
+    const forward = (req: FastifyRequest, reply: FastifyReply) => {
+      const t = targets.get(req)!;
+      return reply.from(`http://${t.host}:${t.port}${t.path}`, {
+        rewriteRequestHeaders: (_r, headers) => {
+          const { authorization: _a, 'x-api-key': _k, ...rest } = headers;
+          if (typeof rest.cookie === 'string') rest.cookie = rest.cookie.split(';').filter((c) => !c.trim().startsWith(`${PREVIEW_PARAM}=`)).join(';');
+          return rest;
+        },
+      });
+    };
+
+    const config = { public: true };
+    const schema = { hide: true };
+    for (const url of ['/instances/:id/ports/:port', '/instances/:id/ports/:port/*']) {
+      app.route({ method: ['DELETE', 'PATCH', 'POST', 'PUT', 'OPTIONS'], url, config, schema, preHandler: authorize, handler: forward });
+      app.route({
+        method: 'GET',
+        url,
+        config,
+        schema,
+        preHandler: authorize,
+        handler: forward,
+        wsHandler: (socket, req) => {
+          const t = targets.get(req)!;
+          const protocols = req.headers['sec-websocket-protocol']?.split(',').map((p) => p.trim()).filter(Boolean);
+          const upstream = new WebSocket(`ws://${t.host}:${t.port}${t.path}`, protocols);
+          const release = fp.access.lease((req.params as { id: string }).id);
+          const early: [Buffer, boolean][] = [];
+          const end = () => {
+            release();
+            socket.close();
+            upstream.close();
+          };
+          socket.on('message', (data: Buffer, binary: boolean) => {
+            if (upstream.readyState === WebSocket.OPEN) upstream.send(data, { binary });
+            else early.push([data, binary]);
+          });
+          upstream.on('open', () => {
+            for (const [d, b] of early.splice(0)) upstream.send(d, { binary: b });
+          });
+          upstream.on('message', (data: Buffer, binary: boolean) => {
+            socket.send(data, { binary });
+            if (socket.bufferedAmount > MAX_WS_BUFFERED) end();
+          });
+          upstream.on('close', end);
+          upstream.on('error', end);
+          socket.on('close', end);
+          socket.on('error', end);
+        },
+      });
+    }
+  };
