@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { loadConfig } from '../src/config.js';
+import { subnetFor } from '../src/engine/network/addresses.js';
 import { Forkpoint } from '../src/core/forkpoint.js';
 import { buildApp } from '../src/http/app.js';
 import { VERSION } from '../src/version.js';
@@ -59,9 +60,9 @@ export interface BenchServer {
   close(): Promise<void>;
 }
 
-export async function benchServer(opts: { unconfined?: boolean } = {}): Promise<BenchServer> {
+export async function benchServer(opts: { unconfined?: boolean; networking?: 'on' | 'off' } = {}): Promise<BenchServer> {
   const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
-  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, logLevel: 'silent', maxCheckpointsPerInstance: 1000 } });
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000 } });
   const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION, { unconfinedForBenchmarks: opts.unconfined ?? false });
   await fp.start();
   const token = (await fp.ensureInitialToken())!;

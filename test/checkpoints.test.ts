@@ -1,13 +1,19 @@
 import { readdirSync, readlinkSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
 import { eventually, sleep, startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
+let kit: Promise<AttackKit>;
 beforeAll(async () => {
+  kit = buildAttackKit();
   s = await startServer();
 });
-afterAll(async () => s?.close());
+afterAll(async () => {
+  await s?.close();
+  await (await kit).cleanup();
+});
 
 const checkpoint = async (id: string, body: Record<string, unknown> = {}) => {
   const r = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, body);
@@ -142,18 +148,28 @@ describe('checkpoint jobs', () => {
   it('a dump that fails ends `failed` with a reason, and the instance runs on unharmed', async () => {
     const inst = await s.instance({ name: 'unlucky' });
     await s.exec(inst.id, { command: 'echo fine > /root/f' });
-    // An established TCP connection: CRIU refuses it without --tcp-established.
-    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 600 | nc -l -p 9000 >/dev/null' });
-    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 0.2; sleep 600 | nc 127.0.0.1 9000 >/dev/null' });
-    await eventually(async () => (await s.exec(inst.id, { command: 'netstat -tn' })).stdout.includes('ESTABLISHED'));
+    // A file lock: CRIU refuses to dump one without --file-locks.
+    await installKit(s, inst.id, await kit);
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: `${KIT} holdlock /root/lock` });
+    await eventually(async () => (await s.exec(inst.id, { command: 'cat /proc/locks' })).stdout.includes('FLOCK'));
     const pid = s.fp.engine.sandbox(inst.id)!.pid;
     const r = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: 'doomed' });
     expect(r.body.status).toBe('failed');
-    expect(r.body.error).toMatch(/criu dump failed: .*(TCP|tcp)/);
+    expect(r.body.error).toMatch(/criu dump failed: .*lock/i);
     expect(s.fp.engine.sandbox(inst.id)!.pid).toBe(pid);
     expect((await s.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
-    expect((await s.exec(inst.id, { command: 'cat /root/f; pidof nc | wc -w; netstat -tn | grep -c ESTABLISHED' })).stdout).toBe('fine\n2\n2\n');
+    expect((await s.exec(inst.id, { command: 'cat /root/f; grep -c FLOCK /proc/locks' })).stdout).toBe('fine\n1\n');
     expect((await s.api('GET', `/instances/${inst.id}/checkpoints`)).body.items[0].status).toBe('failed');
+  });
+
+  it('an established TCP connection is no reason to fail: the checkpoint is ready and the connection goes on', async () => {
+    const inst = await s.instance({ name: 'connected' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 600 | nc -l -p 9000 > /root/received' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 0.2; (echo before; sleep 2; echo after) | nc 127.0.0.1 9000' });
+    await eventually(async () => (await s.exec(inst.id, { command: 'netstat -tn' })).stdout.includes('ESTABLISHED'));
+    const r = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: 'with a connection' });
+    expect(r.body.status).toBe('ready');
+    await eventually(async () => (await s.exec(inst.id, { command: 'cat /root/received' })).stdout === 'before\nafter\n', 5000);
   });
 
   it('enforces the per-instance limit; delete_oldest retention makes room', async () => {

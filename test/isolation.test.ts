@@ -48,9 +48,9 @@ describe('isolation', () => {
     }
   });
 
-  it('has no network but its own loopback', async () => {
+  it('has its own loopback and one link of its own, and the host\'s loopback is not its', async () => {
     const r = await s.exec(a, { command: 'cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d " "' });
-    expect(r.stdout.trim().split('\n')).toEqual(['lo']);
+    expect(r.stdout.trim().split('\n').sort()).toEqual(['eth0', 'lo']);
     const port = new URL(s.url).port;
     const reach = await s.exec(a, { command: `nc -w 1 127.0.0.1 ${port} </dev/null; echo rc=$?` });
     expect(reach.stdout).toContain('rc=1');

@@ -32,7 +32,7 @@ function transcript(readme: string): { steps: Step[]; from: number; to: number }
   return { steps, from, to };
 }
 
-const VOLATILE = new Set(['created_at', 'updated_at', 'ready_at', 'duration_ms', 'pause_ms', 'delta_bytes', 'memory_bytes', 'version']);
+const VOLATILE = new Set(['created_at', 'updated_at', 'ready_at', 'duration_ms', 'pause_ms', 'delta_bytes', 'memory_bytes', 'version', 'address', 'sent_bytes', 'received_bytes']);
 
 /** Output with what differs from run to run replaced: ids, times, durations, sizes. */
 function normalize(text: string): unknown {
@@ -74,7 +74,9 @@ describe('README', () => {
     const outputs = r.stdout.split(/^@@step \d+\n?/m).slice(1).map((o) => o.trim());
     expect(outputs).toHaveLength(steps.length);
     if (process.env.UPDATE_README) {
-      const body = steps.map((st, i) => [`$ ${st.command}`, ...(outputs[i] ? [outputs[i]] : [])].join('\n')).join('\n');
+      // Addresses as a server on the default subnet (10.88.0.0/16) would give them.
+      const subnet = s.fp.engine.network.gateway.replace(/\.1$/, '.');
+      const body = steps.map((st, i) => [`$ ${st.command}`, ...(outputs[i] ? [outputs[i]!.replaceAll(subnet, '10.88.0.')] : [])].join('\n')).join('\n');
       await writeFile(README, readme.slice(0, from) + body + readme.slice(to));
       return;
     }

@@ -1,3 +1,4 @@
+import { subnetFor } from '../../src/engine/network/addresses.js';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { request } from 'undici';
@@ -15,7 +16,7 @@ export class ChildServer {
 
   static async start(dataDir: string, token?: string): Promise<ChildServer> {
     const proc = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--log-level', 'warn'], {
-      env: { ...process.env, FORKPOINT_DATA_DIR: dataDir },
+      env: { ...process.env, FORKPOINT_DATA_DIR: dataDir, FORKPOINT_NETWORK_CIDR: subnetFor(dataDir) },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const lines = createInterface({ input: proc.stdout! });

@@ -1,6 +1,7 @@
 /**
  * Fails the run if the suite leaves anything of its own behind: mounts and loop devices of
- * test data directories, sandbox cgroups, temporary directories. What existed before the run
+ * test data directories, sandbox cgroups, temporary directories, firewall tables, gateway
+ * addresses, links and test hosts' network namespaces. What existed before the run
  * (another checkout's, a developer's server) is not counted.
  */
 import { readdirSync, readFileSync } from 'node:fs';
@@ -26,6 +27,21 @@ function snapshot(): Set<string> {
     }
   }
   for (const name of readdirSync(tmpdir())) if (TEMP.test(name)) found.add(`temp ${tmpdir()}/${name}`);
+  // Networks: servers' firewall tables and gateway addresses, links, test hosts' namespaces.
+  for (const line of execaSync('nft', ['list', 'tables'], { reject: false }).stdout.split('\n')) {
+    if (/ forkpoint_fp/.test(line)) found.add(`nft ${line.trim()}`);
+  }
+  for (const line of execaSync('ip', ['-o', '-4', 'addr', 'show', 'dev', 'lo'], { reject: false }).stdout.split('\n')) {
+    const m = / inet (10\.\d+\.\d+\.1)\/32 /.exec(line);
+    if (m) found.add(`gateway ${m[1]} on lo`);
+  }
+  for (const line of execaSync('ip', ['-o', 'link', 'show'], { reject: false }).stdout.split('\n')) {
+    const m = /^\d+: (fp[0-9a-f]{3}[0-9a-f]{10}|fpt[0-9a-z]+)[@:]/.exec(line);
+    if (m) found.add(`link ${m[1]}`);
+  }
+  for (const name of execaSync('ip', ['netns', 'list'], { reject: false }).stdout.split('\n')) {
+    if (name.startsWith('fpt-')) found.add(`netns ${name.split(' ')[0]}`);
+  }
   return found;
 }
 

@@ -5,6 +5,7 @@ import type { FastifyInstance } from 'fastify';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { loadConfig, type ConfigInput } from '../../src/config.js';
+import { subnetFor } from '../../src/engine/network/addresses.js';
 import { Forkpoint } from '../../src/core/forkpoint.js';
 import { buildApp } from '../../src/http/app.js';
 import { VERSION } from '../../src/version.js';
@@ -32,7 +33,7 @@ export interface TestServer {
 /** A real server on loopback over a fresh data directory, as root, with the real engine. */
 export async function startServer(config: Partial<ConfigInput> = {}, existingDataDir?: string): Promise<TestServer> {
   const dataDir = existingDataDir ?? (await mkdtemp(join(tmpdir(), 'forkpoint-test-')));
-  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, logLevel: 'silent', ...config } });
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', ...config } });
   const fp = await Forkpoint.open(cfg, pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' }), VERSION);
   await fp.start();
   const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.engine.layout.initialTokenFile, 'utf8')).trim();

@@ -1,0 +1,253 @@
+import { createServer, type Server } from 'node:net';
+import { networkInterfaces } from 'node:os';
+import { readFile } from 'node:fs/promises';
+import { request } from 'undici';
+import { WebSocket } from 'ws';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServer, type TestServer } from './helpers/server.js';
+import { startTestHost, type TestHost } from './helpers/testhost.js';
+import { sleep, until } from './helpers/wait.js';
+import { execa } from 'execa';
+
+let s: TestServer;
+let net: TestHost;
+let wsecho: Buffer;
+beforeAll(async () => {
+  net = await startTestHost();
+  s = await startServer({ dnsServers: net.address, previewDomain: 'preview.test' });
+  const dir = new URL('./fixtures/', import.meta.url).pathname;
+  await execa('cc', ['-static', '-O2', '-o', `${s.dataDir}/wsecho`, `${dir}/wsecho.c`]);
+  wsecho = await readFile(`${s.dataDir}/wsecho`);
+});
+afterAll(async () => {
+  await s?.close();
+  await net?.close();
+});
+
+const sh = async (id: string, command: string, timeoutMs = 15_000) => (await s.exec(id, { command, timeout_ms: timeoutMs })) as { exit_code: number; stdout: string; stderr: string };
+/** An HTTP GET from inside the sandbox: the body, or null if it could not connect. */
+const fetchIn = async (id: string, url: string) => {
+  const r = await sh(id, `timeout 4 wget -q -O - ${url}`);
+  return r.exit_code === 0 ? r.stdout : null;
+};
+
+describe('a sandbox on the network', () => {
+  it('has its own address, a default route and a resolver; it reaches a host it allows, by name or by address, and nothing private it does not', async () => {
+    const byName = await s.instance({ network: { allow: [net.name] } });
+    const byAddress = await s.instance({ network: { allow: [`${net.address}/32`] } });
+    const none = await s.instance();
+    expect(byName.network.address).toMatch(/^10\.\d+\.\d+\.\d+$/);
+    expect(new Set([byName.network.address, byAddress.network.address, none.network.address]).size).toBe(3);
+    expect((await sh(none.id, 'ip -4 -o addr show eth0 2>/dev/null || ifconfig eth0')).stdout).toContain(none.network.address);
+    expect((await sh(none.id, 'cat /etc/resolv.conf')).stdout).toMatch(/^nameserver 10\./m);
+    expect((await sh(none.id, `nslookup ${net.name}`)).stdout).toContain(net.address); // resolves, whatever its policy
+
+    expect(await fetchIn(byName.id, `http://${net.name}/`)).toContain('hello from the test host');
+    expect(await fetchIn(byAddress.id, `http://${net.address}/`)).toContain('hello from the test host');
+    expect(await fetchIn(none.id, `http://${net.address}/`)).toBeNull(); // a private address, not allowed
+    expect(await fetchIn(none.id, `http://${net.name}/`)).toBeNull();
+    expect(await fetchIn(byAddress.id, `http://${net.name}/`)).toContain('hello'); // the same address
+  });
+
+  it('egress deny: nothing outside unless listed; DNS refuses names it does not list; PATCH changes it at once', async () => {
+    const denied = await s.instance({ network: { egress: 'deny' } });
+    expect(await fetchIn(denied.id, `http://${net.address}/`)).toBeNull();
+    expect((await sh(denied.id, `nslookup ${net.name}`)).stdout).not.toContain(net.address);
+    const patched = await s.api('PATCH', `/instances/${denied.id}`, { network: { egress: 'deny', allow: [net.name] } });
+    expect(patched.body.network).toMatchObject({ egress: 'deny', allow: [net.name] });
+    expect(await fetchIn(denied.id, `http://${net.name}/`)).toContain('hello');
+    await s.api('PATCH', `/instances/${denied.id}`, { network: { egress: 'allow', allow: [], deny: [`${net.address}/32`] } });
+    expect(await fetchIn(denied.id, `http://${net.address}/`)).toBeNull();
+    const bad = await s.api('PATCH', `/instances/${denied.id}`, { network: { allow: ['not a host!'] } });
+    expect(bad.status).toBe(400);
+  });
+
+  it('never reaches the host, the API, the metadata address or another sandbox, whatever its policy allows', async () => {
+    // A service on every host address, reachable from the host itself.
+    const hostService: Server = createServer((c) => c.end('host service\n'));
+    await new Promise<void>((r) => hostService.listen(0, '0.0.0.0', r));
+    const port = (hostService.address() as { port: number }).port;
+    const hostAddrs = Object.values(networkInterfaces()).flat().filter((a) => a && a.family === 'IPv4' && !a.internal).map((a) => a!.address);
+    try {
+      const open = await s.instance({ network: { allow: ['0.0.0.0/0', '169.254.0.0/16', '10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '127.0.0.0/8'] } });
+      const other = await s.instance();
+      await s.api('POST', `/instances/${other.id}/processes`, { command: 'httpd -f -p 8080 -h /etc' });
+      const gateway = (await sh(open.id, 'ip route 2>/dev/null | grep default || route -n')).stdout.match(/10\.\d+\.\d+\.\d+/)![0];
+      // The metadata server is there (the test host holds the address), and the allow list is wide.
+      expect((await request(`http://${net.metadata}/`)).statusCode).toBe(200);
+      expect(await fetchIn(open.id, `http://${net.metadata}/`)).toBeNull();
+      expect(await fetchIn(open.id, `http://${net.address}/`)).toContain('hello'); // what it allows, it reaches
+      const apiPort = new URL(s.url).port;
+      for (const target of [`${gateway}:${port}`, `${gateway}:${apiPort}`, ...hostAddrs.map((a) => `${a}:${port}`), `${net.address.replace(/\.2$/, '.1')}:${port}`]) {
+        const r = await sh(open.id, `echo | nc -w 2 ${target.replace(':', ' ')} && echo CONNECTED`);
+        expect(r.stdout, target).not.toContain('CONNECTED');
+      }
+      // Its own loopback is its own: the host's API on 127.0.0.1 is not there.
+      expect(await fetchIn(open.id, `http://127.0.0.1:${apiPort}/healthz`)).toBeNull();
+      // Another sandbox: not reachable (its address is in the sandboxes' subnet, closed always
+      // unless allowed by address).
+      const peer = await s.instance({ network: { allow: [other.network.address] } });
+      await until('the peer\'s server', async () => (await sh(other.id, 'netstat -tln')).stdout.includes(':8080'));
+      expect(await fetchIn(peer.id, `http://${other.network.address}:8080/passwd`)).not.toBeNull();
+      const stranger = await s.instance();
+      expect(await fetchIn(stranger.id, `http://${other.network.address}:8080/passwd`)).toBeNull();
+    } finally {
+      hostService.close();
+    }
+  });
+
+  it('counts the bytes each instance sends and receives', async () => {
+    const inst = await s.instance({ network: { allow: [net.name] } });
+    await sh(inst.id, `wget -q -O /dev/null http://${net.name}/`);
+    const { body } = await s.api('GET', `/instances/${inst.id}`);
+    expect(body.network.received_bytes).toBeGreaterThan(100);
+    expect(body.network.sent_bytes).toBeGreaterThan(100);
+  });
+});
+
+describe('connections through checkpoints, rollbacks and forks', () => {
+  it('an open download survives its checkpoint; a rollback closes it cleanly and new connections work; ten forks have ten addresses and ten forwards reach them', async () => {
+    const inst = await s.instance({ network: { allow: [net.name] } });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: `wget -q -O /root/dl http://${net.name}/slow` });
+    await until('the download', async () => (await sh(inst.id, 'wc -l < /root/dl')).stdout.trim() >= '5');
+    const cp = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {});
+    expect(cp.body.status).toBe('ready');
+    const at = Number((await sh(inst.id, 'wc -l < /root/dl')).stdout);
+    await sleep(600);
+    // The same connection goes on after the checkpoint's pause: the file keeps growing.
+    expect(Number((await sh(inst.id, 'wc -l < /root/dl')).stdout)).toBeGreaterThan(at + 3);
+    expect((await sh(inst.id, 'netstat -tn | grep -c ESTABLISHED')).stdout.trim()).toBe('1');
+
+    const rb = await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: cp.body.id });
+    expect(rb.body.network.address).toBe(inst.network.address);
+    // Closed cleanly: wget sees its connection end, and nothing is left established.
+    await until('the connection closed', async () => !(await sh(inst.id, 'netstat -tn')).stdout.includes('ESTABLISHED'));
+    expect(await fetchIn(inst.id, `http://${net.name}/`)).toContain('hello');
+
+    // Ten forks of the checkpoint: ten addresses, ten servers, ten forwards.
+    const forks = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: cp.body.id, count: 10 });
+    expect(forks.status).toBe(201);
+    const made = forks.body.instances as { id: string; network: { address: string } }[];
+    expect(new Set(made.map((f) => f.network.address)).size).toBe(10);
+    expect(made.map((f) => f.network.address)).not.toContain(inst.network.address);
+    const forwards: number[] = [];
+    for (const f of made) {
+      await s.exec(f.id, { command: `mkdir -p /srv && echo ${f.id} > /srv/index.html` });
+      await s.api('POST', `/instances/${f.id}/processes`, { command: 'httpd -f -p 8080 -h /srv' });
+      const pf = await s.api('POST', `/instances/${f.id}/port-forwards`, { guest_port: 8080, label: 'web' });
+      expect(pf.status).toBe(201);
+      expect(pf.body.port_forward).toMatchObject({ instance_id: f.id, guest_port: 8080, protocol: 'tcp', label: 'web' });
+      forwards.push(pf.body.port_forward.host_port);
+    }
+    expect(new Set(forwards).size).toBe(10);
+    for (const [i, f] of made.entries()) {
+      await until('the fork\'s server', async () => (await sh(f.id, 'netstat -tln')).stdout.includes(':8080'));
+      const r = await request(`http://127.0.0.1:${forwards[i]}/`);
+      expect((await r.body.text()).trim()).toBe(f.id);
+    }
+    // A fork does not inherit the forwards of its source; deleting an instance closes its own.
+    expect((await s.api('GET', `/instances/${made[0]!.id}/port-forwards`)).body.port_forwards).toHaveLength(1);
+    await s.api('DELETE', `/instances/${made[0]!.id}`);
+    await expect(request(`http://127.0.0.1:${forwards[0]}/`)).rejects.toThrow();
+    for (const f of made.slice(1)) await s.api('DELETE', `/instances/${f.id}`);
+  });
+
+  it('hibernate and wake keep the address and restore an open connection: the download goes on', async () => {
+    const inst = await s.instance({ network: { allow: [net.name] } });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: `wget -q -O /root/dl http://${net.name}/slow` });
+    await until('the download', async () => Number((await sh(inst.id, 'wc -l < /root/dl')).stdout) >= 5);
+    expect((await s.api('POST', `/instances/${inst.id}/hibernate`)).body.status).toBe('hibernated');
+    await sleep(800);
+    const woken = await s.api('POST', `/instances/${inst.id}/wake`);
+    expect(woken.body.network.address).toBe(inst.network.address);
+    const at = Number((await sh(inst.id, 'wc -l < /root/dl')).stdout);
+    await sleep(600);
+    expect(Number((await sh(inst.id, 'wc -l < /root/dl')).stdout)).toBeGreaterThan(at + 3);
+    expect((await sh(inst.id, 'netstat -tn')).stdout).toContain(`${net.address}:80`);
+  });
+
+  it('a forward follows its instance through hibernation: a connection wakes it', async () => {
+    const inst = await s.instance();
+    await s.exec(inst.id, { command: 'mkdir -p /srv && echo awake > /srv/index.html' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'httpd -f -p 8080 -h /srv' });
+    const pf = (await s.api('POST', `/instances/${inst.id}/port-forwards`, { guest_port: 8080 })).body.port_forward;
+    await until('the server', async () => (await sh(inst.id, 'netstat -tln')).stdout.includes(':8080'));
+    await s.api('POST', `/instances/${inst.id}/hibernate`);
+    const r = await request(`http://127.0.0.1:${pf.host_port}/`);
+    expect((await r.body.text()).trim()).toBe('awake');
+    expect((await s.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
+  });
+});
+
+describe('the proxy to a port inside an instance', () => {
+  it('serves a page and a WebSocket echo to a client with the token or a signed preview link, and to no one else', async () => {
+    const inst = await s.instance();
+    const up = await request(`${s.url}/instances/${inst.id}/files?path=/usr/local/bin/wsecho`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' },
+      body: wsecho,
+    });
+    expect(up.statusCode).toBe(200);
+    await up.body.dump();
+    await s.exec(inst.id, { command: 'chmod 755 /usr/local/bin/wsecho' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: '/usr/local/bin/wsecho 3000' });
+    await until('the server', async () => (await sh(inst.id, 'netstat -tln')).stdout.includes(':3000'));
+    const base = `${s.url}/instances/${inst.id}/ports/3000`;
+
+    const anon = await request(`${base}/`);
+    expect(anon.statusCode).toBe(401);
+    await anon.body.dump();
+    const withToken = await request(`${base}/anything?x=1`, { headers: { authorization: `Bearer ${s.token}` } });
+    expect(withToken.statusCode).toBe(200);
+    expect(await withToken.body.text()).toBe('hello from the sandbox');
+
+    // With a preview domain, a port has a host name of its own (and OpenComputer's shape too).
+    for (const host of [`3000-${inst.id}.preview.test`, `sb-${inst.id}-p3000.preview.test:7878`]) {
+      const r = await request(`${s.url}/page`, { headers: { host, authorization: `Bearer ${s.token}` } });
+      expect(r.statusCode, host).toBe(200);
+      expect(await r.body.text()).toBe('hello from the sandbox');
+    }
+    const link = await s.api('POST', `/instances/${inst.id}/ports/3000/preview`, { ttl_s: 60 });
+    expect(link.status).toBe(200);
+    const linkUrl = new URL(link.body.url);
+    expect(linkUrl.host).toBe(`3000-${inst.id}.preview.test`);
+    // The browser resolves *.preview.test to this server; here the Host header says it.
+    const viaLink = await request(`${s.url}/${linkUrl.search}`, { headers: { host: linkUrl.host } });
+    expect(viaLink.statusCode).toBe(200);
+    expect(await viaLink.body.text()).toBe('hello from the sandbox');
+    const setCookie = String(viaLink.headers['set-cookie']);
+    expect(setCookie).toMatch(/^fp_preview=.*; Path=\/; HttpOnly/);
+    const withCookie = await request(`${s.url}/other`, { headers: { host: linkUrl.host, cookie: setCookie.split(';')[0]! } });
+    expect(withCookie.statusCode).toBe(200);
+    await withCookie.body.dump();
+    // Under the API's own address, the same link's signature works too (the cookie is scoped there).
+    const token = linkUrl.searchParams.get('fp_preview')!;
+    const underApi = await request(`${base}/x?fp_preview=${token}`);
+    expect(underApi.statusCode).toBe(200);
+    expect(String(underApi.headers['set-cookie'])).toContain(`Path=/instances/${inst.id}/ports/3000/`);
+    await underApi.body.dump();
+    // A link does not open another port, another instance, or anything once tampered with.
+    for (const url of [`${s.url}/instances/${inst.id}/ports/3001/?fp_preview=${token}`, `${base}/?fp_preview=${token.slice(0, -2)}xx`, `${base}/?fp_preview=1.${token.split('.').slice(1).join('.')}`]) {
+      const r = await request(url);
+      expect(r.statusCode, url).toBe(401);
+      await r.body.dump();
+    }
+    const cookieUnderApi = String(underApi.headers['set-cookie']).split(';')[0]!;
+
+    const wsUrl = `${base.replace('http', 'ws')}/echo`;
+    const refused = await new Promise<number>((resolve) => {
+      const ws = new WebSocket(wsUrl);
+      ws.on('unexpected-response', (_q, res) => resolve(res.statusCode ?? 0));
+      ws.on('error', () => {});
+    });
+    expect(refused).toBe(401);
+    for (const opts of [{ headers: { authorization: `Bearer ${s.token}` } }, { headers: { cookie: cookieUnderApi } }]) {
+      const ws = new WebSocket(wsUrl, opts);
+      await new Promise((r, j) => (ws.once('open', r), ws.once('error', j)));
+      const echoed = new Promise<string>((r) => ws.once('message', (d) => r(d.toString())));
+      ws.send('ping through the proxy');
+      expect(await echoed).toBe('ping through the proxy');
+      ws.close();
+    }
+  });
+});
