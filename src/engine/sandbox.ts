@@ -371,12 +371,12 @@ export class Sandbox {
     const sub: Subscriber = { listener, offsets: [...offsets], survivesRollback: opts.survivesRollback ?? false, replaying: this.tracked.has(id) };
     const t = this.add(id, sub, true);
     agent.attach(id, offsets[0], offsets[1], t.fan);
-    // Frames come in order: once the ping is answered, the replay is in.
-    const replayed = () => {
+    // Frames come in order: once the ping is answered, the replay is in, and the follower is
+    // told so before any live output that comes after it.
+    agent.barrier(() => {
       sub.replaying = false;
       opts.onReplayed?.();
-    };
-    agent.ping().then(replayed, replayed);
+    });
     return { close: () => this.remove(id, sub) };
   }
 

@@ -226,6 +226,30 @@ export class AgentClient {
     return this.parsed(() => parseList(m.data));
   }
 
+  /**
+   * Calls `done` once the agent has answered a ping: right when the answer is dispatched, so
+   * after every frame it sent before and before any it sends after (a promise would call back
+   * a microtask later, behind frames read in the same chunk). Called on a close or a timeout
+   * too: whoever waits is never left waiting.
+   */
+  barrier(done: () => void): void {
+    let called = false;
+    const once = () => {
+      if (!called) {
+        called = true;
+        done();
+      }
+    };
+    if (this.closed) return once();
+    const id = AgentClient.newProcessId();
+    const timer = setTimeout(() => {
+      this.pending.delete(id);
+      once();
+    }, REQUEST_TIMEOUT_MS);
+    this.pending.set(id, { resolve: once, reject: once, timer });
+    this.socket.write(encodeFrame(T.PING, id));
+  }
+
   async ping(): Promise<void> {
     const m = await this.request(T.PING, AgentClient.newProcessId());
     if (m.kind !== 'pong') throw this.unexpected(m, 'pong');
