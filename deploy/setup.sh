@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does whatever set-up this machine still lacks, and nothing else: system tools, npm packages,
-# the TypeScript build, the static agent, CRIU >= 4.2 and the default image. Run by
+# the TypeScript build, the static agent, CRIU >= 4.2, the default image and the Debian image. Run by
 # `./forkpoint` and `npm test`; a second run takes a few seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,3 +69,5 @@ fi
 bash deploy/criu.sh
 mkdir -p "$prefix/images"
 bash deploy/image.sh "$prefix/images/default"
+# Debian stable (apt, curl, git, python3, Node.js), from Debian's archive: about a minute, once.
+bash deploy/debian.sh "$prefix/images/debian"

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
@@ -7,7 +7,11 @@ import { pino } from 'pino';
 import { loadConfig, type Config } from './config.js';
 import { Forkpoint } from './core/forkpoint.js';
 import { openStore } from './store/index.js';
+import { execa } from 'execa';
+import { buildOnServer } from './cli-build.js';
+import { importImageArchive } from './engine/image-archive.js';
 import { Images } from './engine/images.js';
+import { Mounter } from './engine/overlay.js';
 import { DataLayout } from './engine/layout.js';
 import { buildApp, openApiDocument } from './http/app.js';
 import type { OpenApiVersion } from './http/openapi.js';
@@ -94,12 +98,34 @@ token
     }
   });
 
-const image = program.command('image').description('Manage images (read-only rootfs trees)');
+const image = program.command('image').description('Manage images (read-only rootfs trees, and images built on them)');
 image
-  .command('import <name> <tarball>')
-  .description('Import a rootfs tarball as a named image')
-  .action(async (name: string, tarball: string) => {
-    await new Images(new DataLayout(config().dataDir).images).import(name, tarball);
+  .command('import <name> <file>')
+  .description('Import an image: a `docker save` tarball, an OCI image layout tarball, or a rootfs tarball')
+  .action(async (name: string, file: string) => {
+    const cfg = config();
+    const { layers } = await importImageArchive(new Images(new DataLayout(cfg.dataDir).images), new Mounter(cfg.agentPath), name, file);
+    process.stderr.write(`imported ${name} (${layers} layer${layers === 1 ? '' : 's'})\n`);
+  });
+image
+  .command('build <name> [context]')
+  .description('Build an image from a Dockerfile in CONTEXT on the running server (its log as it runs); `image build debian` with no context (re)builds the Debian image from Debian\'s archive')
+  .option('-f, --file <dockerfile>', 'the Dockerfile, relative to the context', 'Dockerfile')
+  .option('--build-arg <arg...>', 'NAME=VALUE for an ARG')
+  .option('--url <url>', 'the server (also FORKPOINT_URL); default: this machine\'s, on the configured port')
+  .option('--token <token>', 'an API token (also FORKPOINT_TOKEN); default: the first one the server made')
+  .action(async (name: string, context: string | undefined, o: { file: string; buildArg?: string[]; url?: string; token?: string }) => {
+    const cfg = config();
+    if (!context) {
+      if (name !== 'debian') throw new Error('give a build context (a directory with a Dockerfile); only `debian` is built without one');
+      await rebuildDebian(cfg);
+      return;
+    }
+    const url = o.url ?? process.env.FORKPOINT_URL ?? `http://127.0.0.1:${cfg.port}`;
+    const tokenValue = o.token ?? process.env.FORKPOINT_TOKEN ?? (await readFile(new DataLayout(cfg.dataDir).initialTokenFile, 'utf8').catch(() => '')).trim();
+    const args = Object.fromEntries((o.buildArg ?? []).map((a) => [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)]));
+    const code = await buildOnServer({ url, token: tokenValue, name, context, dockerfile: o.file, buildArgs: args });
+    process.exitCode = code;
   });
 image
   .command('list')
@@ -109,6 +135,21 @@ image
     await images.seedFrom(cfg.imageSeedDir);
     for (const i of await images.list()) process.stdout.write(`${i.name}\t${i.createdAt}\n`);
   });
+
+/** Rebuilds the Debian image into the seed directory, and replaces this data directory's copy
+ * (instances booted from now on get the new tree). */
+async function rebuildDebian(cfg: Config): Promise<void> {
+  const script = new URL('../deploy/debian.sh', import.meta.url).pathname;
+  const seed = join(cfg.imageSeedDir, 'debian');
+  await execa('bash', [script, '--force', seed], { stdio: 'inherit' });
+  const images = new Images(new DataLayout(cfg.dataDir).images);
+  if (images.exists('debian')) {
+    const old = `${images.path('debian')}.old-${process.pid}`;
+    await rename(images.path('debian'), old);
+    await rm(old, { recursive: true, force: true });
+  }
+  await images.seedFrom(cfg.imageSeedDir);
+}
 
 program
   .command('openapi')

@@ -16,6 +16,8 @@ export const configSchema = z.object({
   /** Images are copied from here into the data directory on first use. */
   imageSeedDir: z.string().min(1).default('/opt/forkpoint/images'),
   defaultImage: z.string().min(1).default('default'),
+  /** What an OpenComputer image manifest's `base` and an E2B-style build stand on (apt works). */
+  manifestBaseImage: z.string().min(1).default('debian'),
   bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
   checkpointConcurrency: z.coerce.number().int().positive().default(2),
   maxCheckpointsPerInstance: z.coerce.number().int().positive().default(10),
@@ -62,6 +64,7 @@ const envNames: Record<keyof Config, string> = {
   agentPath: 'FORKPOINT_AGENT',
   imageSeedDir: 'FORKPOINT_IMAGE_SEED_DIR',
   defaultImage: 'FORKPOINT_DEFAULT_IMAGE',
+  manifestBaseImage: 'FORKPOINT_MANIFEST_BASE_IMAGE',
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
   checkpointConcurrency: 'FORKPOINT_CHECKPOINT_CONCURRENCY',
   maxCheckpointsPerInstance: 'FORKPOINT_MAX_CHECKPOINTS',

@@ -8,7 +8,7 @@ import type { InstanceRecord, Page } from '../store/instances.js';
 import { ConflictError, InvalidRequestError, isNoSpace, NotFoundError, QuotaExceededError } from './errors.js';
 import type { EventBus } from './events.js';
 import type { ExecutionService } from './executions.js';
-import type { InstanceService } from './instances.js';
+import type { CreateInstance, InstanceService } from './instances.js';
 import type { JobQueue, KeyedLock } from './jobs.js';
 import { requireRoom, shortOfRoom } from './space.js';
 
@@ -24,6 +24,13 @@ export interface ForkInput {
   count?: number | undefined;
   /** Variables added to (or replacing) the source's, for the new instances' commands. */
   env?: Record<string, string> | undefined;
+}
+
+/** Forks made for someone else than the source's owner (a template's instances): their owner
+ * and what they are created with instead of the source's name, metadata and limits. */
+export interface ForkAs {
+  owner?: string | undefined;
+  create?: CreateInstance | undefined;
 }
 
 export interface LineageNode {
@@ -362,8 +369,9 @@ export class CheckpointService {
   /** New instances from a checkpoint (or from the current state, through an implicit one). The
    * checkpoint is pinned from the moment it is chosen until the forks run: deleting it meanwhile
    * answers 409, deleting its instance waits for them. */
-  async fork(owner: string, sourceId: string, input: ForkInput): Promise<InstanceRecord[]> {
+  async fork(owner: string, sourceId: string, input: ForkInput, as: ForkAs = {}): Promise<InstanceRecord[]> {
     const source = this.instances.get(owner, sourceId);
+    const instead = as.create;
     const count = input.count ?? 1;
     // With several forks a name is a prefix: name-1, name-2, ...
     const nameOf = (i: number) => (input.name && count > 1 ? `${input.name}-${i + 1}` : input.name);
@@ -386,9 +394,11 @@ export class CheckpointService {
       const results = await Promise.allSettled(
         Array.from({ length: count }, async (_, i) => {
           const rec = this.instances.newRecord(
-            owner,
-            { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
-            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id },
+            as.owner ?? owner,
+            instead
+              ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits } }
+              : { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
+            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir },
           );
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {

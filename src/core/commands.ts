@@ -63,7 +63,7 @@ export class CommandService {
           return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir });
         }
         const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir });
+        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? rec.workdir ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir });
       } catch (err) {
         if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
           return { exitCode: 127, signal: 0, stdout: Output.of('', spillDir), stderr: Output.of(`${err.message}\n`, spillDir), durationMs: 0, timedOut: false, truncated: false };
@@ -125,7 +125,7 @@ export class CommandService {
 
   async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
     const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-    return this.access.use(owner, id, (sb, rec) => startBackground(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? '/', pty: input.pty }));
+    return this.access.use(owner, id, (sb, rec) => startBackground(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? rec.workdir ?? '/', pty: input.pty }));
   }
 
   async listProcesses(owner: string, id: string): Promise<AgentProcessInfo[]> {

@@ -8,6 +8,8 @@ export type ErrorCode =
   | 'PAYLOAD_TOO_LARGE'
   | 'UNAVAILABLE'
   | 'INSUFFICIENT_STORAGE'
+  | 'DOCKERFILE_INVALID'
+  | 'BUILD_STEP_FAILED'
   | 'INTERNAL';
 
 export class ForkpointError extends Error {
@@ -80,6 +82,22 @@ export class InsufficientStorageError extends ForkpointError {
   }
 }
 
+/** A Dockerfile (or an image manifest) that cannot be built as written: `line` says where. */
+export class DockerfileError extends ForkpointError {
+  override readonly name = 'DockerfileError';
+  constructor(message: string, readonly line: number | null) {
+    super('DOCKERFILE_INVALID', line ? `line ${line}: ${message}` : message, { line });
+  }
+}
+
+/** A build step that ran and failed: its line, what it was and the end of its output. */
+export class BuildStepError extends ForkpointError {
+  override readonly name = 'BuildStepError';
+  constructor(message: string, details: { line: number | null; step: string; exit_code: number | null; output: string }, options?: ErrorOptions) {
+    super('BUILD_STEP_FAILED', message, details, options);
+  }
+}
+
 export const httpStatusOf: Record<ErrorCode, number> = {
   INVALID_REQUEST: 400,
   UNAUTHENTICATED: 401,
@@ -89,6 +107,8 @@ export const httpStatusOf: Record<ErrorCode, number> = {
   PAYLOAD_TOO_LARGE: 413,
   UNAVAILABLE: 503,
   INSUFFICIENT_STORAGE: 507,
+  DOCKERFILE_INVALID: 400,
+  BUILD_STEP_FAILED: 422,
   INTERNAL: 500,
 };
 

@@ -130,7 +130,7 @@ export class ExecutionService {
         processId,
         kind: input.kind,
         argv: input.argv,
-        cwd: input.cwd ?? (input.kind === 'pty' ? '/root' : '/'),
+        cwd: input.cwd ?? (input.kind === 'pty' ? '/root' : rec.workdir ?? '/'),
         startedAt: new Date().toISOString(),
         endedAt: null,
         exitCode: null,

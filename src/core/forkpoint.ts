@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import { Engine, type EngineOptions } from '../engine/engine.js';
@@ -12,6 +12,9 @@ import { CommandService } from './commands.js';
 import { EventBus } from './events.js';
 import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
+import { ImageCatalog } from './images.js';
+import { BuildService } from './build/builder.js';
+import { TemplateService } from './templates.js';
 import { PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
 import { InstanceService } from './instances.js';
@@ -33,6 +36,8 @@ export class Forkpoint {
   readonly store: Store;
   readonly engine: Engine;
   readonly images: Images;
+  /** The images an owner can use: system rootfs directories and built ones. */
+  readonly catalog: ImageCatalog;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
   readonly files: FileService;
@@ -45,6 +50,10 @@ export class Forkpoint {
   readonly access: SandboxAccess;
   /** Port forwards, and how the HTTP proxy reaches an instance's port. */
   readonly ports: PortService;
+  /** Images built from Dockerfiles and manifests, step by step on sandboxes. */
+  readonly builds: BuildService;
+  /** Memory checkpoints new instances start from, servers running. */
+  readonly templates: TemplateService;
   private previewLinks: PreviewLinks | undefined;
   private readonly jobs: JobQueue;
 
@@ -68,7 +77,8 @@ export class Forkpoint {
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
-    this.instances = new InstanceService(this.store, this.engine, this.images, locks, config, this.events, log);
+    this.catalog = new ImageCatalog(this.store, this.images);
+    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log);
     this.access = new SandboxAccess(this.instances, this.store, log);
     this.commands = new CommandService(this.instances, this.access, this.engine, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.engine.layout.spill, this.events, log);
@@ -78,6 +88,8 @@ export class Forkpoint {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
     }, this.events, this.executions, log);
+    this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
+    this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.engine.layout.contexts, log);
   }
 
   static async open(config: Config, log: Logger, version: string, engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
@@ -88,11 +100,28 @@ export class Forkpoint {
 
   /** Starts the engine side: agent layer, images, and recovery of what a previous run left. */
   async start(): Promise<void> {
+    try {
+      await this.startParts();
+    } catch (err) {
+      // A start that fails half-way leaves nothing of itself on the host (the network of a
+      // server with no instance, the engine's workers).
+      await this.close().catch((e: unknown) => this.log.warn({ err: e }, 'clean-up after a failed start failed'));
+      throw err;
+    }
+  }
+
+  private async startParts(): Promise<void> {
     await this.engine.init();
     await this.instances.initNetwork();
-    await this.images.seedFrom(this.config.imageSeedDir);
+    for (const f of await this.images.seedFrom(this.config.imageSeedDir)) {
+      this.log.warn({ image: f.name, error: f.error }, 'a set-up image could not be copied into the data directory; it is not available');
+    }
+    // Contexts of builds a stop cut short.
+    await rm(this.engine.layout.contexts, { recursive: true, force: true });
     await this.checkpoints.recover();
     await this.instances.recover();
+    await this.builds.recover();
+    await this.templates.recover();
     this.previewLinks = await PreviewLinks.open(this.engine.layout.previewSecretFile);
     await this.ports.restore();
     this.access.startIdleMonitor();

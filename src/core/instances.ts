@@ -2,7 +2,6 @@ import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { Engine, SandboxSpec } from '../engine/engine.js';
-import type { Images } from '../engine/images.js';
 import type { Sandbox } from '../engine/sandbox.js';
 import { processStartTime } from '../engine/launcher.js';
 import type { Store } from '../store/index.js';
@@ -12,6 +11,7 @@ import { DEFAULT_POLICY, parseEntry, type EgressPolicy } from '../engine/network
 import { macOf } from '../engine/network/addresses.js';
 import { engineFailure } from './engine-failure.js';
 import type { EventBus } from './events.js';
+import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
 import { ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
@@ -55,7 +55,7 @@ export class InstanceService {
   constructor(
     private readonly store: Store,
     private readonly engine: Engine,
-    private readonly images: Images,
+    private readonly images: ImageCatalog,
     private readonly locks: KeyedLock,
     private readonly config: Config,
     private readonly events: EventBus,
@@ -118,9 +118,14 @@ export class InstanceService {
   }
 
   /** A new record in `starting`, with its disk and layer references; not yet booted. */
-  newRecord(owner: string, input: CreateInstance, from?: Partial<InstanceRecord>): InstanceRecord {
-    const image = input.image ?? this.config.defaultImage;
-    if (!this.images.exists(image)) throw new InvalidRequestError(`unknown image ${image}`, { image });
+  newRecord(owner: string, input: CreateInstance, from?: Partial<InstanceRecord>, image?: ResolvedImage): InstanceRecord {
+    // A fork or a template names its layers and directory itself (`from`); a build names the
+    // image it stands on (`image`), whoever owns it.
+    const resolved: ResolvedImage =
+      image ??
+      (from
+        ? { ref: from.imageRef ?? null, base: input.image ?? this.config.defaultImage, layers: [], config: { ...this.images.emptyConfig, workdir: from.workdir ?? null }, key: '' }
+        : this.images.resolve(owner, input.image ?? this.config.defaultImage));
     const id = newId('inst');
     const name = input.name ?? id.replace('_', '-');
     if (!INSTANCE_NAME.test(name)) {
@@ -131,12 +136,12 @@ export class InstanceService {
       id,
       owner,
       name,
-      image,
+      image: resolved.base,
       status: 'starting',
-      layers: [],
+      layers: resolved.layers,
       baseLayer: false,
       agentLayer: this.engine.currentAgentLayer,
-      env: input.env ?? {},
+      env: { ...resolved.config.env, ...input.env },
       limits: this.limitsFrom(input.limits),
       metadata: input.metadata ?? {},
       pid: null,
@@ -149,6 +154,8 @@ export class InstanceService {
       idleTimeoutS: input.idleTimeoutS && input.idleTimeoutS > 0 ? input.idleTimeoutS : null,
       address: null,
       egress: checkEgress(input.egress ?? DEFAULT_POLICY),
+      imageRef: resolved.ref,
+      workdir: resolved.config.workdir,
       error: null,
       createdAt: now,
       updatedAt: now,
@@ -195,9 +202,9 @@ export class InstanceService {
     await this.engine.network.init(this.store.instances.all().map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
   }
 
-  async create(owner: string, input: CreateInstance): Promise<InstanceRecord> {
+  async create(owner: string, input: CreateInstance, image?: ResolvedImage): Promise<InstanceRecord> {
     await requireRoom(this.engine);
-    const rec = this.newRecord(owner, input);
+    const rec = this.newRecord(owner, input, undefined, image);
     try {
       // The policy goes in while the sandbox boots: until it is in, the firewall lets nothing of
       // the new address out (no entry: dropped), so nothing escapes meanwhile.
@@ -246,6 +253,33 @@ export class InstanceService {
   /** Marks the record as running on the given sandbox. */
   running(id: string, sb: Sandbox, patch: Partial<InstanceRecord> = {}): InstanceRecord {
     return this.store.instances.update(id, { ...patch, status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
+  }
+
+  /** Freezes what the instance wrote into a new layer under it, as a disk checkpoint does
+   * but with no checkpoint (an image build's step): the sandbox stops, and is not started
+   * again. Answers the instance's layers, newest first. */
+  async commit(id: string): Promise<string[]> {
+    return this.locks.run(id, async () => {
+      await this.engine.stop(id);
+      const rec = this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
+      const layerId = newId('lyr');
+      this.store.layers.add(layerId, id);
+      try {
+        await this.engine.freezeStopped(id, layerId);
+      } catch (err) {
+        this.store.layers.remove(layerId);
+        throw this.engineFailure(err);
+      }
+      const layers = [layerId, ...rec.layers];
+      this.store.db.transaction(() => {
+        this.store.layers.settle(layerId);
+        this.store.layers.setRefs(`instance:${id}`, layers);
+        this.store.instances.update(id, { layers });
+      })();
+      await this.engine.syncLayer(layerId);
+      this.store.layers.markSynced(layerId);
+      return layers;
+    });
   }
 
   /** Stops the sandbox (a hibernated instance forgets its memory); the disk is kept. */

@@ -1,8 +1,21 @@
-import { existsSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { EngineError } from './errors.js';
+
+/** What an image says about the instances made from it (Dockerfile ENV, WORKDIR, USER, CMD...). */
+export interface ImageConfig {
+  env: Record<string, string>;
+  workdir: string | null;
+  user: string | null;
+  cmd: string[] | null;
+  entrypoint: string[] | null;
+  labels: Record<string, string>;
+  exposedPorts: number[];
+}
+
+export const EMPTY_IMAGE_CONFIG: ImageConfig = { env: {}, workdir: null, user: null, cmd: null, entrypoint: null, labels: {}, exposedPorts: [] };
 
 export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 
@@ -19,6 +32,35 @@ export class Images {
     return IMAGE_NAME.test(name) && existsSync(this.path(name));
   }
 
+  /** What changes when the image is rebuilt or replaced (its directory is a new one). */
+  identity(name: string): string {
+    const st = statSync(this.path(name));
+    return `${st.ino}-${st.mtimeMs}`;
+  }
+
+  createdAt(name: string): string {
+    return statSync(this.path(name)).mtime.toISOString();
+  }
+
+  private configFile(name: string): string {
+    return join(this.dir, '.config', `${name}.json`);
+  }
+
+  /** The configuration an imported image came with (an OCI config's Env, WorkingDir, Cmd...),
+   * kept beside the tree, not in it: a sandbox cannot change it. */
+  config(name: string): ImageConfig | undefined {
+    try {
+      return { ...EMPTY_IMAGE_CONFIG, ...(JSON.parse(readFileSync(this.configFile(name), 'utf8')) as Partial<ImageConfig>) };
+    } catch {
+      return undefined;
+    }
+  }
+
+  async setConfig(name: string, config: ImageConfig): Promise<void> {
+    await mkdir(join(this.dir, '.config'), { recursive: true });
+    await writeFile(this.configFile(name), JSON.stringify(config, null, 2));
+  }
+
   async list(): Promise<{ name: string; createdAt: string }[]> {
     if (!existsSync(this.dir)) return [];
     const names = (await readdir(this.dir)).filter((n) => IMAGE_NAME.test(n));
@@ -28,10 +70,12 @@ export class Images {
   }
 
   /** Copies images from a seed directory (built at set-up) that this data directory lacks.
-   * Hard links where the filesystems allow it: images are immutable, so sharing is safe. */
-  async seedFrom(seedDir: string): Promise<void> {
-    if (!existsSync(seedDir)) return;
+   * Hard links where the filesystems allow it: images are immutable, so sharing is safe. One
+   * that does not fit (a small data disk) is left out, and said so: the others still come. */
+  async seedFrom(seedDir: string): Promise<{ name: string; error: string }[]> {
+    if (!existsSync(seedDir)) return [];
     await mkdir(this.dir, { recursive: true });
+    const failed: { name: string; error: string }[] = [];
     for (const name of await readdir(seedDir)) {
       if (!IMAGE_NAME.test(name) || existsSync(this.path(name))) continue;
       const tmp = join(this.dir, `.seed-${name}-${process.pid}`);
@@ -39,24 +83,17 @@ export class Images {
       const linked = await execa('cp', ['-al', join(seedDir, name), tmp], { reject: false });
       if (linked.exitCode !== 0) {
         await rm(tmp, { recursive: true, force: true });
-        await execa('cp', ['-a', join(seedDir, name), tmp]);
+        const copied = await execa('cp', ['-a', join(seedDir, name), tmp], { reject: false });
+        if (copied.exitCode !== 0) {
+          await rm(tmp, { recursive: true, force: true });
+          failed.push({ name, error: copied.stderr.split('\n')[0] ?? 'cp failed' });
+          continue;
+        }
       }
       await rename(tmp, this.path(name));
     }
-  }
-
-  /** Unpacks a rootfs tarball (any compression tar knows) as a new image. */
-  async import(name: string, tarball: string): Promise<void> {
-    if (!IMAGE_NAME.test(name)) throw new EngineError('BOOT_FAILED', `bad image name ${name}`);
-    if (existsSync(this.path(name))) throw new EngineError('BOOT_FAILED', `image ${name} exists`);
-    const tmp = join(this.dir, `.import-${name}-${process.pid}`);
-    await rm(tmp, { recursive: true, force: true });
-    await mkdir(tmp, { recursive: true });
-    const r = await execa('tar', ['-xpf', tarball, '-C', tmp, '--numeric-owner'], { reject: false });
-    if (r.exitCode !== 0) {
-      await rm(tmp, { recursive: true, force: true });
-      throw new EngineError('BOOT_FAILED', `tar: ${r.stderr.trim()}`);
-    }
-    await rename(tmp, this.path(name));
+    const seedConfigs = join(seedDir, '.config');
+    if (existsSync(seedConfigs)) await execa('cp', ['-a', `${seedConfigs}/.`, join(this.dir, '.config')], { reject: false });
+    return failed;
   }
 }

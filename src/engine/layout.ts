@@ -58,6 +58,10 @@ export class DataLayout {
   get spill(): string {
     return join(this.root, 'spill');
   }
+  /** Build contexts clients sent, unpacked for the time of their build. */
+  get contexts(): string {
+    return join(this.root, 'contexts');
+  }
   get trash(): string {
     return join(this.root, 'trash');
   }

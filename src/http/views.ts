@@ -10,7 +10,7 @@ import type { InstanceRecord } from '../store/instances.js';
 export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receivedBytes: number } = { sentBytes: 0, receivedBytes: 0 }) => ({
   id: r.id,
   name: r.name,
-  image: r.image,
+  image: r.imageRef ?? r.image,
   status: r.status,
   env: r.env,
   limits: { memory_mb: r.limits.memoryMb, pids: r.limits.pids, cpu_percent: r.limits.cpuPercent, disk_mb: r.limits.diskMb ?? null },

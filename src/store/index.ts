@@ -1,9 +1,11 @@
 import { CheckpointStore } from './checkpoints.js';
 import { openDb, type Db } from './db.js';
 import { ExecutionStore } from './executions.js';
+import { ImageStore } from './images.js';
 import { InstanceStore } from './instances.js';
 import { LayerStore } from './layers.js';
 import { PortForwardStore } from './port-forwards.js';
+import { TemplateStore } from './templates.js';
 import { TokenStore } from './tokens.js';
 
 export interface Store {
@@ -14,6 +16,8 @@ export interface Store {
   layers: LayerStore;
   executions: ExecutionStore;
   portForwards: PortForwardStore;
+  images: ImageStore;
+  templates: TemplateStore;
   close(): void;
 }
 
@@ -27,6 +31,8 @@ export function openStore(file: string): Store {
     layers: new LayerStore(db),
     executions: new ExecutionStore(db),
     portForwards: new PortForwardStore(db),
+    images: new ImageStore(db),
+    templates: new TemplateStore(db),
     close: () => db.close(),
   };
 }

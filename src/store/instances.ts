@@ -38,6 +38,10 @@ export interface InstanceRecord {
   address: string | null;
   /** Where it may open connections to. */
   egress: EgressPolicy;
+  /** The built image or template it was made from (null: \`image\` itself). */
+  imageRef: string | null;
+  /** Where its commands start unless told (an image's WORKDIR); null: /. */
+  workdir: string | null;
   error: string | null;
   createdAt: string;
   updatedAt: string;
@@ -65,6 +69,8 @@ interface Row {
   idle_timeout_s: number | null;
   address: string | null;
   egress: string | null;
+  image_ref: string | null;
+  workdir: string | null;
   error: string | null;
   created_at: string;
   updated_at: string;
@@ -92,6 +98,8 @@ const fromRow = (r: Row): InstanceRecord => ({
   idleTimeoutS: r.idle_timeout_s,
   address: r.address,
   egress: r.egress ? (JSON.parse(r.egress) as EgressPolicy) : { egress: 'allow', allow: [], deny: [] },
+  imageRef: r.image_ref,
+  workdir: r.workdir,
   error: r.error,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
@@ -117,10 +125,10 @@ export class InstanceStore {
       .prepare(
         `INSERT INTO instances (id, owner, name, image, status, layers, base_layer, agent_layer, env, limits, metadata,
            pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, hibernation_id, idle_timeout_s,
-           address, egress, error, created_at, updated_at)
+           address, egress, image_ref, workdir, error, created_at, updated_at)
          VALUES (@id, @owner, @name, @image, @status, @layers, @baseLayer, @agentLayer, @env, @limits, @metadata,
            @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @hibernationId, @idleTimeoutS,
-           @address, @egress, @error, @createdAt, @updatedAt)`,
+           @address, @egress, @imageRef, @workdir, @error, @createdAt, @updatedAt)`,
       )
       .run({
         ...rec,
@@ -180,7 +188,7 @@ export class InstanceStore {
         `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, base_layer=@baseLayer, agent_layer=@agentLayer,
            env=@env, limits=@limits, metadata=@metadata, pid=@pid, pid_start=@pidStart,
            max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, hibernation_id=@hibernationId,
-           idle_timeout_s=@idleTimeoutS, address=@address, egress=@egress, error=@error, updated_at=@updatedAt WHERE id=@id`,
+           idle_timeout_s=@idleTimeoutS, address=@address, egress=@egress, image_ref=@imageRef, workdir=@workdir, error=@error, updated_at=@updatedAt WHERE id=@id`,
       )
       .run({
         ...next,
@@ -192,6 +200,13 @@ export class InstanceStore {
         metadata: JSON.stringify(next.metadata),
       });
     return next;
+  }
+
+  /** How many of the owner's instances stand on the image (by its own name or a built one's). */
+  countOnImage(owner: string | null, image: string): number {
+    return owner === null
+      ? (this.db.prepare('SELECT COUNT(*) FROM instances WHERE image = ? OR image_ref = ?').pluck().get(image, image) as number)
+      : (this.db.prepare('SELECT COUNT(*) FROM instances WHERE owner = ? AND image_ref = ?').pluck().get(owner, image) as number);
   }
 
   delete(id: string): void {

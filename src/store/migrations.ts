@@ -150,4 +150,49 @@ export const migrations: readonly Migration[] = [
       );
       CREATE INDEX port_forwards_instance ON port_forwards (instance_id);`,
   },
+  {
+    version: 9,
+    name: 'images and templates',
+    sql: `
+      -- the image name the instance was created from when it is not a rootfs directory (a built
+      -- image or a template: \`image\` is then the directory under its layers); its working
+      -- directory for commands (an image's WORKDIR)
+      ALTER TABLE instances ADD COLUMN image_ref TEXT;
+      ALTER TABLE instances ADD COLUMN workdir TEXT;
+      -- images built from Dockerfiles or manifests: a rootfs directory and layers on it (newest
+      -- first, each held by a layer_refs row 'image:<owner>/<name>'), and their configuration
+      CREATE TABLE images (
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        base TEXT NOT NULL,
+        layers TEXT NOT NULL,
+        config TEXT NOT NULL,
+        build_key TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (owner, name)
+      );
+      -- build steps already made: the layers after a step, by a hash of the parent and the step
+      -- (held by 'cache:<owner>/<key>')
+      CREATE TABLE build_cache (
+        owner TEXT NOT NULL,
+        key TEXT NOT NULL,
+        layers TEXT NOT NULL,
+        config TEXT NOT NULL,
+        used_at TEXT NOT NULL,
+        PRIMARY KEY (owner, key)
+      );
+      -- templates: a memory checkpoint of a hidden instance new instances are restored from
+      CREATE TABLE templates (
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        instance_id TEXT,
+        checkpoint_id TEXT,
+        source TEXT NOT NULL,
+        start_command TEXT,
+        status TEXT NOT NULL,
+        error TEXT,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (owner, name)
+      );`,
+  },
 ];

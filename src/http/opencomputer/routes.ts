@@ -11,13 +11,15 @@ import {
   PathQuery, RunBody, RunResult, SandboxCheckpointParams, SandboxData, SandboxParams, TimeoutBody, WakeBody, AllowedHosts,
 } from './schemas.js';
 import { execSessionRoutes } from './exec-routes.js';
+import { ocImageRoutes } from './image-routes.js';
+import { streamBuild, wantsEvents } from '../streams/build-sse.js';
 
 const STATUS: Record<InstanceRecord['status'], string> = { starting: 'creating', running: 'running', hibernated: 'hibernated', stopped: 'stopped', error: 'error' };
 
 const sandboxView = (r: InstanceRecord) => ({
   sandboxID: r.id,
   status: STATUS[r.status],
-  templateID: r.image,
+  templateID: r.imageRef ?? r.image,
   alias: r.name,
   envs: r.env,
   metadata: r.metadata,
@@ -52,15 +54,25 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       schema: { operationId: 'ocCreateSandbox', tags, summary: 'Create a sandbox', description: 'Boots a sandbox on `templateID` (an image; `base` or none: the default image) with `envs`, `memoryMB` and `cpuCount`; answers once it runs.', body: CreateSandboxBody, response: { 201: ok('The sandbox, running', SandboxData), ...errors } },
     }, async (req, reply) => {
       const b = req.body;
-      const image = !b.templateID || b.templateID === 'base' ? undefined : b.templateID;
-      const rec = await fp.instances.create(req.owner, {
-        image,
+      const input = {
         env: b.envs,
         metadata: b.metadata,
         limits: { memoryMb: b.memoryMB, cpuPercent: b.cpuCount ? b.cpuCount * 100 : undefined },
         idleTimeoutS: b.timeout,
-      });
-      return reply.code(201).send(sandboxView(rec));
+      };
+      const create = async (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) => {
+        // A snapshot, or a template of that name, starts from its checkpoint; an image manifest
+        // is built (or found built) first; otherwise templateID is an image.
+        const template = b.snapshot ?? (b.templateID && fp.templates.list(req.owner).some((t) => t.name === b.templateID) ? b.templateID : undefined);
+        if (template) return fp.templates.instantiate(req.owner, template, input);
+        if (b.image) {
+          const built = await fp.builds.buildManifest(req.owner, b.image, fp.config.manifestBaseImage, onLog);
+          return fp.instances.create(req.owner, { ...input, image: built.image.name });
+        }
+        return fp.instances.create(req.owner, { ...input, image: !b.templateID || b.templateID === 'base' ? undefined : b.templateID });
+      };
+      if ((b.image || b.snapshot) && wantsEvents(req)) return streamBuild(req, reply, create, sandboxView);
+      return reply.code(201).send(sandboxView(await create()));
     });
 
     app.get('/sandboxes', {
@@ -176,6 +188,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     await app.register(execSessionRoutes(fp));
+    await app.register(ocImageRoutes(fp));
     await app.register(fileRoutes(fp));
   };
 

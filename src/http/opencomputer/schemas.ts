@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { ImageManifest } from '../../core/build/manifest.js';
 
 /** The OpenComputer-compatible face: camelCase, the shapes `@opencomputer/sdk` reads. */
 
@@ -37,6 +38,8 @@ export const CreateSandboxBody = z
     cpuCount: z.number().int().min(1).max(64).optional(),
     memoryMB: z.number().int().min(32).max(256 * 1024).optional(),
     diskMB: z.number().int().min(1).optional(),
+    image: ImageManifest.optional().describe('an Image builder manifest: built (or found built, by its hash) and booted'),
+    snapshot: z.string().max(63).optional().describe('a snapshot (a template) to start from, its processes running'),
   })
   .strip()
   .meta({ id: 'OpenComputerCreateSandboxRequest', examples: [{ templateID: 'base', envs: { A: '1' } }] });

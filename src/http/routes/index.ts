@@ -5,6 +5,7 @@ import { eventRoutes } from './events.js';
 import { execRoutes } from './exec.js';
 import { executionRoutes } from './executions.js';
 import { fileRoutes } from './files.js';
+import { imageRoutes } from './images.js';
 import { instanceRoutes } from './instances.js';
 import { networkRoutes } from './network.js';
 import { proxyRoutes } from './proxy.js';
@@ -28,4 +29,5 @@ export const firecaseFace = (fp: Forkpoint, opts: { documented: boolean }): Fast
     await app.register(proxyRoutes(fp));
     await app.register(checkpointRoutes(fp));
     await app.register(fileRoutes(fp));
+    await app.register(imageRoutes(fp));
   };

@@ -1,6 +1,7 @@
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
+import { InvalidRequestError } from '../../core/errors.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import {
   CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
@@ -26,10 +27,12 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req, reply) => {
       const b = req.body ?? {};
-      const rec = await fp.instances.create(req.owner, {
+      const input = {
         name: b.name, image: b.image, env: b.env, limits: limitsIn(b.limits), metadata: b.metadata, maxCheckpoints: b.max_checkpoints, idleTimeoutS: b.idle_timeout_s,
         egress: b.network,
-      });
+      };
+      if (b.template && b.image) throw new InvalidRequestError('give `image` or `template`, not both');
+      const rec = b.template ? await fp.templates.instantiate(req.owner, b.template, input) : await fp.instances.create(req.owner, input);
       return reply.code(201).send(instanceView(rec));
     });
 

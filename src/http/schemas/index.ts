@@ -7,3 +7,4 @@ export * from './files.js';
 export * from './health.js';
 export * from './executions.js';
 export * from './network.js';
+export * from './images.js';

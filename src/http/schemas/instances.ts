@@ -45,7 +45,8 @@ export const NetworkPolicy = z
 export const CreateInstanceRequest = z
   .object({
     name: z.string().max(63).optional().describe('hostname-safe: lowercase letters, digits, hyphens; defaults to the id'),
-    image: z.string().max(63).optional().describe('an image name; defaults to the server\'s default'),
+    image: z.string().max(63).optional().describe('an image name (system or built); defaults to the server\'s default'),
+    template: z.string().max(63).optional().describe('a template: the instance is restored from its checkpoint, its start command already running (instead of `image`)'),
     env: Env.optional(),
     limits: LimitsRequest.optional(),
     metadata: Metadata.optional(),

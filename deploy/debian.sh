@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the `debian` image: Debian stable from Debian's archive by mmdebstrap, with apt working
+# and bash, coreutils, ca-certificates, curl, git, python3 and Node.js. Output: a rootfs tree at
+# $1, built beside it and renamed into place (a half-built image is never seen). Skipped when
+# the image is there, unless --force. The mirror and suite are the host's apt sources' by
+# default (FORKPOINT_DEBIAN_MIRROR, FORKPOINT_DEBIAN_SUITE override them).
+set -euo pipefail
+force=0
+[ "${1:-}" = "--force" ] && { force=1; shift; }
+dest=${1:?usage: debian.sh [--force] DEST}
+[ $force = 0 ] && [ -x "$dest/usr/bin/apt-get" ] && exit 0
+
+log() { echo "forkpoint setup: $*" >&2; }
+command -v mmdebstrap >/dev/null || {
+  log "installing mmdebstrap"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
+}
+
+# The host's own mirror (a Debian host's sources name the one it can reach).
+host_mirror() {
+  { cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {print $2}'; awk '/^deb / {print $2}' /etc/apt/sources.list 2>/dev/null; } \
+    | grep -v -e security -e '^$' | grep -m1 debian || true
+}
+mirror=${FORKPOINT_DEBIAN_MIRROR:-$(host_mirror)}
+mirror=${mirror:-http://deb.debian.org/debian}
+suite=${FORKPOINT_DEBIAN_SUITE:-stable}
+pkgs=bash,coreutils,ca-certificates,curl,git,python3,nodejs,npm,procps,iproute2,less,xz-utils
+
+mkdir -p "${dest%/*}"
+work=$(mktemp -d "${dest%/*}/.debian.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+log "building the debian image ($suite from $mirror) at $dest; this takes a few minutes once"
+start=$(date +%s)
+# Hooks: apt's lists are dropped (a sandbox runs apt-get update first, as in a container), and
+# the documentation goes, as in Debian's own container images.
+mmdebstrap --variant=apt --include="$pkgs" --quiet \
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+  --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
+  --customize-hook='printf "127.0.0.1 localhost\n::1 localhost\n" > "$1/etc/hosts"' \
+  --customize-hook='printf "PS1=\"\\\\u@\\\\h:\\\\w\\\\$ \"\n" >> "$1/root/.bashrc"' \
+  "$suite" "$work/root" "deb $mirror $suite main" >&2
+[ -d "$dest" ] && rm -rf "$dest"
+mv "$work/root" "$dest"
+log "debian image ready ($(du -sh "$dest" | cut -f1), $(( $(date +%s) - start )) s)"

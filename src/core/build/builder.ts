@@ -1,0 +1,286 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { posix } from 'node:path';
+import type { Readable } from 'node:stream';
+import type { Logger } from 'pino';
+import { IMAGE_NAME } from '../../engine/images.js';
+import type { Store } from '../../store/index.js';
+import { cacheHolder, type ImageConfig } from '../../store/images.js';
+import { BuildStepError, DockerfileError, InvalidRequestError } from '../errors.js';
+import type { ExecutionService } from '../executions.js';
+import type { FileService } from '../files.js';
+import type { ImageCatalog, ImageView, ResolvedImage } from '../images.js';
+import type { InstanceService } from '../instances.js';
+import { BuildContext } from './context.js';
+import { parseDockerfile } from './dockerfile.js';
+import { manifestPlan, type ImageManifest } from './manifest.js';
+import type { BuildPlan, BuildStep } from './steps.js';
+
+/** One line of a build's log: a step starting, cached or done, or what its command printed. */
+export interface BuildLogLine {
+  step: number;
+  total: number;
+  type: 'step' | 'cached' | 'output' | 'done';
+  message: string;
+}
+
+export interface BuildRequest {
+  name: string;
+  plan: BuildPlan;
+  context?: BuildContext | undefined;
+  /** Memory of the sandbox the steps run in (default: the instances' default). */
+  memoryMb?: number | undefined;
+}
+
+export interface DockerfileBuild {
+  name: string;
+  /** The Dockerfile's text; or its path in the context (default: Dockerfile). */
+  dockerfile?: string | undefined;
+  dockerfilePath?: string | undefined;
+  /** A tar (gzip or not) of the build context. */
+  contextTar?: Readable | undefined;
+  buildArgs?: Record<string, string> | undefined;
+  memoryMb?: number | undefined;
+}
+
+const MAX_CONTEXT_BYTES = 2 * 1024 ** 3;
+
+/** Resolves a FROM that is not an image: a template's files. */
+export type FromResolver = (owner: string, name: string) => ResolvedImage | undefined;
+
+const STEP_TIMEOUT_MS = 30 * 60_000;
+const OUTPUT_TAIL = 8192;
+/** Build sandboxes belong to an owner no token has: no one lists, execs in or deletes them. */
+export const buildOwner = (owner: string) => `~build:${owner}`;
+
+const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+const sha = (...parts: string[]) => createHash('sha256').update(parts.join('\0')).digest('hex');
+
+/** The sandbox a build runs its steps in, and the layers it stands on. */
+interface Builder {
+  id: string;
+  layers: string[];
+  running: boolean;
+}
+
+/**
+ * Builds images on the engine itself: every step that changes files runs in a sandbox on the
+ * layers so far, and what it wrote is frozen into a new layer. Each step's layers are cached by
+ * a hash of the parent's key and the step (with the contents of what it copies), so an
+ * unchanged build makes nothing, and a change rebuilds from the changed step on.
+ */
+export class BuildService {
+  constructor(
+    private readonly store: Store,
+    private readonly catalog: ImageCatalog,
+    private readonly instances: InstanceService,
+    private readonly executions: ExecutionService,
+    private readonly files: FileService,
+    private readonly fromTemplate: FromResolver,
+    private readonly contextsDir: string,
+    private readonly log: Logger,
+  ) {}
+
+  /** After a restart: the sandboxes of builds the stop cut short go (their finished steps
+   * stay in the cache). */
+  async recover(): Promise<void> {
+    for (const rec of this.store.instances.all()) {
+      if (rec.owner.startsWith(buildOwner(''))) await this.instances.discard(rec.id);
+    }
+  }
+
+  /**
+   * Builds an OpenComputer image manifest as an image named by its cache key (the SDK's own:
+   * the hash of its base and steps): the same manifest again is that image, built nothing.
+   */
+  async buildManifest(owner: string, manifest: ImageManifest, baseImage: string, onLog?: (l: BuildLogLine) => void): Promise<{ image: ImageView; cached: boolean }> {
+    const key = createHash('sha256').update(JSON.stringify({ base: manifest.base, steps: manifest.steps })).digest('hex');
+    const name = `oc-${key.slice(0, 40)}`;
+    if (this.store.images.get(owner, name)) {
+      onLog?.({ step: 0, total: 0, type: 'cached', message: `image ${name} is cached` });
+      return { image: this.catalog.get(owner, name), cached: true };
+    }
+    const base = manifest.base === 'base' ? baseImage : manifest.base;
+    const image = await this.build(owner, { name, plan: manifestPlan(manifest, base), memoryMb: manifest.builderMemoryMB }, onLog);
+    return { image, cached: false };
+  }
+
+  /** Builds a Dockerfile: given as text (no context), or found in a context tar the client
+   * sent (its `.dockerignore` applied to COPY). The context is gone when the build ends. */
+  async buildDockerfile(owner: string, req: DockerfileBuild, onLog?: (l: BuildLogLine) => void): Promise<ImageView> {
+    const context = req.contextTar ? await BuildContext.unpack(req.contextTar, this.contextsDir, MAX_CONTEXT_BYTES) : undefined;
+    try {
+      const text = req.dockerfile ?? (await context!.readFile(req.dockerfilePath ?? 'Dockerfile', 1 << 20)).toString('utf8');
+      const plan = parseDockerfile(text, req.buildArgs);
+      return await this.build(owner, { name: req.name, plan, context, memoryMb: req.memoryMb }, onLog);
+    } finally {
+      await context?.dispose();
+    }
+  }
+
+  async build(owner: string, req: BuildRequest, onLog: (l: BuildLogLine) => void = () => {}): Promise<ImageView> {
+    if (!IMAGE_NAME.test(req.name)) throw new InvalidRequestError('an image name is 1-63 lowercase letters, digits, dots, dashes or underscores', { name: req.name });
+    if (this.catalog.isSystem(req.name)) throw new InvalidRequestError(`${req.name} is a system image; build under another name`, { name: req.name });
+    const { plan } = req;
+    const total = plan.steps.length;
+    let from: ResolvedImage;
+    try {
+      from = this.fromTemplate(owner, plan.from) ?? this.catalog.resolve(owner, plan.from);
+    } catch {
+      throw new DockerfileError(`FROM ${plan.from}: no such image or template`, plan.fromLine);
+    }
+    let state = { layers: from.layers, config: from.config, key: sha(owner, from.key) };
+    let builder: Builder | undefined;
+    const started = performance.now();
+    try {
+      for (const [i, step] of plan.steps.entries()) {
+        const n = i + 1;
+        onLog({ step: n, total, type: 'step', message: `Step ${n}/${total} : ${step.text}` });
+        const roots = step.kind === 'copy' ? await this.roots(step, req.context) : [];
+        const key = sha(state.key, step.text, step.kind === 'copy' ? await req.context!.hash(roots.flat()) : '');
+        if (step.kind === 'config') {
+          state = { ...state, config: step.apply(state.config), key };
+          continue;
+        }
+        const config = step.kind === 'workdir' ? { ...state.config, workdir: posix.resolve(state.config.workdir ?? '/', step.path) } : state.config;
+        const hit = this.store.images.cached(owner, key);
+        if (hit) {
+          onLog({ step: n, total, type: 'cached', message: ' ---> cached' });
+          state = { layers: hit.layers, config, key };
+          continue;
+        }
+        builder = await this.builderOn(owner, builder, from, state.layers, req.memoryMb);
+        await this.runStep(owner, builder, step, state.config, roots, req.context, (message) => onLog({ step: n, total, type: 'output', message }));
+        builder.layers = await this.instances.commit(builder.id);
+        builder.running = false;
+        this.store.db.transaction(() => {
+          this.store.images.cache(owner, key, builder!.layers, config);
+          this.store.layers.setRefs(cacheHolder(owner, key), builder!.layers);
+        })();
+        state = { layers: builder.layers, config, key };
+      }
+      this.catalog.put({ owner, name: req.name, base: from.base, layers: state.layers, config: state.config, buildKey: state.key, createdAt: new Date().toISOString() });
+      onLog({ step: total, total, type: 'done', message: `Built ${req.name} in ${Math.round(performance.now() - started)} ms` });
+      return this.catalog.get(owner, req.name);
+    } finally {
+      if (builder) await this.instances.discard(builder.id);
+    }
+  }
+
+  /** The build sandbox on the given layers: the one there is if it stands on them (started if
+   * needed), else a new one. */
+  private async builderOn(owner: string, cur: Builder | undefined, from: ResolvedImage, layers: string[], memoryMb: number | undefined): Promise<Builder> {
+    if (cur && cur.layers.join() === layers.join()) {
+      if (!cur.running) await this.instances.start(buildOwner(owner), cur.id);
+      cur.running = true;
+      return cur;
+    }
+    if (cur) await this.instances.discard(cur.id);
+    const image: ResolvedImage = { ...from, layers };
+    const rec = await this.instances.create(buildOwner(owner), { ...(memoryMb ? { limits: { memoryMb } } : {}) }, image);
+    return { id: rec.id, layers, running: true };
+  }
+
+  private async roots(step: Extract<BuildStep, { kind: 'copy' }>, context: BuildContext | undefined) {
+    if (!context) throw new DockerfileError(`${step.text.split(' ')[0]} needs a build context, and this build has none`, step.line);
+    return Promise.all(step.sources.map((s) => context.match(s, step.line)));
+  }
+
+  private async runStep(
+    owner: string,
+    b: Builder,
+    step: BuildStep,
+    config: ImageConfig,
+    roots: Awaited<ReturnType<BuildContext['match']>>[],
+    context: BuildContext | undefined,
+    print: (line: string) => void,
+  ): Promise<void> {
+    const cwd = config.workdir ?? '/';
+    switch (step.kind) {
+      case 'run':
+        return this.command(owner, b, step, asUser(config.user, step.argv), { ...config.env, ...step.env }, cwd, print);
+      case 'workdir':
+        return this.command(owner, b, step, ['mkdir', '-p', posix.resolve(cwd, step.path)], config.env, cwd, print);
+      case 'download': {
+        const dest = posix.resolve(cwd, step.dest.endsWith('/') ? step.dest + (posix.basename(new URL(step.url).pathname) || 'index.html') : step.dest);
+        const script = `mkdir -p ${quote(posix.dirname(dest))} && (curl -fsSL -o ${quote(dest)} ${quote(step.url)} || wget -q -O ${quote(dest)} ${quote(step.url)})${step.chown ? ` && chown ${quote(step.chown)} ${quote(dest)}` : ''}`;
+        return this.command(owner, b, step, ['/bin/sh', '-c', script], config.env, cwd, print);
+      }
+      case 'write': {
+        const dirs = [...new Set(step.files.map((f) => posix.dirname(f.path)))];
+        await this.command(owner, b, step, ['mkdir', '-p', ...dirs], config.env, cwd, print);
+        for (const f of step.files) await this.files.write(buildOwner(owner), b.id, f.path, f.content);
+        return;
+      }
+      case 'copy': {
+        for (const root of roots.flat()) {
+          const archive = `/tmp/.fp-copy-${randomBytes(6).toString('hex')}`;
+          const isArchive = step.unpack && root.type === 'file' && /\.(tar|tar\.gz|tgz|tar\.xz|txz|tar\.bz2|tbz2)$/.test(root.rel);
+          await this.upload(owner, b, archive, isArchive ? context!.raw(root) : await context!.pack(root));
+          const dest = posix.resolve(cwd, step.dest) + (step.dest.endsWith('/') ? '/' : '');
+          const chown = (path: string) => (step.chown ? ` && chown -R ${quote(step.chown)} ${path}` : '');
+          let script: string;
+          if (isArchive || root.type === 'dir') {
+            script = `mkdir -p ${quote(dest)} && tar -x${isArchive ? '' : 'o'}f ${archive} -C ${quote(dest)}${chown(quote(dest))}`;
+          } else {
+            const name = posix.basename(root.rel);
+            const target = dest.endsWith('/') ? dest + name : dest;
+            script = `t=$(mktemp -d) && tar -xof ${archive} -C "$t" && mkdir -p ${quote(posix.dirname(target))} && mv -f "$t"/${quote(name)} ${quote(target)}${chown(quote(target))}; r=$?; rm -rf "$t"; exit $r`;
+          }
+          try {
+            await this.command(owner, b, step, ['/bin/sh', '-c', script], config.env, '/', print);
+          } finally {
+            await this.files.remove(buildOwner(owner), b.id, archive).catch(() => {});
+          }
+        }
+        return;
+      }
+      case 'config':
+        return;
+    }
+  }
+
+  private async upload(owner: string, b: Builder, path: string, data: Readable): Promise<void> {
+    await this.files.writeStream(buildOwner(owner), b.id, path, data as AsyncIterable<Buffer>);
+  }
+
+  /** Runs a step's command, its output printed line by line as it comes; fails with the line
+   * and the end of the output unless it exits 0. */
+  private async command(owner: string, b: Builder, step: BuildStep, argv: string[], env: Record<string, string>, cwd: string, print: (line: string) => void): Promise<void> {
+    const o = buildOwner(owner);
+    let tail = '';
+    let partial = '';
+    const emit = (text: string) => {
+      tail = (tail + text).slice(-OUTPUT_TAIL);
+      partial += text;
+      const lines = partial.split('\n');
+      partial = lines.pop()!;
+      for (const l of lines) print(l);
+    };
+    const decoder = new TextDecoder();
+    const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, timeoutMs: STEP_TIMEOUT_MS });
+    const ended = await new Promise<{ code: number | null; reason?: string }>((resolve, reject) => {
+      this.executions
+        .attach(o, b.id, state.record.id, [0, 0], {
+          output: (_stream, _offset, data) => emit(decoder.decode(data, { stream: true })),
+          replayed: () => {},
+          exit: (code) => resolve({ code }),
+          lost: (reason) => resolve({ code: null, reason }),
+        })
+        .catch(reject);
+    });
+    if (partial) print(partial);
+    const final = await this.executions.get(o, b.id, state.record.id).catch(() => undefined);
+    if (ended.code === 0) return;
+    const why = final?.timedOut ? 'timed out' : ended.code === null ? `ended without an exit (${ended.reason ?? 'lost'})` : `exited with code ${ended.code}`;
+    throw new BuildStepError(`${step.line ? `line ${step.line}: ` : ''}${step.text.slice(0, 200)}: ${why}`, { line: step.line, step: step.text, exit_code: ended.code, output: tail });
+  }
+}
+
+/** argv run as the image's USER (name or uid[:gid]); root needs nothing. */
+function asUser(user: string | null, argv: string[]): string[] {
+  if (!user || user === 'root' || user === '0' || user === '0:0') return argv;
+  const [u, g] = user.split(':');
+  const numeric = /^\d+$/.test(u!);
+  return ['setpriv', `--reuid=${u}`, `--regid=${g ?? u}`, numeric ? '--clear-groups' : '--init-groups', '--', ...argv];
+}
+

@@ -1,0 +1,162 @@
+import { lstat, mkdir, readFile, rename, rm } from 'node:fs/promises';
+import { join, normalize } from 'node:path';
+import { execa } from 'execa';
+import { z } from 'zod';
+import { EngineError } from './errors.js';
+import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type Images } from './images.js';
+import type { Mounter } from './overlay.js';
+
+/** `docker save`'s manifest.json. */
+const DockerManifest = z.array(z.object({ Config: z.string(), Layers: z.array(z.string()) })).min(1);
+/** The OCI image layout's index.json and manifests. */
+const OciIndex = z.object({ manifests: z.array(z.object({ digest: z.string(), mediaType: z.string().optional() })).min(1) });
+const OciManifest = z.object({ config: z.object({ digest: z.string() }), layers: z.array(z.object({ digest: z.string() })) });
+const ImageConfigFile = z.object({
+  config: z
+    .object({
+      Env: z.array(z.string()).nullish(),
+      WorkingDir: z.string().nullish(),
+      User: z.string().nullish(),
+      Cmd: z.array(z.string()).nullish(),
+      Entrypoint: z.array(z.string()).nullish(),
+      Labels: z.record(z.string(), z.string()).nullish(),
+      ExposedPorts: z.record(z.string(), z.unknown()).nullish(),
+    })
+    .nullish(),
+});
+
+const fail = (message: string, cause?: unknown) => new EngineError('BOOT_FAILED', message, undefined, cause ? { cause } : undefined);
+
+/** A path inside the unpacked archive, from the archive's own words: never out of it, never
+ * through a link. */
+async function inside(root: string, rel: string): Promise<string> {
+  const n = normalize(rel);
+  if (n.startsWith('..') || n.startsWith('/')) throw fail(`the archive names a file outside itself: ${rel}`);
+  let cur = root;
+  for (const part of n.split('/')) {
+    cur = join(cur, part);
+    const st = await lstat(cur).catch(() => undefined);
+    if (!st) throw fail(`the archive lacks ${rel}`);
+    if (st.isSymbolicLink()) throw fail(`the archive's ${rel} is a link`);
+  }
+  return cur;
+}
+
+const blob = (root: string, digest: string) => {
+  const m = /^sha256:([0-9a-f]{64})$/.exec(digest);
+  if (!m) throw fail(`not a sha256 digest: ${digest}`);
+  return inside(root, `blobs/sha256/${m[1]}`);
+};
+
+/** The layers (oldest first) and configuration file of a `docker save` or OCI layout archive
+ * unpacked at `root`; undefined for a plain rootfs tarball. */
+async function layout(root: string): Promise<{ layers: string[]; config: string } | undefined> {
+  const docker = await readFile(join(root, 'manifest.json'), 'utf8').catch(() => undefined);
+  if (docker !== undefined) {
+    const m = DockerManifest.parse(JSON.parse(docker))[0]!;
+    return { layers: await Promise.all(m.Layers.map((l) => inside(root, l))), config: await inside(root, m.Config) };
+  }
+  const oci = await readFile(join(root, 'index.json'), 'utf8').catch(() => undefined);
+  if (oci === undefined) return undefined;
+  let manifest: unknown = JSON.parse(oci);
+  // An index may point at another index (a multi-platform image): the first manifest wins.
+  for (let depth = 0; depth < 4; depth++) {
+    const idx = OciIndex.safeParse(manifest);
+    if (!idx.success) break;
+    manifest = JSON.parse(await readFile(await blob(root, idx.data.manifests[0]!.digest), 'utf8'));
+  }
+  const m = OciManifest.parse(manifest);
+  return { layers: await Promise.all(m.layers.map((l) => blob(root, l.digest))), config: await blob(root, m.config.digest) };
+}
+
+function configOf(text: string): ImageConfig {
+  const c = ImageConfigFile.parse(JSON.parse(text)).config ?? {};
+  const env: Record<string, string> = {};
+  for (const kv of c.Env ?? []) {
+    const i = kv.indexOf('=');
+    if (i > 0) env[kv.slice(0, i)] = kv.slice(i + 1);
+  }
+  return {
+    ...EMPTY_IMAGE_CONFIG,
+    env,
+    workdir: c.WorkingDir || null,
+    user: c.User || null,
+    cmd: c.Cmd ?? null,
+    entrypoint: c.Entrypoint ?? null,
+    labels: c.Labels ?? {},
+    exposedPorts: Object.keys(c.ExposedPorts ?? {}).map((p) => Number(p.split('/')[0])).filter((p) => p > 0 && p < 65536),
+  };
+}
+
+/** Turns an image layer's whiteout files into overlayfs's own: `.wh.NAME` becomes a 0/0
+ * character device NAME, `.wh..wh..opq` the opaque mark on its directory. */
+async function overlayWhiteouts(dir: string): Promise<void> {
+  const found = (await execa('find', [dir, '-name', '.wh.*', '-print0'])).stdout.split('\0').filter(Boolean);
+  const opaque: string[] = [];
+  for (const path of found) {
+    const slash = path.lastIndexOf('/');
+    const parent = path.slice(0, slash);
+    const name = path.slice(slash + 1);
+    await rm(path, { recursive: true, force: true });
+    if (name === '.wh..wh..opq') opaque.push(parent);
+    else await execa('mknod', [join(parent, name.slice('.wh.'.length)), 'c', '0', '0']);
+  }
+  if (opaque.length) {
+    await execa('python3', ['-c', "import os,sys\nfor p in sys.argv[1:]: os.setxattr(p, 'trusted.overlay.opaque', b'y', follow_symlinks=False)", ...opaque]);
+  }
+}
+
+/**
+ * Imports an image archive as a new image: a `docker save` tarball or an OCI image layout
+ * (layers applied in order by overlayfs itself, whiteouts honoured, the config's Env,
+ * WorkingDir, User, Cmd and Entrypoint kept), or a plain rootfs tarball. Each layer is unpacked
+ * into a directory of its own (nothing of an earlier layer can redirect a later one), and the
+ * merged view is copied into the image.
+ */
+export async function importImageArchive(images: Images, mounter: Mounter, name: string, file: string): Promise<{ layers: number }> {
+  if (!IMAGE_NAME.test(name)) throw fail(`bad image name ${name}`);
+  if (images.exists(name)) throw fail(`image ${name} exists`);
+  const work = join(images.path(''), `.import-${name}-${process.pid}`);
+  await rm(work, { recursive: true, force: true });
+  const archive = join(work, 'archive');
+  const merged = join(work, 'merged');
+  await mkdir(archive, { recursive: true });
+  let mounted = false;
+  try {
+    const r = await execa('tar', ['-xf', file, '-C', archive, '--no-same-owner'], { reject: false });
+    if (r.exitCode !== 0) throw fail(`tar: ${r.stderr.trim()}`);
+    const found = await layout(archive);
+    if (!found) {
+      // A rootfs tarball: the tree as it is.
+      await rename(archive, images.path(name));
+      return { layers: 1 };
+    }
+    const dirs: string[] = [];
+    for (const [i, layer] of found.layers.entries()) {
+      const dir = join(work, `layer${i}`);
+      await mkdir(dir);
+      const x = await execa('tar', ['-xf', layer, '-C', dir, '--numeric-owner'], { reject: false });
+      if (x.exitCode !== 0) throw fail(`layer ${i}: tar: ${x.stderr.trim()}`);
+      await overlayWhiteouts(dir);
+      dirs.unshift(dir); // newest first
+    }
+    const empty = join(work, 'empty');
+    await mkdir(empty);
+    await mkdir(merged);
+    await mounter.mountReadOnly([...dirs, empty], merged, work);
+    mounted = true;
+    const root = join(work, 'root');
+    const cp = await execa('cp', ['-a', `${merged}/.`, root], { reject: false });
+    if (cp.exitCode !== 0) throw fail(`copying the merged layers: ${cp.stderr.trim()}`);
+    await mounter.unmount(merged);
+    mounted = false;
+    await images.setConfig(name, configOf(await readFile(found.config, 'utf8')));
+    await rename(root, images.path(name));
+    return { layers: found.layers.length };
+  } catch (err) {
+    throw err instanceof EngineError ? err : fail(`not an image archive: ${(err as Error).message}`, err);
+  } finally {
+    if (mounted) await mounter.unmount(merged).catch(() => {});
+    await rm(work, { recursive: true, force: true });
+  }
+}
