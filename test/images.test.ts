@@ -1,0 +1,286 @@
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Image, Sandbox, Snapshots } from '@opencomputer/sdk/node';
+import { execa } from 'execa';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { overlaysUnder, startServer, type TestServer } from './helpers/server.js';
+import { until } from './helpers/wait.js';
+
+const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
+
+let s: TestServer;
+let work: string;
+beforeAll(async () => {
+  s = await startServer();
+  work = await mkdtemp(join(tmpdir(), 'forkpoint-images-'));
+  // The Debian image is set-up's (`npm test` builds it once): these tests need it, and fail
+  // without it rather than skip.
+  expect((await s.api('GET', '/images/debian')).status).toBe(200);
+});
+afterAll(async () => {
+  await s?.close();
+  if (work) await rm(work, { recursive: true, force: true });
+});
+
+const sh = async (id: string, command: string) => (await s.exec(id, { command })) as { exit_code: number; stdout: string; stderr: string };
+
+/** `forkpoint image build` against the test server: its exit code and what it printed. */
+async function cliBuild(name: string, context: string) {
+  const r = await execa(process.execPath, [CLI, 'image', 'build', name, context, '--url', s.url, '--token', s.token], { reject: false, env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir } });
+  return { code: r.exitCode, out: r.stdout, err: r.stderr };
+}
+
+/** Sandboxes a build ran its steps in (they belong to an owner no token has). */
+const buildSandboxes = () => s.fp.store.instances.all().filter((r) => r.owner.startsWith('~build:'));
+
+describe('Dockerfile builds on the engine', () => {
+  it('FROM debian + apt-get install jq + COPY + ENV + WORKDIR builds; an instance has all of it; a second build reuses every step', async () => {
+    const ctx = join(work, 'app');
+    await mkdir(join(ctx, 'conf'), { recursive: true });
+    await writeFile(join(ctx, 'Dockerfile'), [
+      'FROM debian',
+      'ARG GREETING=hello',
+      'RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*',
+      'COPY conf/ /etc/app/',
+      'COPY notes.txt /opt/notes.txt',
+      'ENV APP_MODE=test GREETING2="${GREETING} world"',
+      'WORKDIR /work/dir',
+      'RUN echo "$APP_MODE" > mode.txt',
+      'CMD ["sleep", "infinity"]',
+      '',
+    ].join('\n'));
+    await writeFile(join(ctx, 'conf', 'app.json'), '{"name": "forkpoint", "answer": 42}\n');
+    await writeFile(join(ctx, 'conf', 'secret.key'), 'never copied\n');
+    await writeFile(join(ctx, 'notes.txt'), 'copied notes\n');
+    await writeFile(join(ctx, '.dockerignore'), '**/*.key\n');
+
+    const first = await cliBuild('tools', ctx);
+    expect(first.err).toBe('');
+    expect(first.code).toBe(0);
+    expect(first.out).toMatch(/Step 1\/7 : RUN apt-get update/);
+    expect(first.out).toContain('Setting up jq');
+
+    const inst = await s.instance({ image: 'tools' });
+    expect(inst.image).toBe('tools');
+    expect((await sh(inst.id, 'jq -r .answer /etc/app/app.json')).stdout).toBe('42\n');
+    expect((await sh(inst.id, 'cat /opt/notes.txt')).stdout).toBe('copied notes\n');
+    expect((await sh(inst.id, 'test -e /etc/app/secret.key; echo $?')).stdout).toBe('1\n');
+    expect((await sh(inst.id, 'echo "$APP_MODE|$GREETING2"')).stdout).toBe('test|hello world\n');
+    expect((await sh(inst.id, 'pwd; cat mode.txt')).stdout).toBe('/work/dir\ntest\n');
+
+    // Unchanged: every step is the cache's, and the image stands on the same layers.
+    const before = s.fp.store.images.get('default', 'tools')!;
+    const t = performance.now();
+    const second = await cliBuild('tools', ctx);
+    const secondMs = performance.now() - t;
+    expect(second.code).toBe(0);
+    const steps = second.out.split('\n').filter((l) => l.startsWith('Step '));
+    const cached = second.out.split('\n').filter((l) => l.includes('---> cached'));
+    expect(cached).toHaveLength(5); // the RUNs, COPYs and WORKDIR; ENV, ARG and CMD make no layer
+    expect(steps.length).toBeGreaterThan(cached.length);
+    expect(s.fp.store.images.get('default', 'tools')!.layers).toEqual(before.layers);
+    process.stderr.write(`[images] unchanged rebuild through the CLI: ${Math.round(secondMs)} ms\n`);
+
+    // A change to a copied file rebuilds from that step on, and no earlier.
+    await writeFile(join(ctx, 'notes.txt'), 'changed notes\n');
+    const third = await cliBuild('tools', ctx);
+    expect(third.code).toBe(0);
+    expect(third.out.match(/---> cached/g)).toHaveLength(2); // the apt-get RUN and the first COPY
+    const again = await s.instance({ image: 'tools' });
+    expect((await sh(again.id, 'cat /opt/notes.txt; jq -n 1')).stdout).toBe('changed notes\n1\n');
+
+    // An image instances stand on is not deleted; once they are gone, it is.
+    expect((await s.api('DELETE', '/images/tools')).status).toBe(409);
+    await s.api('DELETE', `/instances/${inst.id}`);
+    await s.api('DELETE', `/instances/${again.id}`);
+    expect((await s.api('DELETE', '/images/tools')).status).toBe(204);
+    expect((await s.api('GET', '/images/tools')).status).toBe(404);
+    expect(buildSandboxes()).toEqual([]);
+  });
+
+  it('a failing RUN reports its line and its output, over SSE and JSON, and leaves nothing behind', async () => {
+    const dockerfile = 'FROM default\nRUN echo step one > /one\nRUN echo about to fail; echo on stderr >&2; exit 3\nRUN echo never\n';
+    const r = await s.api('POST', '/images', { name: 'broken', dockerfile });
+    expect(r.status).toBe(422);
+    expect(r.body.error.code).toBe('BUILD_STEP_FAILED');
+    expect(r.body.error.details).toMatchObject({ line: 3, exit_code: 3 });
+    expect(r.body.error.details.output).toContain('about to fail');
+    expect(r.body.error.details.output).toContain('on stderr');
+    expect(r.body.error.message).toContain('line 3');
+
+    // The same as events, the log first.
+    const res = await fetch(`${s.url}/images`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify({ name: 'broken', dockerfile }),
+    });
+    const text = await res.text();
+    expect(text).toContain('event: build_log');
+    expect(text).toMatch(/"message":"Step 2\/3 : RUN echo about to fail/);
+    expect(text).toMatch(/event: error\ndata: \{"error":"line 3: [^"]*exited with code 3"/);
+
+    expect((await s.api('GET', '/images/broken')).status).toBe(404);
+    expect(buildSandboxes()).toEqual([]);
+    expect((await overlaysUnder(s.dataDir)).filter((m) => !s.fp.store.instances.get(m.split('/').at(-2) ?? ''))).toEqual([]);
+  });
+
+  it('a bad Dockerfile is a 400 with its line, before anything runs', async () => {
+    const cases: [string, number | null, RegExp][] = [
+      ['RUN true\n', 1, /must be FROM/],
+      ['FROM default\nRUN true\nFROBNICATE x\n', 3, /unknown instruction FROBNICATE/],
+      ['FROM default\nFROM default\n', 2, /multi-stage/],
+      ['FROM nowhere-such\nRUN true\n', 1, /no such image/],
+      ['FROM default\nCOPY a.txt /a.txt\n', 2, /needs a build context/],
+      ['FROM default\nEXPOSE 99999\n', 2, /not a port/],
+    ];
+    for (const [dockerfile, line, message] of cases) {
+      const r = await s.api('POST', '/images', { name: 'bad', dockerfile });
+      expect(r.status, dockerfile).toBe(400);
+      expect(r.body.error.code).toBe('DOCKERFILE_INVALID');
+      expect(r.body.error.details.line).toBe(line);
+      expect(r.body.error.message).toMatch(message);
+    }
+    expect(buildSandboxes()).toEqual([]);
+  });
+});
+
+describe('templates', () => {
+  it('an instance from a template answers on the server its start command started, on its first exec', async () => {
+    const t = await s.api('POST', '/templates', {
+      name: 'web',
+      from_image: 'default',
+      start_command: 'mkdir -p /srv && echo "served by the template" > /srv/index.html && exec httpd -f -p 8080 -h /srv',
+      ready_command: 'wget -q -O /dev/null http://127.0.0.1:8080/',
+    });
+    expect(t.status).toBe(201);
+    expect(t.body).toMatchObject({ name: 'web', status: 'ready', source: 'image:default' });
+    expect((await s.api('POST', '/templates', { name: 'web', from_image: 'default' })).status).toBe(409);
+
+    const a = await s.api('POST', '/instances', { template: 'web', env: { WHO: 'a' } });
+    expect(a.status).toBe(201);
+    expect(a.body.image).toBe('web');
+    // No wait, no retry: the very first command finds the server up.
+    expect((await sh(a.body.id, 'wget -q -O- http://127.0.0.1:8080/')).stdout).toBe('served by the template\n');
+    expect((await sh(a.body.id, 'echo $WHO')).stdout).toBe('a\n');
+    const b = await s.api('POST', '/instances', { template: 'web' });
+    expect((await sh(b.body.id, 'wget -q -O- http://127.0.0.1:8080/')).stdout).toBe('served by the template\n');
+    expect(a.body.network.address).not.toBe(b.body.network.address);
+
+    // The template's own sandbox is nobody's to list, and runs nothing.
+    const listed = (await s.api('GET', '/instances?limit=100')).body.items.map((i: { id: string }) => i.id);
+    expect(listed.sort()).toEqual([a.body.id, b.body.id].sort());
+    const hidden = s.fp.store.instances.all().filter((r) => r.owner === '~template:default');
+    expect(hidden.map((r) => r.status)).toEqual(['stopped']);
+
+    // Deleting the template leaves its instances running.
+    expect((await s.api('DELETE', '/templates/web')).status).toBe(204);
+    expect((await sh(a.body.id, 'wget -q -O- http://127.0.0.1:8080/')).stdout).toBe('served by the template\n');
+    expect((await s.api('POST', '/instances', { template: 'web' })).status).toBe(404);
+    expect(s.fp.store.instances.all().filter((r) => r.owner === '~template:default')).toEqual([]);
+    await s.api('DELETE', `/instances/${a.body.id}`);
+    await s.api('DELETE', `/instances/${b.body.id}`);
+  });
+
+  it('a template from a checkpoint, and a failing ready command that leaves nothing', async () => {
+    const src = await s.instance();
+    await s.exec(src.id, { command: 'echo from-the-checkpoint > /root/mark' });
+    const cp = await s.api('POST', `/instances/${src.id}/checkpoints?wait=true`, {});
+    const t = await s.api('POST', '/templates', { name: 'marked', from_checkpoint: cp.body.id, start_command: 'sleep 1000' });
+    expect(t.status).toBe(201);
+    const inst = await s.api('POST', '/instances', { template: 'marked' });
+    expect((await sh(inst.body.id, 'cat /root/mark; ps -o args')).stdout).toMatch(/^from-the-checkpoint\n[^]*sleep 1000/);
+
+    const bad = await s.api('POST', '/templates', { name: 'never', from_image: 'default', ready_command: 'false', ready_timeout_s: 1 });
+    expect(bad.status).toBe(409);
+    expect((await s.api('GET', '/templates/never')).status).toBe(404);
+    expect((await s.api('GET', '/templates')).body.templates.map((x: { name: string }) => x.name)).toEqual(['marked']);
+    await s.api('DELETE', '/templates/marked');
+    await s.api('DELETE', `/instances/${inst.body.id}`);
+    await s.api('DELETE', `/instances/${src.id}`);
+    await until('the hidden instances gone', () => s.fp.store.instances.all().every((r) => !r.owner.startsWith('~')));
+  });
+});
+
+describe('the published @opencomputer/sdk\'s Image builder and Snapshots', () => {
+  it('Sandbox.create({image}) builds the manifest and boots it; the same manifest again is served from the cache', async () => {
+    const opts = { apiUrl: s.url, apiKey: s.token };
+    const image = Image.base()
+      .aptInstall(['jq'])
+      .runCommands('mkdir -p /app', 'echo "{\\"built\\": true}" > /app/state.json')
+      .env({ APP_ENV: 'sdk' })
+      .workdir('/app')
+      .addFile('/app/hello.txt', 'from addFile\n');
+    const logs: string[] = [];
+    const sb = await Sandbox.create({ ...opts, image, onBuildLog: (l) => logs.push(l) });
+    expect(logs.some((l) => l.startsWith('Step 1/6 : apt_install jq'))).toBe(true);
+    const r = await sb.exec.run('jq -r .built state.json && cat hello.txt && echo $APP_ENV && pwd');
+    expect(r).toMatchObject({ exitCode: 0, stdout: 'true\nfrom addFile\nsdk\n/app\n' });
+
+    const again: string[] = [];
+    const sb2 = await Sandbox.create({ ...opts, image, onBuildLog: (l) => again.push(l) });
+    expect(again.some((l) => l.includes('is cached'))).toBe(true);
+    expect(again.some((l) => l.startsWith('Step'))).toBe(false);
+    expect((await sb2.exec.run('jq -n 7')).stdout).toBe('7\n');
+
+    // A snapshot of the same manifest: built nothing, booted, and checkpointed with memory.
+    const snaps = new Snapshots(opts);
+    const snap = await snaps.create({ name: 'tools-snap', image });
+    expect(snap).toMatchObject({ name: 'tools-snap', status: 'ready' });
+    const sb3 = await Sandbox.create({ ...opts, snapshot: 'tools-snap' });
+    expect((await sb3.exec.run('cat /app/hello.txt')).stdout).toBe('from addFile\n');
+    expect((await snaps.list()).map((x) => x.name)).toContain('tools-snap');
+    for (const x of [sb, sb2, sb3]) await x.kill();
+    await snaps.delete('tools-snap');
+    expect(buildSandboxes()).toEqual([]);
+  });
+});
+
+/** A `docker save` archive made by hand: two layers, the second deleting a file of the first
+ * with a whiteout and making a directory opaque. */
+async function dockerSave(dir: string, base: string): Promise<string> {
+  const l1 = join(dir, 'l1');
+  const l2 = join(dir, 'l2');
+  const out = join(dir, 'archive');
+  // The first layer is a whole userland (the default image's), so that the image boots.
+  await execa('cp', ['-a', base, l1]);
+  await mkdir(join(l1, 'etc/app'), { recursive: true });
+  await mkdir(join(l1, 'old'), { recursive: true });
+  await mkdir(join(l2, 'etc/app'), { recursive: true });
+  await mkdir(join(l2, 'old'), { recursive: true });
+  await mkdir(join(out, 'layer1'), { recursive: true });
+  await mkdir(join(out, 'layer2'), { recursive: true });
+  await writeFile(join(l1, 'etc/app/keep.txt'), 'kept\n');
+  await writeFile(join(l1, 'etc/app/gone.txt'), 'deleted by the second layer\n');
+  await writeFile(join(l1, 'old/a.txt'), 'hidden by an opaque directory\n');
+  await writeFile(join(l2, 'etc/app/.wh.gone.txt'), '');
+  await writeFile(join(l2, 'old/.wh..wh..opq'), '');
+  await writeFile(join(l2, 'old/b.txt'), 'the opaque directory\'s own\n');
+  await writeFile(join(l2, 'etc/app/new.txt'), 'added\n');
+  await execa('tar', ['-cf', join(out, 'layer1/layer.tar'), '-C', l1, '.']);
+  await execa('tar', ['-cf', join(out, 'layer2/layer.tar'), '-C', l2, '.']);
+  await writeFile(join(out, 'config.json'), JSON.stringify({ config: { Env: ['PATH=/usr/local/bin:/usr/bin:/bin', 'FROM_IMAGE=yes'], WorkingDir: '/etc/app', Cmd: ['sleep', '60'] } }));
+  await writeFile(join(out, 'manifest.json'), JSON.stringify([{ Config: 'config.json', RepoTags: ['test:latest'], Layers: ['layer1/layer.tar', 'layer2/layer.tar'] }]));
+  const tarball = join(dir, 'saved.tar');
+  await execa('tar', ['-cf', tarball, '-C', out, '.']);
+  return tarball;
+}
+
+describe('image archives', () => {
+  it('a docker save archive (two layers, a whiteout, an opaque directory) imports with its config', async () => {
+    const dir = join(work, 'save');
+    await mkdir(dir);
+    const tarball = await dockerSave(dir, s.fp.images.path('default'));
+    const r = await execa(process.execPath, [CLI, 'image', 'import', 'saved', tarball], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir }, reject: false });
+    expect(r.stderr).toContain('imported saved (2 layers)');
+    expect(r.exitCode).toBe(0);
+    const img = await s.api('GET', '/images/saved');
+    expect(img.body).toMatchObject({ kind: 'system', config: { workdir: '/etc/app', cmd: ['sleep', '60'], env: { FROM_IMAGE: 'yes' } } });
+    const inst = await s.instance({ image: 'saved' });
+    expect((await sh(inst.id, 'pwd; echo $FROM_IMAGE; ls /etc/app /old')).stdout).toBe('/etc/app\nyes\n/etc/app:\nkeep.txt\nnew.txt\n\n/old:\nb.txt\n');
+    await s.api('DELETE', `/instances/${inst.id}`);
+    // No whiteout and no import leftovers stay.
+    expect((await execa('find', [s.fp.images.path(''), '-maxdepth', '1', '-name', '.import-*'])).stdout).toBe('');
+    expect((await overlaysUnder(s.dataDir)).filter((m) => m.includes('/images/'))).toEqual([]);
+  });
+});
