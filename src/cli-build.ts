@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
 import { request } from 'undici';
+import { ownedOutput } from './core/build/context.js';
 
 export interface ServerBuild {
   url: string;
@@ -13,14 +14,13 @@ export interface ServerBuild {
 /** Sends a build context to the server as a tar and prints its build log as it comes; answers
  * the exit code (0: built). */
 export async function buildOnServer(b: ServerBuild): Promise<number> {
-  // Plain spawn: execa's unbuffered stdout loses the end of a long stream.
-  const tar = spawn('tar', ['-c', '-f', '-', '-C', b.context, '.'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const tar = ownedOutput(spawn('tar', ['-c', '-f', '-', '-C', b.context, '.'], { stdio: ['ignore', 'pipe', 'inherit'] }));
   const q = new URLSearchParams({ dockerfile: b.dockerfile });
   if (Object.keys(b.buildArgs).length) q.set('build_args', JSON.stringify(b.buildArgs));
   const res = await request(`${b.url.replace(/\/+$/, '')}/images/${encodeURIComponent(b.name)}/build?${q}`, {
     method: 'POST',
     headers: { authorization: `Bearer ${b.token}`, 'content-type': 'application/x-tar', accept: 'text/event-stream' },
-    body: tar.stdout,
+    body: tar,
   });
   if (res.statusCode !== 200) {
     process.stderr.write(`forkpoint: the server answered ${res.statusCode}: ${await res.body.text()}\n`);

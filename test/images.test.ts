@@ -1,4 +1,5 @@
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Image, Sandbox, Snapshots } from '@opencomputer/sdk/node';
@@ -282,5 +283,92 @@ describe('image archives', () => {
     // No whiteout and no import leftovers stay.
     expect((await execa('find', [s.fp.images.path(''), '-maxdepth', '1', '-name', '.import-*'])).stdout).toBe('');
     expect((await overlaysUnder(s.dataDir)).filter((m) => m.includes('/images/'))).toEqual([]);
+  });
+});
+
+describe('attacks through builds, archives and templates', () => {
+  it('a context\'s links are copied as links, never followed: the host\'s file never reaches the image', async () => {
+    const secret = join(work, 'host-secret');
+    await writeFile(secret, 'HOST-SECRET-MARKER\n');
+    const ctx = join(work, 'linky');
+    await mkdir(join(ctx, 'dir'), { recursive: true });
+    await symlink(secret, join(ctx, 'leak'));
+    await symlink(work, join(ctx, 'dir', 'up'));
+    await writeFile(join(ctx, 'Dockerfile'), 'FROM default\nCOPY leak /leak\nCOPY dir/ /d/\nRUN cat /leak /d/up/host-secret || true\n');
+    const built = await cliBuild('linky', ctx);
+    expect(built.err).toBe('');
+    expect(built.code).toBe(0);
+    expect(built.out).not.toContain('HOST-SECRET-MARKER');
+    const inst = await s.instance({ image: 'linky' });
+    expect((await sh(inst.id, 'readlink /leak; readlink /d/up')).stdout).toBe(`${secret}\n${work}\n`);
+    expect((await sh(inst.id, 'cat /leak /d/up/host-secret 2>&1')).stdout).not.toContain('HOST-SECRET-MARKER');
+    await s.api('DELETE', `/instances/${inst.id}`);
+    await s.api('DELETE', '/images/linky');
+
+    // A Dockerfile that is a link to a host file is refused, its content never read.
+    const ctx2 = join(work, 'linked-dockerfile');
+    await mkdir(ctx2);
+    await symlink(secret, join(ctx2, 'Dockerfile'));
+    const refused = await cliBuild('never', ctx2);
+    expect(refused.code).toBe(1);
+    expect(refused.err).toContain('is a symbolic link');
+    expect(refused.err + refused.out).not.toContain('HOST-SECRET-MARKER');
+  });
+
+  it('an archive that names files outside itself, or writes through a link of an earlier layer, is refused or contained', async () => {
+    const dir = join(work, 'evil');
+    await mkdir(join(dir, 'out'), { recursive: true });
+    await writeFile(join(dir, 'out', 'manifest.json'), JSON.stringify([{ Config: 'c.json', Layers: ['../../../../etc/hostname'] }]));
+    await writeFile(join(dir, 'out', 'c.json'), '{}');
+    await execa('tar', ['-cf', join(dir, 'escape.tar'), '-C', join(dir, 'out'), '.']);
+    const r = await execa(process.execPath, [CLI, 'image', 'import', 'escape', join(dir, 'escape.tar')], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir }, reject: false });
+    expect(r.exitCode).toBe(1);
+    expect(r.stderr).toContain('outside itself');
+
+    // Layer 1 makes `evil` a link to a host directory; layer 2 writes evil/pwned.
+    const target = join(work, 'link-target');
+    await mkdir(target);
+    const l1 = join(dir, 'l1');
+    const l2 = join(dir, 'l2');
+    const out = join(dir, 'out2');
+    await execa('cp', ['-a', s.fp.images.path('default'), l1]);
+    await symlink(target, join(l1, 'evil'));
+    await mkdir(join(l2, 'evil'), { recursive: true });
+    await writeFile(join(l2, 'evil', 'pwned'), 'written through a link?\n');
+    await mkdir(join(out, 'a'), { recursive: true });
+    await mkdir(join(out, 'b'), { recursive: true });
+    await execa('tar', ['-cf', join(out, 'a/layer.tar'), '-C', l1, '.']);
+    await execa('tar', ['-cf', join(out, 'b/layer.tar'), '-C', l2, '.']);
+    await writeFile(join(out, 'c.json'), '{}');
+    await writeFile(join(out, 'manifest.json'), JSON.stringify([{ Config: 'c.json', Layers: ['a/layer.tar', 'b/layer.tar'] }]));
+    await execa('tar', ['-cf', join(dir, 'through.tar'), '-C', out, '.']);
+    const t = await execa(process.execPath, [CLI, 'image', 'import', 'through', join(dir, 'through.tar')], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir }, reject: false });
+    expect(t.exitCode).toBe(0);
+    expect(existsSync(join(target, 'pwned'))).toBe(false);
+    const inst = await s.instance({ image: 'through' });
+    expect((await sh(inst.id, 'cat /evil/pwned')).stdout).toBe('written through a link?\n');
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
+  it('another owner\'s images and templates do not exist for a token of its own', async () => {
+    await s.api('POST', '/images', { name: 'mine', dockerfile: 'FROM default\nRUN echo mine > /mine\n' });
+    expect((await s.api('POST', '/templates', { name: 'mytpl', from_image: 'mine', start_command: 'sleep 1000' })).status).toBe(201);
+    const { token } = s.fp.store.tokens.create('intruder', 'test');
+    const as = { authorization: `Bearer ${token}` };
+    expect((await s.api('GET', '/images/mine', undefined, as)).status).toBe(404);
+    expect((await s.api('GET', '/images', undefined, as)).body.images.map((i: { name: string }) => i.name)).not.toContain('mine');
+    expect((await s.api('POST', '/instances', { image: 'mine' }, as)).status).toBe(400);
+    expect((await s.api('POST', '/instances', { template: 'mytpl' }, as)).status).toBe(404);
+    expect((await s.api('DELETE', '/templates/mytpl', undefined, as)).status).toBe(404);
+    expect((await s.api('DELETE', '/images/mine', undefined, as)).status).toBe(404);
+    expect((await s.api('POST', '/images', { name: 'theirs', dockerfile: 'FROM mytpl\n' }, as)).status).toBe(400);
+    // The hidden instances behind them answer no one.
+    for (const r of s.fp.store.instances.all().filter((x) => x.owner.startsWith('~'))) {
+      expect((await s.api('GET', `/instances/${r.id}`)).status).toBe(404);
+      expect((await s.api('POST', `/instances/${r.id}/exec`, { command: 'true' })).status).toBe(404);
+      expect((await s.api('DELETE', `/instances/${r.id}`)).status).toBe(404);
+    }
+    expect((await s.api('DELETE', '/templates/mytpl')).status).toBe(204);
+    expect((await s.api('DELETE', '/images/mine')).status).toBe(204);
   });
 });

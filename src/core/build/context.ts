@@ -1,9 +1,9 @@
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcessByStdio } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { createReadStream, createWriteStream } from 'node:fs';
 import { lstat, mkdir, mkdtemp, readdir, readFile, readlink, rm } from 'node:fs/promises';
 import { join, posix } from 'node:path';
-import { Transform, type Readable } from 'node:stream';
+import { PassThrough, Transform, type Readable, type Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createRequire } from 'node:module';
 import type { Ignore } from '@balena/dockerignore';
@@ -150,16 +150,26 @@ export class BuildContext {
   async pack(root: ContextEntry): Promise<Readable> {
     const base = root.type === 'dir' ? join(this.dir, root.rel) : join(this.dir, posix.dirname(root.rel));
     const names = root.type === 'dir' ? (await this.under(root)).filter((e) => e.rel !== root.rel).map((e) => (root.rel ? e.rel.slice(root.rel.length + 1) : e.rel)) : [posix.basename(root.rel)];
-    // Plain spawn: execa's unbuffered stdout loses the end of a long stream. A failed tar
-    // shows as a short archive, which the sandbox's tar refuses.
     const child = spawn('tar', ['-c', '-f', '-', '--no-recursion', '--numeric-owner', '--owner=0', '--group=0', '-C', base, '--null', '-T', '-'], { stdio: ['pipe', 'pipe', 'ignore'] });
     child.stdin.end(names.map((n) => `${n}\0`).join(''));
-    child.on('error', () => child.stdout.destroy());
-    return child.stdout;
+    return ownedOutput(child);
   }
 
   /** The raw bytes of a file (ADD of a local archive is unpacked inside the sandbox). */
   raw(root: ContextEntry): Readable {
     return createReadStream(join(this.dir, root.rel));
   }
+}
+
+/**
+ * A child's stdout as a stream that keeps every byte until it is read. Node resumes (and so
+ * drops) the output of a child that exits while nobody listens to it: a small archive read a
+ * moment later would come out empty. Piped at once, it is kept. A failed tar shows as a short
+ * archive, which the reading tar refuses.
+ */
+export function ownedOutput(child: ChildProcessByStdio<Writable | null, Readable, null>): Readable {
+  const out = new PassThrough();
+  child.stdout.pipe(out);
+  child.on('error', (err) => out.destroy(err));
+  return out;
 }
