@@ -1,6 +1,8 @@
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
+import { gzipSync } from 'node:zlib';
 import { join } from 'node:path';
 import { Image, Sandbox, Snapshots } from '@opencomputer/sdk/node';
 import { execa } from 'execa';
@@ -267,8 +269,27 @@ async function dockerSave(dir: string, base: string): Promise<string> {
   return tarball;
 }
 
+/** An OCI image layout (index.json, blobs by sha256, gzipped layers) as a tarball. */
+async function ociLayout(dir: string, layers: string[], config: string): Promise<string> {
+  await mkdir(join(dir, 'blobs/sha256'), { recursive: true });
+  const put = async (data: Buffer) => {
+    const hex = createHash('sha256').update(data).digest('hex');
+    await writeFile(join(dir, 'blobs/sha256', hex), data);
+    return { digest: `sha256:${hex}`, size: data.length };
+  };
+  const layerBlobs = [];
+  for (const l of layers) layerBlobs.push({ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', ...(await put(gzipSync(await readFile(l)))) });
+  const manifest = { schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config: { mediaType: 'application/vnd.oci.image.config.v1+json', ...(await put(await readFile(config))) }, layers: layerBlobs };
+  const m = await put(Buffer.from(JSON.stringify(manifest)));
+  await writeFile(join(dir, 'index.json'), JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', ...m }] }));
+  await writeFile(join(dir, 'oci-layout'), '{"imageLayoutVersion": "1.0.0"}');
+  const tarball = `${dir}.tar`;
+  await execa('tar', ['-cf', tarball, '-C', dir, '.']);
+  return tarball;
+}
+
 describe('image archives', () => {
-  it('a docker save archive (two layers, a whiteout, an opaque directory) imports with its config', async () => {
+  it('a docker save archive and an OCI layout (two layers, a whiteout, an opaque directory) import with their config', async () => {
     const dir = join(work, 'save');
     await mkdir(dir);
     const tarball = await dockerSave(dir, s.fp.images.path('default'));
@@ -280,6 +301,14 @@ describe('image archives', () => {
     const inst = await s.instance({ image: 'saved' });
     expect((await sh(inst.id, 'pwd; echo $FROM_IMAGE; ls /etc/app /old')).stdout).toBe('/etc/app\nyes\n/etc/app:\nkeep.txt\nnew.txt\n\n/old:\nb.txt\n');
     await s.api('DELETE', `/instances/${inst.id}`);
+
+    // The same layers as an OCI image layout, gzipped, addressed by digest.
+    const oci = await ociLayout(join(dir, 'oci'), [join(dir, 'archive/layer1/layer.tar'), join(dir, 'archive/layer2/layer.tar')], join(dir, 'archive/config.json'));
+    const o = await execa(process.execPath, [CLI, 'image', 'import', 'saved-oci', oci], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir }, reject: false });
+    expect(o.stderr).toContain('imported saved-oci (2 layers)');
+    const inst2 = await s.instance({ image: 'saved-oci' });
+    expect((await sh(inst2.id, 'pwd; echo $FROM_IMAGE; ls /etc/app /old')).stdout).toBe('/etc/app\nyes\n/etc/app:\nkeep.txt\nnew.txt\n\n/old:\nb.txt\n');
+    await s.api('DELETE', `/instances/${inst2.id}`);
     // No whiteout and no import leftovers stay.
     expect((await execa('find', [s.fp.images.path(''), '-maxdepth', '1', '-name', '.import-*'])).stdout).toBe('');
     expect((await overlaysUnder(s.dataDir)).filter((m) => m.includes('/images/'))).toEqual([]);
