@@ -16,6 +16,19 @@ export const configSchema = z.object({
   /** Images are copied from here into the data directory on first use. */
   imageSeedDir: z.string().min(1).default('/opt/forkpoint/images'),
   defaultImage: z.string().min(1).default('default'),
+  /** E2B template names and what they are here (images or templates), as JSON; `base` is the
+   * default image unless this says otherwise. */
+  e2bTemplates: z
+    .string()
+    .default('{}')
+    .refine((t) => {
+      try {
+        const v: unknown = JSON.parse(t);
+        return typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string');
+      } catch {
+        return false;
+      }
+    }, 'a JSON object of strings'),
   /** What an OpenComputer image manifest's `base` and an E2B-style build stand on (apt works). */
   manifestBaseImage: z.string().min(1).default('debian'),
   bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
@@ -65,6 +78,7 @@ const envNames: Record<keyof Config, string> = {
   imageSeedDir: 'FORKPOINT_IMAGE_SEED_DIR',
   defaultImage: 'FORKPOINT_DEFAULT_IMAGE',
   manifestBaseImage: 'FORKPOINT_MANIFEST_BASE_IMAGE',
+  e2bTemplates: 'FORKPOINT_E2B_TEMPLATES',
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
   checkpointConcurrency: 'FORKPOINT_CHECKPOINT_CONCURRENCY',
   maxCheckpointsPerInstance: 'FORKPOINT_MAX_CHECKPOINTS',

@@ -406,6 +406,26 @@ export class ExecutionService {
     };
   }
 
+  /** Writes to the execution's stdin (or its terminal). */
+  async input(owner: string, id: string, execId: string, data: Buffer): Promise<void> {
+    const record = this.find(owner, id, execId);
+    await this.access.use(owner, id, async (sb) => (await sb.agent()).stdin(record.processId, data));
+  }
+
+  /** Closes the execution's stdin: it reads end of file. */
+  async closeInput(owner: string, id: string, execId: string): Promise<void> {
+    const record = this.find(owner, id, execId);
+    await this.access.use(owner, id, async (sb) => (await sb.agent()).closeStdin(record.processId));
+  }
+
+  /** The execution whose process has this pid inside the sandbox, while it runs. */
+  async byPid(owner: string, id: string, pid: number): Promise<ExecutionState> {
+    const rec = this.instances.get(owner, id);
+    const found = (await this.states(rec, this.store.executions.page(id, MAX_RECORDS).items)).find((s) => s.pid === pid);
+    if (!found) throw new NotFoundError('process', String(pid));
+    return found;
+  }
+
   async signal(owner: string, id: string, execId: string, signo: number): Promise<void> {
     const record = this.find(owner, id, execId);
     await this.access.use(owner, id, async (sb) => (await sb.agent()).signal(record.processId, signo));

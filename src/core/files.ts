@@ -158,6 +158,12 @@ export class FileService {
     return this.op(owner, id, path, (a, p) => a.listDir(p));
   }
 
+  /** Renames a file or directory inside the instance (the agent does it, in its own root). */
+  async move(owner: string, id: string, from: string, to: string): Promise<void> {
+    this.path(to);
+    await this.op(owner, id, from, (a, p) => a.rename(p, to));
+  }
+
   async mkdir(owner: string, id: string, path: string): Promise<void> {
     await this.op(owner, id, path, (a, p) => a.mkdir(p));
   }

@@ -6,6 +6,7 @@ import { Engine, type EngineOptions } from '../engine/engine.js';
 import { Images } from '../engine/images.js';
 import { isMounted } from '../engine/overlay.js';
 import { openStore, type Store } from '../store/index.js';
+import type { InstanceRecord } from '../store/instances.js';
 import { SandboxAccess } from './access.js';
 import { CheckpointService } from './checkpoints.js';
 import { CommandService } from './commands.js';
@@ -13,6 +14,7 @@ import { EventBus } from './events.js';
 import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
 import { ImageCatalog } from './images.js';
+import { ExpiryService } from './expiry.js';
 import { BuildService } from './build/builder.js';
 import { TemplateService } from './templates.js';
 import { PortService } from './ports.js';
@@ -54,6 +56,8 @@ export class Forkpoint {
   readonly builds: BuildService;
   /** Memory checkpoints new instances start from, servers running. */
   readonly templates: TemplateService;
+  /** Instances with a lifetime end when it is over. */
+  readonly expiry: ExpiryService;
   private previewLinks: PreviewLinks | undefined;
   private readonly jobs: JobQueue;
 
@@ -89,6 +93,7 @@ export class Forkpoint {
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
     }, this.events, this.executions, log);
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
+    this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);
     this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.engine.layout.contexts, log);
   }
 
@@ -125,6 +130,18 @@ export class Forkpoint {
     this.previewLinks = await PreviewLinks.open(this.engine.layout.previewSecretFile);
     await this.ports.restore();
     this.access.startIdleMonitor();
+    this.expiry.start();
+  }
+
+  /** Ends an instance whose lifetime is over, as it asked: hibernated (a running one; it lives
+   * on, with no lifetime, until woken) or deleted. */
+  private async expire(rec: InstanceRecord): Promise<void> {
+    if (rec.onExpiry === 'hibernate' && (rec.status === 'running' || rec.status === 'hibernated')) {
+      if (rec.status === 'running') await this.instances.hibernate(rec.owner, rec.id);
+      this.instances.setExpiry(rec.owner, rec.id, null);
+      return;
+    }
+    await this.deleteInstance(rec.owner, rec.id);
   }
 
   /** Preview links to instances' ports (after start). */
@@ -163,6 +180,7 @@ export class Forkpoint {
    * the next start. */
   async close(): Promise<void> {
     this.access.stopIdleMonitor();
+    this.expiry.stop();
     this.ports.closeAll();
     this.executions.forget();
     await this.jobs.drain();
@@ -178,6 +196,17 @@ export class Forkpoint {
   /** Whose a token is; undefined for one that is not valid (unknown or revoked). */
   ownerOfToken(token: string): string | undefined {
     return this.store.tokens.verify(token)?.owner;
+  }
+
+  /** A sandbox's own access token (E2B's envd): it opens only that instance's in-sandbox API. */
+  accessTokenOf(owner: string, id: string): string {
+    return this.previews.accessToken(owner, id);
+  }
+
+  /** Whose the instance is, if the token is its access token. */
+  ownerOfSandbox(id: string, token: string): string | undefined {
+    const rec = this.store.instances.get(id);
+    return rec && this.previewLinks?.verifyAccess(token, rec.owner, id) ? rec.owner : undefined;
   }
 
   /** Deletes an instance with its checkpoints (forks of them live on). */

@@ -156,6 +156,8 @@ export class InstanceService {
       egress: checkEgress(input.egress ?? DEFAULT_POLICY),
       imageRef: resolved.ref,
       workdir: resolved.config.workdir,
+      expiresAt: null,
+      onExpiry: null,
       error: null,
       createdAt: now,
       updatedAt: now,
@@ -349,6 +351,13 @@ export class InstanceService {
   envOf(rec: InstanceRecord, extra?: Record<string, string>): string[] {
     const env = { ...BASE_ENV, HOSTNAME: rec.name, ...rec.env, ...extra };
     return Object.entries(env).map(([k, v]) => `${k}=${v}`);
+  }
+
+  /** Sets (or, with null, clears) when the instance ends by itself: deleted, or hibernated
+   * with its memory (then it lives on until woken). */
+  setExpiry(owner: string, id: string, at: Date | null, onExpiry: 'delete' | 'hibernate' = 'delete'): InstanceRecord {
+    this.get(owner, id);
+    return this.store.instances.update(id, { expiresAt: at ? at.toISOString() : null, onExpiry: at ? onExpiry : null });
   }
 
   /** Sets (or, with null, clears) the seconds without activity after which the instance

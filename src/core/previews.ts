@@ -41,4 +41,16 @@ export class PreviewLinks {
     const got = Buffer.from(m[3]!);
     return want.length === got.length && timingSafeEqual(want, got) ? owner : undefined;
   }
+
+  /** A sandbox's own access token (E2B's envd `X-Access-Token`): it opens that instance's
+   * in-sandbox API and nothing else. Derived, not stored: a fork, a new id, gets its own. */
+  accessToken(owner: string, id: string): string {
+    return createHmac('sha256', this.secret).update(`access\n${owner}\n${id}`).digest('base64url');
+  }
+
+  verifyAccess(token: string, owner: string, id: string): boolean {
+    const want = Buffer.from(this.accessToken(owner, id));
+    const got = Buffer.from(token);
+    return want.length === got.length && timingSafeEqual(want, got);
+  }
 }

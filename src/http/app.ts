@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import type { Forkpoint } from '../core/forkpoint.js';
 import websocket from '@fastify/websocket';
 import { installAuth, redactUrl } from './auth.js';
+import { e2bFace } from './e2b/index.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
@@ -55,7 +56,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // Upgrades are routed as GETs through the hooks (a bad token is a plain 401). The plugin's
   // own hooks come first: they close the socket of an upgrade that was answered, not upgraded.
   await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });
-  installAuth(app, (token) => opts.forkpoint.ownerOfToken(token));
+  installAuth(app, (token) => opts.forkpoint.ownerOfToken(token), (id, token) => opts.forkpoint.ownerOfSandbox(id, token));
   app.addHook('preClose', async () => closeStreams(app.server));
   // The plugin leaves WebSocket routes out of the document; ours are part of the contract.
   app.addHook('onRoute', (route) => {
@@ -88,6 +89,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(firecaseFace(fp, { documented: true }));
   await app.register(firecaseFace(fp, { documented: false }), { prefix: '/v1' });
   await app.register(openComputerRoutes(fp), { prefix: '/api' });
+  await app.register(e2bFace(fp));
   return app;
 }
 

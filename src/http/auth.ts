@@ -4,6 +4,8 @@ import { sendError } from './errors.js';
 declare module 'fastify' {
   interface FastifyRequest {
     owner: string;
+    /** For a call into a sandbox on E2B's envd face: the sandbox it is for. */
+    sandboxId: string | undefined;
   }
   interface FastifyContextConfig {
     /** No token needed (health, docs). */
@@ -36,11 +38,23 @@ export function redactUrl(url: string): string {
   return url.replace(/([?&](?:api_key|token|access_token)=)[^&#]*/gi, '$1[redacted]');
 }
 
-/** `owner` answers whose a token is (undefined: not a valid token). */
-export function installAuth(app: FastifyInstance, owner: (token: string) => string | undefined): void {
+/** `owner` answers whose a token is (undefined: not a valid token); `sandboxOwner` whose a
+ * sandbox is, given its own access token (E2B's envd `X-Access-Token` with `E2b-Sandbox-Id`):
+ * such a call is for that sandbox only. */
+export function installAuth(app: FastifyInstance, owner: (token: string) => string | undefined, sandboxOwner: (id: string, token: string) => string | undefined): void {
   app.decorateRequest('owner', '');
+  app.decorateRequest('sandboxId', undefined);
   app.addHook('onRequest', async (request, reply) => {
     if (request.routeOptions.config?.public) return;
+    const sandbox = request.headers['e2b-sandbox-id'];
+    const access = request.headers['x-access-token'];
+    if (typeof sandbox === 'string' && typeof access === 'string') {
+      const who = sandboxOwner(sandbox, access);
+      if (!who) return sendError(reply, 'UNAUTHENTICATED', 'the access token is not valid for this sandbox');
+      request.owner = who;
+      request.sandboxId = sandbox;
+      return;
+    }
     const token = tokenOf(request);
     const who = token ? owner(token) : undefined;
     if (!who) {

@@ -8,6 +8,8 @@ export interface ErrorBody {
 
 /** The OpenComputer-compatible face answers errors in OpenComputer's own envelope. */
 const isOpenComputer = (request: FastifyRequest) => request.url === '/api' || request.url.startsWith('/api/');
+/** E2B's control plane and envd's file routes answer `{code, message}` (the status as code). */
+const isE2b = (request: FastifyRequest) => /^\/(v2\/)?(sandboxes|snapshots)(\/|\?|$)|^\/(files|health)(\?|$)/.test(request.url) || request.sandboxId !== undefined;
 
 /**
  * One error answer for every failure, in the envelope of the face asked: the Firecase-style
@@ -17,6 +19,7 @@ const isOpenComputer = (request: FastifyRequest) => request.url === '/api' || re
 export function sendError(reply: FastifyReply, code: ErrorCode, message: string, details?: unknown): FastifyReply {
   reply.code(httpStatusOf[code]).type('application/json; charset=utf-8');
   if (isOpenComputer(reply.request)) return reply.send({ error: message });
+  if (isE2b(reply.request)) return reply.send({ code: httpStatusOf[code], message });
   const body: ErrorBody = { error: { code, message, ...(details === undefined ? {} : { details }) } };
   return reply.send(body);
 }

@@ -42,6 +42,9 @@ export interface InstanceRecord {
   imageRef: string | null;
   /** Where its commands start unless told (an image's WORKDIR); null: /. */
   workdir: string | null;
+  /** When it ends by itself, and how (null: never). */
+  expiresAt: string | null;
+  onExpiry: 'delete' | 'hibernate' | null;
   error: string | null;
   createdAt: string;
   updatedAt: string;
@@ -71,6 +74,8 @@ interface Row {
   egress: string | null;
   image_ref: string | null;
   workdir: string | null;
+  expires_at: string | null;
+  on_expiry: 'delete' | 'hibernate' | null;
   error: string | null;
   created_at: string;
   updated_at: string;
@@ -100,6 +105,8 @@ const fromRow = (r: Row): InstanceRecord => ({
   egress: r.egress ? (JSON.parse(r.egress) as EgressPolicy) : { egress: 'allow', allow: [], deny: [] },
   imageRef: r.image_ref,
   workdir: r.workdir,
+  expiresAt: r.expires_at,
+  onExpiry: r.on_expiry,
   error: r.error,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
@@ -125,10 +132,10 @@ export class InstanceStore {
       .prepare(
         `INSERT INTO instances (id, owner, name, image, status, layers, base_layer, agent_layer, env, limits, metadata,
            pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, hibernation_id, idle_timeout_s,
-           address, egress, image_ref, workdir, error, created_at, updated_at)
+           address, egress, image_ref, workdir, expires_at, on_expiry, error, created_at, updated_at)
          VALUES (@id, @owner, @name, @image, @status, @layers, @baseLayer, @agentLayer, @env, @limits, @metadata,
            @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @hibernationId, @idleTimeoutS,
-           @address, @egress, @imageRef, @workdir, @error, @createdAt, @updatedAt)`,
+           @address, @egress, @imageRef, @workdir, @expiresAt, @onExpiry, @error, @createdAt, @updatedAt)`,
       )
       .run({
         ...rec,
@@ -153,6 +160,11 @@ export class InstanceStore {
   /** Every address in use on the sandboxes' network. */
   addresses(): string[] {
     return this.db.prepare('SELECT address FROM instances WHERE address IS NOT NULL').pluck().all() as string[];
+  }
+
+  /** Instances whose lifetime ended before `now` and that are still there to end. */
+  expired(now: string): InstanceRecord[] {
+    return (this.db.prepare("SELECT * FROM instances WHERE expires_at IS NOT NULL AND expires_at <= ? AND status IN ('running', 'stopped', 'hibernated', 'error')").all(now) as Row[]).map(fromRow);
   }
 
   /** Running instances that hibernate when idle: what the idle monitor watches. */
@@ -188,7 +200,7 @@ export class InstanceStore {
         `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, base_layer=@baseLayer, agent_layer=@agentLayer,
            env=@env, limits=@limits, metadata=@metadata, pid=@pid, pid_start=@pidStart,
            max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, hibernation_id=@hibernationId,
-           idle_timeout_s=@idleTimeoutS, address=@address, egress=@egress, image_ref=@imageRef, workdir=@workdir, error=@error, updated_at=@updatedAt WHERE id=@id`,
+           idle_timeout_s=@idleTimeoutS, address=@address, egress=@egress, image_ref=@imageRef, workdir=@workdir, expires_at=@expiresAt, on_expiry=@onExpiry, error=@error, updated_at=@updatedAt WHERE id=@id`,
       )
       .run({
         ...next,

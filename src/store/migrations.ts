@@ -195,4 +195,12 @@ export const migrations: readonly Migration[] = [
         PRIMARY KEY (owner, name)
       );`,
   },
+  {
+    version: 10,
+    name: 'lifetimes',
+    sql: `
+      -- when the instance ends by itself (E2B's sandbox timeout), and how: 'delete' or 'hibernate'
+      ALTER TABLE instances ADD COLUMN expires_at TEXT;
+      ALTER TABLE instances ADD COLUMN on_expiry TEXT;`,
+  },
 ];

@@ -1,0 +1,188 @@
+import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
+import type { FastifyReply } from 'fastify';
+import { z } from 'zod';
+import type { Forkpoint } from '../../core/forkpoint.js';
+import { NotFoundError } from '../../core/errors.js';
+import type { CreateInstance } from '../../core/instances.js';
+import type { InstanceRecord } from '../../store/instances.js';
+import { E2B_HOME, ENVD_VERSION } from './caller.js';
+
+/** E2B's API: camelCase as its spec has it (`allow_internet_access` is its one snake). */
+const Metadata = z.record(z.string().max(256), z.string().max(4096));
+const NewSandbox = z
+  .object({
+    templateID: z.string().min(1).max(128),
+    timeout: z.number().int().min(0).max(30 * 86400).optional(),
+    autoPause: z.boolean().optional(),
+    autoPauseMemory: z.boolean().optional(),
+    metadata: Metadata.optional(),
+    envVars: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).optional(),
+    allow_internet_access: z.boolean().optional(),
+    network: z.object({ allowOut: z.array(z.string()).optional(), denyOut: z.array(z.string()).optional() }).passthrough().optional(),
+  })
+  .passthrough();
+const IdParams = z.object({ sandboxID: z.string().min(1).max(64) });
+const Timeout = z.object({ timeout: z.number().int().min(0).max(30 * 86400) });
+const ListQuery = z.object({
+  metadata: z.string().max(4096).optional(),
+  state: z.string().max(64).optional(),
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+  nextToken: z.string().max(128).optional(),
+});
+const DEFAULT_TIMEOUT_S = 15;
+const hidden = { hide: true };
+
+/** E2B's error: `{code, message}`, the code being the HTTP status. */
+export function e2bError(reply: FastifyReply, status: number, message: string): FastifyReply {
+  return reply.code(status).send({ code: status, message });
+}
+
+/**
+ * E2B's control plane (`/sandboxes`, `/v2/sandboxes`, snapshots), so that the published `e2b`
+ * SDK runs against forkpoint with `E2B_API_URL`, `E2B_SANDBOX_URL` and `E2B_API_KEY` only. A
+ * sandbox is an instance; its timeout an instance lifetime; pause is hibernate (memory kept);
+ * a snapshot is a template (a memory checkpoint).
+ */
+export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
+  async (app) => {
+    const aliases: Record<string, string> = { base: fp.config.defaultImage, ...(JSON.parse(fp.config.e2bTemplates) as Record<string, string>) };
+
+    const sandbox = (r: InstanceRecord) => ({
+      templateID: r.imageRef ?? r.image,
+      sandboxID: r.id,
+      alias: r.imageRef ?? r.image,
+      clientID: 'forkpoint',
+      envdVersion: ENVD_VERSION,
+      envdAccessToken: fp.accessTokenOf(r.owner, r.id),
+      trafficAccessToken: null,
+      domain: null,
+    });
+    const detail = (r: InstanceRecord) => ({
+      ...sandbox(r),
+      startedAt: r.createdAt,
+      endAt: r.expiresAt ?? new Date(Date.parse(r.createdAt) + 86400_000 * 365).toISOString(),
+      cpuCount: Math.max(1, Math.round(r.limits.cpuPercent / 100)),
+      memoryMB: r.limits.memoryMb,
+      diskSizeMB: r.limits.diskMb ?? 0,
+      metadata: r.metadata,
+      state: r.status === 'hibernated' ? 'paused' : 'running',
+    });
+    const lifetime = (owner: string, id: string, seconds: number | undefined, autoPause: boolean | undefined) =>
+      fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), autoPause ? 'hibernate' : 'delete');
+    /** E2B's commands start in its user's home: made once, for any image. */
+    const home = async (owner: string, id: string) => {
+      await fp.commands.exec(owner, id, { command: ['mkdir', '-p', E2B_HOME] });
+    };
+
+    const create = async (owner: string, b: z.infer<typeof NewSandbox>): Promise<InstanceRecord> => {
+      const name = aliases[b.templateID] ?? b.templateID;
+      const input: CreateInstance = {
+        env: b.envVars,
+        metadata: b.metadata,
+        egress:
+          b.allow_internet_access === false || b.network?.denyOut?.includes('0.0.0.0/0')
+            ? { egress: 'deny', allow: b.network?.allowOut ?? [], deny: [] }
+            : { egress: 'allow', allow: b.network?.allowOut ?? [], deny: b.network?.denyOut ?? [] },
+      };
+      const isTemplate = fp.templates.list(owner).some((t) => t.name === name);
+      let rec: InstanceRecord;
+      try {
+        rec = isTemplate ? await fp.templates.instantiate(owner, name, input) : await fp.instances.create(owner, { ...input, image: name });
+      } catch (err) {
+        if ((err as { code?: string }).code === 'INVALID_REQUEST' && /unknown image/.test((err as Error).message)) throw new NotFoundError('template', b.templateID);
+        throw err;
+      }
+      await home(owner, rec.id);
+      return lifetime(owner, rec.id, b.timeout, b.autoPause);
+    };
+
+    for (const path of ['/sandboxes', '/v2/sandboxes']) {
+      app.post(path, { schema: { ...hidden, body: NewSandbox } }, async (req, reply) => reply.code(201).send(sandbox(await create(req.owner, req.body))));
+    }
+
+    app.get('/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req) => listed(req.owner, req.query).items.filter((r) => r.state === 'running'));
+
+    app.get('/v2/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req, reply) => {
+      const page = listed(req.owner, req.query);
+      if (page.next) reply.header('x-next-token', page.next);
+      return page.items;
+    });
+
+    /** The owner's instances as E2B lists them, filtered by metadata (`k=v&k2=v2`) and state,
+     * newest first, a page at a time (the token is the last id of the previous page). */
+    function listed(owner: string, q: z.infer<typeof ListQuery>) {
+      const want = new URLSearchParams(q.metadata ?? '');
+      const states = q.state ? q.state.split(',') : ['running', 'paused'];
+      const all = [] as ReturnType<typeof detail>[];
+      let cursor: string | undefined;
+      do {
+        const page = fp.instances.list(owner, 500, cursor);
+        for (const r of page.items) {
+          if (r.status !== 'running' && r.status !== 'hibernated') continue;
+          if ([...want].some(([k, v]) => r.metadata[k] !== v)) continue;
+          const d = detail(r);
+          if (states.includes(d.state)) all.push(d);
+        }
+        cursor = page.nextCursor ?? undefined;
+      } while (cursor);
+      const start = q.nextToken ? all.findIndex((d) => d.sandboxID === q.nextToken) + 1 : 0;
+      const items = all.slice(start, start + q.limit);
+      return { items, next: start + q.limit < all.length ? items.at(-1)?.sandboxID : undefined };
+    }
+
+    app.get('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req) => detail(fp.instances.get(req.owner, req.params.sandboxID)));
+
+    app.delete('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req, reply) => {
+      await fp.deleteInstance(req.owner, req.params.sandboxID);
+      return reply.code(204).send();
+    });
+
+    app.post('/sandboxes/:sandboxID/timeout', { schema: { ...hidden, params: IdParams, body: Timeout } }, async (req, reply) => {
+      const r = fp.instances.get(req.owner, req.params.sandboxID);
+      lifetime(req.owner, r.id, req.body.timeout, r.onExpiry === 'hibernate');
+      return reply.code(204).send();
+    });
+
+    app.post('/sandboxes/:sandboxID/pause', { schema: { ...hidden, params: IdParams } }, async (req, reply) => {
+      const r = fp.instances.get(req.owner, req.params.sandboxID);
+      if (r.status === 'hibernated') return e2bError(reply, 409, `sandbox ${r.id} is already paused`);
+      await fp.instances.hibernate(req.owner, r.id);
+      fp.instances.setExpiry(req.owner, r.id, null);
+      return reply.code(204).send();
+    });
+
+    const resume = async (owner: string, id: string, timeout: number | undefined, reply: FastifyReply) => {
+      const before = fp.instances.get(owner, id);
+      if (before.status === 'hibernated') await fp.instances.wake(owner, id);
+      const r = lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
+      return reply.code(before.status === 'hibernated' ? 201 : 200).send(sandbox(r));
+    };
+    app.post('/sandboxes/:sandboxID/connect', { schema: { ...hidden, params: IdParams, body: Timeout.partial() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
+    app.post('/sandboxes/:sandboxID/resume', { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
+
+    app.post('/sandboxes/:sandboxID/snapshots', { schema: { ...hidden, params: IdParams, body: z.object({ name: z.string().max(63).optional() }).passthrough().optional() } }, async (req, reply) => {
+      const id = req.params.sandboxID;
+      fp.instances.get(req.owner, id);
+      const made = await fp.checkpoints.create(req.owner, id, { label: 'e2b snapshot', memory: true, retention: { mode: 'delete_oldest' } });
+      await made.done;
+      const c = fp.checkpoints.get(req.owner, id, made.checkpoint.id);
+      if (c.status !== 'ready') return e2bError(reply, 500, `the snapshot failed: ${c.error ?? 'no reason given'}`);
+      const name = req.body?.name ?? `snap-${c.id.replace(/^ckpt_/, '')}`;
+      const t = await fp.templates.create(req.owner, { name, fromCheckpoint: c.id });
+      return reply.code(201).send({ snapshotID: t.name, names: [t.name] });
+    });
+
+    app.get('/snapshots', { schema: { ...hidden, querystring: z.object({ sandboxID: z.string().optional() }).passthrough() } }, async (req) =>
+      fp.templates.list(req.owner).filter((t) => t.status === 'ready').map((t) => ({ snapshotID: t.name, names: [t.name] })),
+    );
+
+    app.post('/sandboxes/:sandboxID/fork', { schema: { ...hidden, params: IdParams, body: z.object({ timeout: z.number().int().min(0).optional(), count: z.number().int().min(1).max(100).optional() }).optional() } }, async (req, reply) => {
+      const forks = await fp.checkpoints.fork(req.owner, req.params.sandboxID, { count: req.body?.count ?? 1 });
+      return reply.code(201).send(forks.map((f) => ({ sandbox: sandbox(lifetime(req.owner, f.id, req.body?.timeout, false)) })));
+    });
+
+    app.get('/sandboxes/:sandboxID/metrics', { schema: { ...hidden, params: IdParams } }, async (req) => {
+      fp.instances.get(req.owner, req.params.sandboxID);
+      return [];
+    });
+  };

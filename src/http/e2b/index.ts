@@ -1,0 +1,38 @@
+import { createContextValues } from '@connectrpc/connect';
+import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
+import type { FastifyPluginAsync } from 'fastify';
+import type { Forkpoint } from '../../core/forkpoint.js';
+import { callerKey, callerOfRequest } from './caller.js';
+import { e2bControlRoutes } from './control.js';
+import { envdFileRoutes } from './files.js';
+import { filesystemService } from './filesystem.js';
+import { Filesystem } from './gen/filesystem/filesystem_pb.js';
+import { Process } from './gen/process/process_pb.js';
+import { processService } from './process.js';
+
+/**
+ * The E2B-compatible face: its control plane, and the in-sandbox API (envd: Connect RPC for
+ * processes and files, plain HTTP for file bytes) that the SDK reaches with `E2b-Sandbox-Id`
+ * and the sandbox's access token. Its contract is E2B's own spec, not forkpoint's document:
+ * the routes are left out of it.
+ */
+export const e2bFace = (fp: Forkpoint): FastifyPluginAsync =>
+  async (app) => {
+    app.addHook('onRoute', (route) => {
+      route.schema = { ...route.schema, hide: true };
+    });
+    await app.register(e2bControlRoutes(fp));
+    await app.register(envdFileRoutes(fp));
+    await app.register(async (rpc) => {
+      // The plugin brings its own parsers (it reads Connect's bodies itself), JSON's included.
+      rpc.removeContentTypeParser('application/json');
+      await rpc.register(fastifyConnectPlugin, {
+        routes: (router) => {
+          router.service(Process, processService(fp));
+          router.service(Filesystem, filesystemService(fp));
+        },
+        contextValues: (req) => createContextValues().set(callerKey, callerOfRequest(req)),
+        shutdownTimeoutMs: 1000,
+      });
+    });
+  };
