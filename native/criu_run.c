@@ -192,7 +192,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   static char pidfile_buf[4096];
   const char *pidfile = pidfile_arg;
   int old_root = -1, host_old_root = -1;
-  char route_if[32] = "", route_addr[32] = "";
+  char route_if[32] = "", route_addr[32] = "", route_gw[32] = "";
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -224,7 +224,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
        * a packet that came earlier was lost (and is sent again), not answered with a reset by
        * a netns that did not have them yet. */
       if (route_if[0] && got > 0) {
-        int rc = net_route(host_netns, route_if, route_addr, msg, sizeof(msg));
+        int rc = net_route(host_netns, route_if, route_addr, route_gw, msg, sizeof(msg));
         route_if[0] = 0;
         if (rc < 0) {
           if (reply_text('E', msg) < 0) break;
@@ -269,6 +269,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       if (rc == 0) {
         snprintf(route_if, sizeof(route_if), "%.31s", f[0]);
         snprintf(route_addr, sizeof(route_addr), "%.31s", f[1]);
+        snprintf(route_gw, sizeof(route_gw), "%.31s", f[2]);
       }
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else {

@@ -8,7 +8,7 @@ int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);
 int loopback_up(void);
 int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr, const char *gw, const char *mac, int with_route, char *err, size_t errlen);
-int net_route(int host_ns, const char *host_if, const char *addr, char *err, size_t errlen);
+int net_route(int host_ns, const char *host_if, const char *addr, const char *gw, char *err, size_t errlen);
 int net_setup_main(int argc, char **argv);
 #include <stddef.h>
 int replace_overlay(const char *dir, const char *target, const char *options, char *err, size_t errlen);

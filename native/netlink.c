@@ -120,8 +120,11 @@ static int add_addr(int sk, int index, struct in_addr a) {
   return talk(sk, &r);
 }
 
-/* A route to DST/LEN: through GW if given, else on the link OIF. */
-static int add_route(int sk, struct in_addr dst, int len, const struct in_addr *gw, int oif) {
+/* A route to DST/LEN: through GW if given, else on the link OIF; from SRC if given (the host's
+ * route to a sandbox is from its own server's gateway: with several servers on one host, the
+ * kernel would otherwise pick any of their gateways on lo, and the sandbox's answers to another
+ * server's address are refused by the firewall). */
+static int add_route(int sk, struct in_addr dst, int len, const struct in_addr *gw, int oif, const struct in_addr *src) {
   struct nlreq r;
   memset(&r, 0, sizeof(r));
   r.h.nlmsg_len = NLMSG_LENGTH(sizeof(struct rtmsg));
@@ -137,6 +140,7 @@ static int add_route(int sk, struct in_addr dst, int len, const struct in_addr *
   if (len && add_attr(&r, RTA_DST, &dst, 4) < 0) return -E2BIG;
   if (gw && add_attr(&r, RTA_GATEWAY, gw, 4) < 0) return -E2BIG;
   if (add_attr(&r, RTA_OIF, &oif, 4) < 0) return -E2BIG;
+  if (src && add_attr(&r, RTA_PREFSRC, src, 4) < 0) return -E2BIG;
   return talk(sk, &r);
 }
 
@@ -202,7 +206,7 @@ int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr
   snprintf(path, sizeof(path), "/proc/sys/net/ipv6/conf/%s/disable_ipv6", host_if);
   write_sysctl(path, "1");
   if ((e = set_up(sk, host_index)) < 0) FAIL("net: up %s: %s", host_if, strerror(-e));
-  if (with_route && (e = add_route(sk, a, 32, NULL, host_index)) < 0) FAIL("net: route to %s: %s", addr, strerror(-e));
+  if (with_route && (e = add_route(sk, a, 32, NULL, host_index, &g)) < 0) FAIL("net: route to %s: %s", addr, strerror(-e));
   close(sk);
 
   /* The sandbox's end. */
@@ -216,9 +220,9 @@ int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr
   if (lo) set_up(sk, lo);
   if ((e = add_addr(sk, eth0, a)) < 0) FAIL("net: address %s: %s", addr, strerror(-e));
   if ((e = set_up(sk, eth0)) < 0) FAIL("net: up eth0: %s", strerror(-e));
-  if ((e = add_route(sk, g, 32, NULL, eth0)) < 0) FAIL("net: route to the gateway: %s", strerror(-e));
+  if ((e = add_route(sk, g, 32, NULL, eth0, NULL)) < 0) FAIL("net: route to the gateway: %s", strerror(-e));
   struct in_addr any = {0};
-  if ((e = add_route(sk, any, 0, &g, eth0)) < 0) FAIL("net: default route: %s", strerror(-e));
+  if ((e = add_route(sk, any, 0, &g, eth0, NULL)) < 0) FAIL("net: default route: %s", strerror(-e));
   rc = 0;
 out:
   if (sk >= 0) close(sk);
@@ -234,11 +238,11 @@ out:
 
 /* Points the host's route to ADDR at HOST_IF: the moment a restored sandbox takes the address
  * over from the one it replaces (whose link may still exist), once its sockets are restored. */
-int net_route(int host_ns, const char *host_if, const char *addr, char *err, size_t errlen) {
-  struct in_addr a;
+int net_route(int host_ns, const char *host_if, const char *addr, const char *gw, char *err, size_t errlen) {
+  struct in_addr a, g;
   int rc = -1, sk = -1, e;
   int back = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-  if (inet_pton(AF_INET, addr, &a) != 1) {
+  if (inet_pton(AF_INET, addr, &a) != 1 || inet_pton(AF_INET, gw, &g) != 1) {
     snprintf(err, errlen, "net: bad address");
     if (back >= 0) close(back);
     return -1;
@@ -248,7 +252,7 @@ int net_route(int host_ns, const char *host_if, const char *addr, char *err, siz
   int index = (int)if_nametoindex(host_if);
   if (!index) FAIL("net: %s: %s", host_if, strerror(errno));
   if ((sk = open_rtnl()) < 0) FAIL("net: netlink: %s", strerror(errno));
-  if ((e = add_route(sk, a, 32, NULL, index)) < 0) FAIL("net: route to %s: %s", addr, strerror(-e));
+  if ((e = add_route(sk, a, 32, NULL, index, &g)) < 0) FAIL("net: route to %s: %s", addr, strerror(-e));
   rc = 0;
 out:
   if (sk >= 0) close(sk);

@@ -66,3 +66,113 @@ describe('the published e2b SDK, unchanged', () => {
     await sbx.kill();
   });
 });
+
+describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, listing', () => {
+  it('createSnapshot, then two sandboxes from it: each has the file and a counter that goes on from the snapshot\'s value, on its own', async () => {
+    const sbx = await Sandbox.create();
+    await sbx.files.write('/root/state.txt', 'from before the snapshot');
+    await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done', { background: true });
+    await until('the counter', async () => Number((await sbx.commands.run('cat /tmp/n')).stdout) >= 5);
+    const snap = await sbx.createSnapshot();
+    const at = Number((await sbx.commands.run('cat /tmp/n')).stdout);
+    const a = await Sandbox.create(snap.snapshotId);
+    const b = await Sandbox.create(snap.snapshotId);
+    for (const x of [a, b]) {
+      expect(await x.files.read('/root/state.txt')).toBe('from before the snapshot');
+      const first = Number((await x.commands.run('cat /tmp/n')).stdout);
+      // Restored at the snapshot's value (about `at`), not from zero, and counting on.
+      expect(first).toBeGreaterThanOrEqual(5);
+      expect(first).toBeLessThanOrEqual(at + 20);
+      await until('counting on', async () => Number((await x.commands.run('cat /tmp/n')).stdout) > first);
+    }
+    await a.files.write('/root/state.txt', 'changed in a');
+    expect(await b.files.read('/root/state.txt')).toBe('from before the snapshot');
+    expect(await sbx.files.read('/root/state.txt')).toBe('from before the snapshot');
+    for (const x of [a, b, sbx]) await x.kill();
+  });
+
+  it('pause, then connect: a variable in a running process is still there', async () => {
+    const sbx = await Sandbox.create();
+    const h = await sbx.commands.run('read line; echo "got $line, secret=$SECRET"', { background: true, stdin: true, envs: { SECRET: 'kept-in-memory' } });
+    await sbx.pause();
+    expect((await s.api('GET', `/instances/${sbx.sandboxId}`)).body.status).toBe('hibernated');
+    const again = await Sandbox.connect(sbx.sandboxId);
+    const out: string[] = [];
+    const conn = await again.commands.connect(h.pid, { onStdout: (d) => void out.push(d) });
+    await again.commands.sendStdin(h.pid, 'hello\n');
+    expect((await conn.wait()).exitCode).toBe(0);
+    await until('the answer', () => out.join('').includes('got hello, secret=kept-in-memory'));
+    await again.kill();
+  });
+
+  it('setTimeout ends a sandbox when it is over; Sandbox.list filters by metadata', async () => {
+    const a = await Sandbox.create({ metadata: { team: 'red' } });
+    const b = await Sandbox.create({ metadata: { team: 'blue' } });
+    const red = await Sandbox.list({ query: { metadata: { team: 'red' } } }).nextItems();
+    expect(red.map((x) => x.sandboxId)).toEqual([a.sandboxId]);
+    expect(red[0]!.metadata).toEqual({ team: 'red' });
+    await b.setTimeout(1000);
+    await until('the timeout', async () => (await s.api('GET', `/instances/${b.sandboxId}`)).status === 404, 10_000);
+    expect(await a.isRunning()).toBe(true);
+    await a.kill();
+  });
+});
+
+describe('@e2b/code-interpreter, unchanged', () => {
+  it('runCode keeps state between cells, and a snapshot and a sandbox from it keep it too', async () => {
+    const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
+    const sbx = await CodeSandbox.create();
+    const first = await sbx.runCode('a = 1');
+    expect(first.error).toBeUndefined();
+    const second = await sbx.runCode('print(a)');
+    expect(second.logs.stdout).toEqual(['1\n']);
+    expect((await sbx.runCode('a + 41')).text).toBe('42');
+    const err = await sbx.runCode('1 / 0');
+    expect(err.error?.name).toBe('ZeroDivisionError');
+
+    const snap = await sbx.createSnapshot();
+    const fork = await CodeSandbox.create(snap.snapshotId);
+    expect((await fork.runCode('print(a)')).logs.stdout).toEqual(['1\n']);
+    await fork.runCode('a = 2');
+    expect((await sbx.runCode('print(a)')).logs.stdout).toEqual(['1\n']);
+    await fork.kill();
+    await sbx.kill();
+  }, 180_000);
+});
+
+describe('attacks on the E2B face', () => {
+  it('a sandbox\'s access token opens that sandbox only; a fork gets its own; control calls need the API key', async () => {
+    const a = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });
+    const b = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });
+    expect(a.status).toBe(201);
+    const tokenA: string = a.body.envdAccessToken;
+    const rpc = (id: string, token: string) =>
+      fetch(`${s.url}/process.Process/List`, { method: 'POST', headers: { 'content-type': 'application/json', 'e2b-sandbox-id': id, 'x-access-token': token }, body: '{}' });
+    expect((await rpc(a.body.sandboxID, tokenA)).status).toBe(200);
+    expect((await rpc(b.body.sandboxID, tokenA)).status).toBe(401);
+    expect((await rpc(a.body.sandboxID, tokenA.slice(0, -2) + 'xx')).status).toBe(401);
+    const files = await fetch(`${s.url}/files?path=/etc/hostname`, { headers: { 'e2b-sandbox-id': b.body.sandboxID, 'x-access-token': tokenA } });
+    expect(files.status).toBe(401);
+    // A port inside another sandbox, through the proxy, with the wrong sandbox's token.
+    const port = await fetch(`${s.url}/`, { headers: { 'e2b-sandbox-id': b.body.sandboxID, 'e2b-sandbox-port': '8080', 'x-access-token': tokenA } });
+    expect(port.status).toBe(401);
+    // With its own token, a closed port is the sandbox's business: 503, not a server error.
+    const closed = await fetch(`${s.url}/`, { headers: { 'e2b-sandbox-id': a.body.sandboxID, 'e2b-sandbox-port': '8080', 'x-access-token': tokenA } });
+    expect(closed.status).toBe(503);
+
+    const forks = await s.api('POST', `/sandboxes/${a.body.sandboxID}/fork`, { count: 1 }, { 'x-api-key': s.token });
+    expect(forks.status).toBe(201);
+    const f = forks.body[0].sandbox;
+    expect(f.envdAccessToken).not.toBe(tokenA);
+    expect((await rpc(f.sandboxID, tokenA)).status).toBe(401);
+    expect((await rpc(f.sandboxID, f.envdAccessToken)).status).toBe(200);
+
+    expect((await s.api('GET', `/sandboxes/${a.body.sandboxID}`, undefined, {})).status).toBe(401);
+    const { token } = s.fp.store.tokens.create('intruder', 'test');
+    const other = await s.api('GET', `/sandboxes/${a.body.sandboxID}`, undefined, { 'x-api-key': token });
+    expect(other.status).toBe(404);
+    expect(other.body).toMatchObject({ code: 404 });
+    expect((await s.api('DELETE', `/sandboxes/${a.body.sandboxID}`, undefined, { 'x-api-key': token })).status).toBe(404);
+    for (const id of [a.body.sandboxID, b.body.sandboxID, f.sandboxID]) expect((await s.api('DELETE', `/sandboxes/${id}`, undefined, { 'x-api-key': s.token })).status).toBe(204);
+  });
+});

@@ -15,6 +15,7 @@ import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
 import { ImageCatalog } from './images.js';
 import { ExpiryService } from './expiry.js';
+import { BundledTemplates } from './bundled-templates.js';
 import { BuildService } from './build/builder.js';
 import { TemplateService } from './templates.js';
 import { PortService } from './ports.js';
@@ -56,6 +57,8 @@ export class Forkpoint {
   readonly builds: BuildService;
   /** Memory checkpoints new instances start from, servers running. */
   readonly templates: TemplateService;
+  /** Templates forkpoint ships (E2B's code interpreter), made for an owner on first use. */
+  readonly bundled: BundledTemplates;
   /** Instances with a lifetime end when it is over. */
   readonly expiry: ExpiryService;
   private previewLinks: PreviewLinks | undefined;
@@ -95,6 +98,7 @@ export class Forkpoint {
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
     this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);
     this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.engine.layout.contexts, log);
+    this.bundled = new BundledTemplates(this.builds, this.templates, log);
   }
 
   static async open(config: Config, log: Logger, version: string, engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {

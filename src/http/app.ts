@@ -6,7 +6,7 @@ import type { Logger } from 'pino';
 import type { Forkpoint } from '../core/forkpoint.js';
 import websocket from '@fastify/websocket';
 import { installAuth, redactUrl } from './auth.js';
-import { e2bFace } from './e2b/index.js';
+import { e2bFace, e2bPortRoute } from './e2b/index.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
@@ -43,8 +43,8 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     bodyLimit: opts.bodyLimitBytes,
     routerOptions: { ignoreTrailingSlash: true },
     // A preview host name (<port>-<instance>.<domain>) is that port's proxy, at its root.
-    rewriteUrl: (req: { url?: string; headers: { host?: string } }) => {
-      const to = hostRoute(domain, req.headers.host);
+    rewriteUrl: (req: { url?: string; headers: Record<string, string | string[] | undefined> }) => {
+      const to = hostRoute(domain, req.headers.host as string | undefined) ?? e2bPortRoute(req.headers);
       return to ? `/instances/${to.id}/ports/${to.port}${req.url ?? '/'}` : (req.url ?? '/');
     },
   };

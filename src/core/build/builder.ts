@@ -38,6 +38,8 @@ export interface DockerfileBuild {
   dockerfilePath?: string | undefined;
   /** A tar (gzip or not) of the build context. */
   contextTar?: Readable | undefined;
+  /** Or a directory of the server's own (a bundled image's). */
+  contextDir?: string | undefined;
   buildArgs?: Record<string, string> | undefined;
   memoryMb?: number | undefined;
 }
@@ -107,13 +109,13 @@ export class BuildService {
   /** Builds a Dockerfile: given as text (no context), or found in a context tar the client
    * sent (its `.dockerignore` applied to COPY). The context is gone when the build ends. */
   async buildDockerfile(owner: string, req: DockerfileBuild, onLog?: (l: BuildLogLine) => void): Promise<ImageView> {
-    const context = req.contextTar ? await BuildContext.unpack(req.contextTar, this.contextsDir, MAX_CONTEXT_BYTES) : undefined;
+    const context = req.contextTar ? await BuildContext.unpack(req.contextTar, this.contextsDir, MAX_CONTEXT_BYTES) : req.contextDir ? new BuildContext(req.contextDir) : undefined;
     try {
       const text = req.dockerfile ?? (await context!.readFile(req.dockerfilePath ?? 'Dockerfile', 1 << 20)).toString('utf8');
       const plan = parseDockerfile(text, req.buildArgs);
       return await this.build(owner, { name: req.name, plan, context, memoryMb: req.memoryMb }, onLog);
     } finally {
-      await context?.dispose();
+      if (req.contextTar) await context?.dispose();
     }
   }
 

@@ -45,7 +45,11 @@ export function e2bError(reply: FastifyReply, status: number, message: string): 
  */
 export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
-    const aliases: Record<string, string> = { base: fp.config.defaultImage, ...(JSON.parse(fp.config.e2bTemplates) as Record<string, string>) };
+    const aliases: Record<string, string> = {
+      base: fp.config.defaultImage,
+      'code-interpreter-v1': 'code-interpreter',
+      ...(JSON.parse(fp.config.e2bTemplates) as Record<string, string>),
+    };
 
     const sandbox = (r: InstanceRecord) => ({
       templateID: r.imageRef ?? r.image,
@@ -84,6 +88,8 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
             ? { egress: 'deny', allow: b.network?.allowOut ?? [], deny: [] }
             : { egress: 'allow', allow: b.network?.allowOut ?? [], deny: b.network?.denyOut ?? [] },
       };
+      // A template forkpoint ships is made for the owner the first time one is asked for.
+      if (fp.bundled.has(name)) await fp.bundled.ensure(owner, name);
       const isTemplate = fp.templates.list(owner).some((t) => t.name === name);
       let rec: InstanceRecord;
       try {
@@ -143,7 +149,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(204).send();
     });
 
-    app.post('/sandboxes/:sandboxID/pause', { schema: { ...hidden, params: IdParams } }, async (req, reply) => {
+    app.post('/sandboxes/:sandboxID/pause', { schema: { ...hidden, params: IdParams, body: z.object({ memory: z.boolean().optional() }).passthrough().optional() } }, async (req, reply) => {
       const r = fp.instances.get(req.owner, req.params.sandboxID);
       if (r.status === 'hibernated') return e2bError(reply, 409, `sandbox ${r.id} is already paused`);
       await fp.instances.hibernate(req.owner, r.id);
@@ -157,7 +163,9 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const r = lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
       return reply.code(before.status === 'hibernated' ? 201 : 200).send(sandbox(r));
     };
-    app.post('/sandboxes/:sandboxID/connect', { schema: { ...hidden, params: IdParams, body: Timeout.partial() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
+    for (const path of ['/sandboxes/:sandboxID/connect', '/v2/sandboxes/:sandboxID/connect']) {
+      app.post(path, { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough().optional() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
+    }
     app.post('/sandboxes/:sandboxID/resume', { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
 
     app.post('/sandboxes/:sandboxID/snapshots', { schema: { ...hidden, params: IdParams, body: z.object({ name: z.string().max(63).optional() }).passthrough().optional() } }, async (req, reply) => {

@@ -2,7 +2,7 @@ import { createContextValues } from '@connectrpc/connect';
 import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
 import type { FastifyPluginAsync } from 'fastify';
 import type { Forkpoint } from '../../core/forkpoint.js';
-import { callerKey, callerOfRequest } from './caller.js';
+import { callerKey, callerOfRequest, ENVD_PORT } from './caller.js';
 import { e2bControlRoutes } from './control.js';
 import { envdFileRoutes } from './files.js';
 import { filesystemService } from './filesystem.js';
@@ -36,3 +36,12 @@ export const e2bFace = (fp: Forkpoint): FastifyPluginAsync =>
       });
     });
   };
+
+/** A call E2B's SDKs make to another port inside a sandbox (`E2b-Sandbox-Port`, the code
+ * interpreter's 49999): it goes to that port's proxy, with the sandbox's access token. */
+export function e2bPortRoute(headers: Record<string, string | string[] | undefined>): { id: string; port: number } | undefined {
+  const id = headers['e2b-sandbox-id'];
+  const port = Number(headers['e2b-sandbox-port']);
+  if (typeof id !== 'string' || !/^[A-Za-z0-9_-]{1,64}$/.test(id) || !Number.isInteger(port) || port < 1 || port > 65535 || port === ENVD_PORT) return undefined;
+  return { id, port };
+}

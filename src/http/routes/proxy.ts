@@ -2,6 +2,7 @@ import replyFrom from '@fastify/reply-from';
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import { WebSocket } from 'ws';
 import { UnauthenticatedError } from '../../core/errors.js';
+import { sendError } from '../errors.js';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { tokenOf } from '../auth.js';
 
@@ -69,6 +70,9 @@ export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
       url.searchParams.delete(PREVIEW_PARAM);
       const token = tokenOf(req);
       let owner = token ? fp.ownerOfToken(token) : undefined;
+      // E2B's SDKs reach a port inside with the sandbox's own access token (for that sandbox).
+      const access = req.headers['x-access-token'];
+      if (!owner && typeof access === 'string' && req.headers['e2b-sandbox-id'] === id) owner = fp.ownerOfSandbox(id, access);
       if (!owner) {
         const signed = fromQuery ?? cookie(req, PREVIEW_PARAM);
         owner = signed ? fp.previews.verify(signed, id, port) : undefined;
@@ -88,8 +92,10 @@ export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
     const forward = (req: FastifyRequest, reply: FastifyReply) => {
       const t = targets.get(req)!;
       return reply.from(`http://${t.host}:${t.port}${t.path}`, {
+        // Nothing listening, or a server that does not answer: the sandbox's doing, not a bug.
+        onError: (_r, { error }) => void sendError(reply, 'UNAVAILABLE', `port ${t.port} of the instance did not answer: ${error.message}`),
         rewriteRequestHeaders: (_r, headers) => {
-          const { authorization: _a, 'x-api-key': _k, ...rest } = headers;
+          const { authorization: _a, 'x-api-key': _k, 'x-access-token': _t, ...rest } = headers;
           if (typeof rest.cookie === 'string') rest.cookie = rest.cookie.split(';').filter((c) => !c.trim().startsWith(`${PREVIEW_PARAM}=`)).join(';');
           return rest;
         },
