@@ -47,7 +47,7 @@ program
     await fp.start();
     const token = await fp.ensureInitialToken();
     if (token) {
-      process.stdout.write(`forkpoint: created the first API token (also in ${fp.engine.layout.initialTokenFile}, mode 0600):\n${token}\n`);
+      process.stdout.write(`forkpoint: created the first API token (also in ${fp.layout.initialTokenFile}, mode 0600):\n${token}\n`);
     }
     const app = await buildApp({ forkpoint: fp, logger: log, bodyLimitBytes: cfg.bodyLimitBytes });
     const address = await app.listen({ port: cfg.port, host: cfg.host });

@@ -1,11 +1,10 @@
-import { existsSync } from 'node:fs';
 import type { Logger } from 'pino';
-import type { Engine } from '../engine/engine.js';
+import type { SandboxRuntime } from '../engine/runtime.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord, Page } from '../store/instances.js';
-import { ConflictError, InvalidRequestError, isNoSpace, NotFoundError, QuotaExceededError } from './errors.js';
+import { ConflictError, isNoSpace, NotFoundError, QuotaExceededError } from './errors.js';
 import type { EventBus } from './events.js';
 import type { ExecutionService } from './executions.js';
 import type { CreateInstance, InstanceService } from './instances.js';
@@ -61,7 +60,7 @@ export class CheckpointService {
 
   constructor(
     private readonly store: Store,
-    private readonly engine: Engine,
+    private readonly engine: SandboxRuntime,
     private readonly instances: InstanceService,
     private readonly locks: KeyedLock,
     private readonly jobs: JobQueue,
@@ -192,14 +191,13 @@ export class CheckpointService {
     const short = await this.spaceShortfall(inst, c.memory);
     if (short) return this.fail(c, short);
     const layerId = newId('lyr');
-    const images = this.engine.layout.checkpoint(c.id);
     this.store.layers.add(layerId, inst.id);
     let pauseMs: number | null = null;
     try {
       if (inst.status === 'running') {
         // A disk-only checkpoint of a running instance still goes through a dump so the
         // instance keeps running; its memory image is dropped afterwards.
-        pauseMs = (await this.engine.freezeRunning(this.instances.spec(inst), layerId, images, release)).pauseMs;
+        pauseMs = (await this.engine.freezeRunning(this.instances.spec(inst), layerId, c.id, release)).pauseMs;
       } else {
         await this.engine.freezeStopped(inst.id, layerId);
       }
@@ -219,8 +217,8 @@ export class CheckpointService {
     // The instance runs again; what follows only makes the checkpoint durable and measured.
     if (!c.memory) await this.engine.removeCheckpointImages(c.id);
     await this.engine.syncLayer(layerId);
-    const deltaBytes = await this.engine.diskUsage(this.engine.layout.layer(layerId));
-    const memoryBytes = c.memory ? await this.engine.diskUsage(images) : 0;
+    const deltaBytes = await this.engine.layerBytes(layerId);
+    const memoryBytes = c.memory ? await this.engine.checkpointImageBytes(c.id) : 0;
     this.store.layers.markSynced(layerId);
     this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
     this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
@@ -349,7 +347,7 @@ export class CheckpointService {
     return this.locks.run(instanceId, async () => {
       const inst = this.store.instances.get(instanceId)!;
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
-      const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
+      const images = c.memory ? c.id : undefined;
       try {
         const t = performance.now();
         const sb = await this.engine.replace(spec, images);
@@ -389,7 +387,7 @@ export class CheckpointService {
     try {
       c = await this.ready(c);
       await requireRoom(this.engine);
-      const images = c.memory ? this.engine.layout.checkpoint(c.id) : undefined;
+      const images = c.memory ? c.id : undefined;
       const made: string[] = [];
       const results = await Promise.allSettled(
         Array.from({ length: count }, async (_, i) => {

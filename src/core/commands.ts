@@ -1,6 +1,5 @@
 import type { Logger } from 'pino';
 import type { AgentProcessInfo } from '../engine/agent/frames.js';
-import type { Engine } from '../engine/engine.js';
 import { EngineError } from '../engine/errors.js';
 import { execOnce, type ExecResult } from '../engine/exec.js';
 import { Output } from '../engine/output.js';
@@ -43,7 +42,8 @@ export class CommandService {
   constructor(
     private readonly instances: InstanceService,
     private readonly access: SandboxAccess,
-    private readonly engine: Engine,
+    /** Where outputs too large for memory go while a command runs. */
+    private readonly spillDir: string,
     private readonly events: EventBus,
     private readonly log: Logger,
   ) {}
@@ -52,7 +52,7 @@ export class CommandService {
     const timeoutMs = input.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     const maxOutputBytes = input.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
     const stdin = input.stdin !== undefined ? Buffer.from(input.stdin) : undefined;
-    const spillDir = this.engine.layout.spill;
+    const spillDir = this.spillDir;
     return this.access.use(owner, id, async (sb, rec) => {
       try {
         if (input.session) {

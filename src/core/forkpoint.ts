@@ -3,8 +3,8 @@ import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import { Engine, type EngineOptions } from '../engine/engine.js';
+import type { DataLayout } from '../engine/layout.js';
 import { Images } from '../engine/images.js';
-import { isMounted } from '../engine/overlay.js';
 import { openStore, type Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import { SandboxAccess } from './access.js';
@@ -37,7 +37,10 @@ export interface HealthReport {
 /** The core: store, engine and services, wired once. Routes talk to this and nothing below. */
 export class Forkpoint {
   readonly store: Store;
+  /** The machine's sandboxes (the composition root holds the local engine itself). */
   readonly engine: Engine;
+  /** Where this server's files are: its database, tokens, secrets, spill and contexts. */
+  readonly layout: DataLayout;
   readonly images: Images;
   /** The images an owner can use: system rootfs directories and built ones. */
   readonly catalog: ImageCatalog;
@@ -79,16 +82,17 @@ export class Forkpoint {
       network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(',') },
       ...engineOverrides,
     });
-    this.store = openStore(this.engine.layout.db);
-    this.images = new Images(this.engine.layout.images);
+    this.layout = this.engine.layout;
+    this.store = openStore(this.layout.db);
+    this.images = new Images(this.layout.images);
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
     this.catalog = new ImageCatalog(this.store, this.images);
     this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log);
     this.access = new SandboxAccess(this.instances, this.store, log);
-    this.commands = new CommandService(this.instances, this.access, this.engine, this.events, log);
-    this.executions = new ExecutionService(this.store, this.instances, this.access, this.engine.layout.spill, this.events, log);
+    this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
+    this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
     this.files = new FileService(this.access, log);
     this.ports = new PortService(this.store, this.instances, this.access, config.host, log);
     this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, {
@@ -97,7 +101,7 @@ export class Forkpoint {
     }, this.events, this.executions, log);
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
     this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);
-    this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.engine.layout.contexts, log);
+    this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.layout.contexts, log);
     this.bundled = new BundledTemplates(this.builds, this.templates, log);
   }
 
@@ -126,12 +130,12 @@ export class Forkpoint {
       this.log.warn({ image: f.name, error: f.error }, 'a set-up image could not be copied into the data directory; it is not available');
     }
     // Contexts of builds a stop cut short.
-    await rm(this.engine.layout.contexts, { recursive: true, force: true });
+    await rm(this.layout.contexts, { recursive: true, force: true });
     await this.checkpoints.recover();
     await this.instances.recover();
     await this.builds.recover();
     await this.templates.recover();
-    this.previewLinks = await PreviewLinks.open(this.engine.layout.previewSecretFile);
+    this.previewLinks = await PreviewLinks.open(this.layout.previewSecretFile);
     await this.ports.restore();
     this.access.startIdleMonitor();
     this.expiry.start();
@@ -158,23 +162,23 @@ export class Forkpoint {
   async ensureInitialToken(): Promise<string | undefined> {
     if (this.store.tokens.countActive() > 0) return undefined;
     const { token } = this.store.tokens.create('default', 'initial');
-    await writeFile(this.engine.layout.initialTokenFile, token + '\n', { mode: 0o600 });
+    await writeFile(this.layout.initialTokenFile, token + '\n', { mode: 0o600 });
     return token;
   }
 
   async health(): Promise<HealthReport> {
-    const criu = await this.engine.criu.version().catch(() => undefined);
+    const { criu, cgroups } = await this.engine.health();
     const overlay = await readFile('/proc/filesystems', 'utf8')
       .then((t) => /\toverlay$/m.test(t))
       .catch(() => false);
     const root = process.getuid?.() === 0;
     return {
-      ok: Boolean(criu?.ok) && overlay && root && existsSync(this.config.agentPath),
+      ok: criu.ok && overlay && root && existsSync(this.config.agentPath),
       version: this.version,
       engine: {
-        criu: { path: this.config.criuPath, version: criu?.version ?? null, ok: Boolean(criu?.ok) },
+        criu: { path: this.config.criuPath, version: criu.version, ok: criu.ok },
         overlay,
-        cgroups: this.engine.cgroups.version,
+        cgroups,
         root,
       },
     };
@@ -233,7 +237,7 @@ export class Forkpoint {
   /** Stops every sandbox and unmounts every disk: for tests and `serve --stop-on-exit`. */
   async stopAll(): Promise<void> {
     for (const rec of this.store.instances.all()) {
-      if (this.engine.sandbox(rec.id) || (await isMounted(this.engine.layout.merged(rec.id)))) {
+      if (this.engine.sandbox(rec.id) || (await this.engine.isMounted(rec.id))) {
         await this.engine.stop(rec.id).catch(() => {});
         this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
       }

@@ -1,9 +1,8 @@
-import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
-import type { Engine, SandboxSpec } from '../engine/engine.js';
+import type { SandboxSpec } from '../engine/engine.js';
+import type { SandboxRuntime } from '../engine/runtime.js';
 import type { Sandbox } from '../engine/sandbox.js';
-import { processStartTime } from '../engine/launcher.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { InstanceRecord, Limits, Page } from '../store/instances.js';
@@ -54,7 +53,7 @@ export class InstanceService {
 
   constructor(
     private readonly store: Store,
-    private readonly engine: Engine,
+    private readonly engine: SandboxRuntime,
     private readonly images: ImageCatalog,
     private readonly locks: KeyedLock,
     private readonly config: Config,
@@ -386,7 +385,7 @@ export class InstanceService {
       this.store.layers.add(layerId, id);
       let pauseMs: number;
       try {
-        ({ pauseMs } = await this.engine.hibernate(this.spec(rec), layerId, this.engine.layout.checkpoint(hibernationId)));
+        ({ pauseMs } = await this.engine.hibernate(this.spec(rec), layerId, hibernationId));
       } catch (err) {
         this.store.layers.remove(layerId);
         await this.engine.removeCheckpointImages(hibernationId);
@@ -415,7 +414,7 @@ export class InstanceService {
       const t = performance.now();
       let sb: Sandbox;
       try {
-        sb = await this.engine.restore(this.spec(rec), this.engine.layout.checkpoint(rec.hibernationId), { setHostname: false, connections: 'restore' });
+        sb = await this.engine.restore(this.spec(rec), rec.hibernationId, { setHostname: false, connections: 'restore' });
       } catch (err) {
         this.log.error({ err, instance: id }, 'wake failed');
         this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the wake failed: ${(err as Error).message}` });
@@ -443,7 +442,7 @@ export class InstanceService {
     for (const rec of this.store.instances.all()) {
       known.add(rec.id);
       if (rec.status !== 'running' && rec.status !== 'starting') continue;
-      const launched = rec.status === 'starting' ? await this.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
+      const launched = rec.status === 'starting' ? await this.engine.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
       const sb = launched ? await this.engine.adopt(this.spec(rec), launched.pid, launched.startTime) : undefined;
       if (sb) {
         if (rec.status === 'starting') this.running(rec.id, sb);
@@ -468,17 +467,9 @@ export class InstanceService {
     }
   }
 
-  /** The PID 1 a boot or restore wrote to run/pid, with its start time, if it runs. */
-  private async leftoverPid(id: string): Promise<{ pid: number; startTime: string } | undefined> {
-    const pid = Number(await readFile(`${this.engine.layout.run(id)}/pid`, 'utf8').catch(() => '0'));
-    if (!Number.isInteger(pid) || pid <= 0) return undefined;
-    const startTime = await processStartTime(pid).catch(() => undefined);
-    return startTime ? { pid, startTime } : undefined;
-  }
-
   /** A sandbox booted or restored while the server went down has its pid only in run/pid. */
   private async killLeftover(id: string): Promise<void> {
-    const leftover = await this.leftoverPid(id);
+    const leftover = await this.engine.leftoverPid(id);
     if (leftover) await this.engine.killStray(leftover.pid, leftover.startTime);
   }
 

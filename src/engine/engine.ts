@@ -1,7 +1,6 @@
 import { existsSync, lstatSync, mkdirSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, stat, statfs } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, stat, statfs } from 'node:fs/promises';
 import { join, relative, resolve } from 'node:path';
-import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
@@ -14,8 +13,12 @@ import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { Volumes } from './volumes.js';
 import { run, Steps } from './run.js';
+import { diskUsage } from './disk-usage.js';
+import { killTree, waitGone } from './process-tree.js';
+import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
+import type { RuntimeHealth, SandboxRuntime } from './runtime.js';
 import { Network, type SandboxNetwork } from './network/index.js';
 
 export interface EngineOptions {
@@ -60,11 +63,10 @@ interface PreparedRestore {
   workFd: number;
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Sandboxes on this host: overlay disks, CRIU, namespaces, cgroups. Holds the live
  * `Sandbox` of each running instance; everything else is the caller's to remember. */
-export class Engine {
+export class Engine implements SandboxRuntime {
   readonly layout: DataLayout;
   readonly criu: Criu;
   readonly cgroups = new Cgroups();
@@ -117,31 +119,10 @@ export class Engine {
     ];
   }
 
-  /**
-   * Squashes layers (newest first) and, unless `image` is null, the image under them into one
-   * new full-root layer. The merged view is read through a read-only overlay, where whiteouts
-   * and opaque directories are already resolved, and copied. Nothing mounted changes: the
-   * caller swaps the new layer in for future mounts.
-   */
+  /** Squashes layers (newest first), and the image under them unless `image` is null, into
+   * one new full-root layer (squash.ts). */
   async squash(layers: string[], image: string | null, into: string): Promise<void> {
-    const l = this.layout;
-    const view = join(l.trash, `squash-view-${into}`);
-    const tmp = `${l.layer(into)}.tmp`;
-    await mkdir(view, { recursive: true });
-    await rm(tmp, { recursive: true, force: true });
-    const lowers = [...layers.map((id) => l.relative(l.layer(id))), ...(image ? [l.relative(l.image(image))] : [])];
-    // A read-only overlay needs two lowers; a single layer is copied as it is.
-    if (lowers.length >= 2) await this.mounter.mountReadOnly(lowers, view, l.root);
-    try {
-      const source = lowers.length >= 2 ? view : join(l.root, lowers[0]!);
-      const r = await execa('cp', ['-a', '--', `${source}/.`, tmp], { reject: false });
-      if (r.exitCode !== 0 && !/socket/.test(r.stderr)) throw new EngineError('MOUNT_FAILED', `squash copy: ${r.stderr.trim()}`);
-    } finally {
-      if (lowers.length >= 2) await this.mounter.unmount(view);
-      await rm(view, { recursive: true, force: true });
-    }
-    await run(this.opts.agentPath, ['syncfs', tmp]);
-    await rename(tmp, l.layer(into));
+    await squashLayers({ layout: this.layout, mounter: this.mounter, agentPath: this.opts.agentPath }, layers, image, into);
   }
 
   /** The instance's upper and work dirs: in its volume when it has a disk limit. */
@@ -320,7 +301,8 @@ export class Engine {
 
   /** Restores a memory image onto a fresh upper over the spec's layers (an image of an older
    * format boots fresh on those layers instead: see Criu.isCurrentFormat). */
-  async restore(spec: SandboxSpec, images: string, opts: { setHostname: boolean; connections: Connections }): Promise<Sandbox> {
+  async restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<Sandbox> {
+    const images = this.layout.checkpoint(imagesId);
     if (!this.criu.isCurrentFormat(images)) {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
       return this.boot(spec, { freshUpper: true });
@@ -407,7 +389,8 @@ export class Engine {
    * pause; their commands go on afterwards. On a failed dump the sandbox runs on untouched.
    * `images` receives the memory image; `spec.layers` are the layers before the freeze.
    */
-  async freezeRunning(spec: SandboxSpec, layerId: string, images: string, release?: () => void): Promise<FreezeResult> {
+  async freezeRunning(spec: SandboxSpec, layerId: string, imagesId: string, release?: () => void): Promise<FreezeResult> {
+    const images = this.layout.checkpoint(imagesId);
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
     await mkdir(images, { recursive: true });
@@ -485,7 +468,8 @@ export class Engine {
    * `layerId`, like a checkpoint, but nothing is restored: its processes are gone and their
    * memory freed, its disk unmounted. `restore(spec with the layer, images)` wakes it.
    */
-  async hibernate(spec: SandboxSpec, layerId: string, images: string): Promise<{ pauseMs: number }> {
+  async hibernate(spec: SandboxSpec, layerId: string, imagesId: string): Promise<{ pauseMs: number }> {
+    const images = this.layout.checkpoint(imagesId);
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
     await mkdir(images, { recursive: true });
@@ -556,7 +540,8 @@ export class Engine {
    * or a fresh boot, on a fresh upper over `spec.layers`. Waiters at the gate carry on with
    * the new sandbox; commands of the old one are lost.
    */
-  async replace(spec: SandboxSpec, images: string | undefined): Promise<Sandbox> {
+  async replace(spec: SandboxSpec, imagesId: string | undefined): Promise<Sandbox> {
+    let images = imagesId === undefined ? undefined : this.layout.checkpoint(imagesId);
     if (images && !this.criu.isCurrentFormat(images)) {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
       images = undefined;
@@ -612,6 +597,36 @@ export class Engine {
     this.discard(this.layout.checkpoint(checkpointId));
   }
 
+  hasCheckpointImages(checkpointId: string): boolean {
+    return existsSync(this.layout.checkpoint(checkpointId));
+  }
+
+  async checkpointImageBytes(checkpointId: string): Promise<number> {
+    return this.diskUsage(this.layout.checkpoint(checkpointId));
+  }
+
+  async layerBytes(layerId: string): Promise<number> {
+    return this.diskUsage(this.layout.layer(layerId));
+  }
+
+  async isMounted(id: string): Promise<boolean> {
+    return isMounted(this.layout.merged(id));
+  }
+
+  /** The PID 1 a boot or restore wrote to run/pid, with its start time, if it runs: what a
+   * crash between the launch and the store's record leaves. */
+  async leftoverPid(id: string): Promise<{ pid: number; startTime: string } | undefined> {
+    const pid = Number(await readFile(join(this.layout.run(id), 'pid'), 'utf8').catch(() => '0'));
+    if (!Number.isInteger(pid) || pid <= 0) return undefined;
+    const startTime = await processStartTime(pid).catch(() => undefined);
+    return startTime ? { pid, startTime } : undefined;
+  }
+
+  async health(): Promise<RuntimeHealth> {
+    const criu = await this.criu.version().catch(() => undefined);
+    return { criu: { version: criu?.version ?? null, ok: Boolean(criu?.ok) }, cgroups: this.cgroups.version };
+  }
+
   /** Bytes free for forkpoint under the data directory. */
   async freeBytes(): Promise<number> {
     const st = await statfs(this.layout.root);
@@ -624,13 +639,7 @@ export class Engine {
   }
 
   async diskUsage(path: string): Promise<number> {
-    if (!existsSync(path)) return 0;
-    // -x: not into mounted overlays (merged/), which would count every layer again; -D: a layer
-    // in a volume is a symlink to follow.
-    const r = await execa('du', ['-sbxD', '--apparent-size', path], { reject: false });
-    const n = Number(r.stdout.split('\t')[0]);
-    if (Number.isFinite(n)) return n;
-    return (await stat(path)).size;
+    return diskUsage(path);
   }
 
   async shutdown(): Promise<void> {
@@ -638,26 +647,5 @@ export class Engine {
     this.restorers.close();
     for (const sb of this.live.values()) await sb.close();
     this.live.clear();
-  }
-}
-
-/** Sends SIGKILL at once (the check and the signal are synchronous) and resolves when the
- * process is gone. */
-function killTree(pid: number, startTime: string): Promise<void> {
-  if (!isAliveSync(pid, startTime)) return Promise.resolve();
-  try {
-    // PID 1 of a pid namespace takes every process of the namespace with it.
-    process.kill(pid, 'SIGKILL');
-  } catch {
-    return Promise.resolve();
-  }
-  return waitGone(pid, startTime);
-}
-
-async function waitGone(pid: number, startTime: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (await isAlive(pid, startTime)) {
-    if (Date.now() > deadline) throw new EngineError('NOT_RUNNING', `process ${pid} did not exit`);
-    await sleep(1);
   }
 }

@@ -2,7 +2,6 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { EngineError } from './errors.js';
 
 /** What an image says about the instances made from it (Dockerfile ENV, WORKDIR, USER, CMD...). */
 export interface ImageConfig {

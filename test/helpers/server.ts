@@ -36,7 +36,7 @@ export async function startServer(config: Partial<ConfigInput> = {}, existingDat
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', ...config } });
   const fp = await Forkpoint.open(cfg, pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' }), VERSION);
   await fp.start();
-  const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.engine.layout.initialTokenFile, 'utf8')).trim();
+  const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.layout.initialTokenFile, 'utf8')).trim();
   const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
   const url = await app.listen({ host: '127.0.0.1', port: 0 });
 

@@ -161,6 +161,7 @@ export class BuildService {
         state = { layers: builder.layers, config, key };
       }
       this.catalog.put({ owner, name: req.name, base: from.base, layers: state.layers, config: state.config, buildKey: state.key, createdAt: new Date().toISOString() });
+      this.log.info({ owner, image: req.name, steps: total, ms: Math.round(performance.now() - started) }, 'image built');
       onLog({ step: total, total, type: 'done', message: `Built ${req.name} in ${Math.round(performance.now() - started)} ms` });
       return this.catalog.get(owner, req.name);
     } finally {

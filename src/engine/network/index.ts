@@ -12,6 +12,7 @@ import type { EgressPolicy } from './policy.js';
 export type { EgressPolicy } from './policy.js';
 export { DEFAULT_POLICY, parseEntry } from './policy.js';
 export type { SandboxNetwork } from './link.js';
+export type { FirewallEntry } from './firewall.js';
 
 export interface NetworkOptions {
   agentPath: string;

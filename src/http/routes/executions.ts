@@ -3,7 +3,7 @@ import { z } from 'zod';
 import type { ExecutionState } from '../../core/executions.js';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import {
-  errorResponses, ExecParams, ExecStreamRequest, Execution, ExecutionPage, ExecutionQuery, ExecutionWithOutput, IdParams, KillRequest, noContent, ok, PageQuery,
+  errorResponses, ExecParams, ExecStreamRequest, ExecutionPage, ExecutionQuery, ExecutionWithOutput, IdParams, KillRequest, noContent, ok, PageQuery,
   ReattachQuery,
 } from '../schemas/index.js';
 import { offsetsFromEventId, streamExecution } from '../streams/exec-sse.js';
