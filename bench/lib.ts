@@ -60,9 +60,9 @@ export interface BenchServer {
   close(): Promise<void>;
 }
 
-export async function benchServer(opts: { unconfined?: boolean; networking?: 'on' | 'off' } = {}): Promise<BenchServer> {
+export async function benchServer(opts: { unconfined?: boolean; networking?: 'on' | 'off'; config?: Record<string, string> } = {}): Promise<BenchServer> {
   const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
-  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000 } });
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, ...opts.config } });
   const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION, { unconfinedForBenchmarks: opts.unconfined ?? false });
   await fp.start();
   const token = (await fp.ensureInitialToken())!;

@@ -29,6 +29,15 @@ export const configSchema = z.object({
         return false;
       }
     }, 'a JSON object of strings'),
+  /** An S3-compatible object store for durable checkpoints (all of endpoint, bucket and
+   * credentials, or none: checkpoints stay on this host's disk only). */
+  s3Endpoint: z.string().url().optional(),
+  s3Bucket: z.string().min(3).max(63).optional(),
+  s3Region: z.string().min(1).default('us-east-1'),
+  s3AccessKeyId: z.string().min(1).optional(),
+  s3SecretAccessKey: z.string().min(1).optional(),
+  /** Every key starts with it. */
+  s3Prefix: z.string().max(200).default('forkpoint/'),
   /** What an OpenComputer image manifest's `base` and an E2B-style build stand on (apt works). */
   manifestBaseImage: z.string().min(1).default('debian'),
   bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
@@ -79,6 +88,12 @@ const envNames: Record<keyof Config, string> = {
   defaultImage: 'FORKPOINT_DEFAULT_IMAGE',
   manifestBaseImage: 'FORKPOINT_MANIFEST_BASE_IMAGE',
   e2bTemplates: 'FORKPOINT_E2B_TEMPLATES',
+  s3Endpoint: 'FORKPOINT_S3_ENDPOINT',
+  s3Bucket: 'FORKPOINT_S3_BUCKET',
+  s3Region: 'FORKPOINT_S3_REGION',
+  s3AccessKeyId: 'FORKPOINT_S3_ACCESS_KEY_ID',
+  s3SecretAccessKey: 'FORKPOINT_S3_SECRET_ACCESS_KEY',
+  s3Prefix: 'FORKPOINT_S3_PREFIX',
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
   checkpointConcurrency: 'FORKPOINT_CHECKPOINT_CONCURRENCY',
   maxCheckpointsPerInstance: 'FORKPOINT_MAX_CHECKPOINTS',

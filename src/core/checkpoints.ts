@@ -58,6 +58,13 @@ export class CheckpointService {
    * pinned checkpoint's images and layers stay until its forks are running. */
   private readonly pins = new Map<string, { count: number; waiters: (() => void)[] }>();
 
+  /** Told when a checkpoint is ready and when one is gone (durable checkpoints follow). */
+  private observer: { ready(id: string): void; removed(id: string): void } = { ready: () => {}, removed: () => {} };
+
+  observe(o: { ready(id: string): void; removed(id: string): void }): void {
+    this.observer = o;
+  }
+
   constructor(
     private readonly store: Store,
     private readonly engine: SandboxRuntime,
@@ -221,6 +228,7 @@ export class CheckpointService {
     const memoryBytes = c.memory ? await this.engine.checkpointImageBytes(c.id) : 0;
     this.store.layers.markSynced(layerId);
     this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
+    this.observer.ready(c.id);
     this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
     if (layers.length > this.squash.after) this.track(this.squashOldest(inst.id));
@@ -441,6 +449,7 @@ export class CheckpointService {
       this.store.checkpoints.delete(c.id);
     })();
     this.engine.removeCheckpointImages(c.id).catch((err: unknown) => this.log.warn({ err, checkpoint: c.id }, "could not remove memory images"));
+    this.observer.removed(c.id);
   }
 
   /** Every checkpoint of a deleted instance goes with it, once its jobs are over and no fork

@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import { Engine, type EngineOptions } from '../engine/engine.js';
@@ -15,6 +16,8 @@ import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
 import { ImageCatalog } from './images.js';
 import { ExpiryService } from './expiry.js';
+import { DurableCheckpoints } from './durable.js';
+import { ObjectStore } from '../store/object-store.js';
 import { BundledTemplates } from './bundled-templates.js';
 import { BuildService } from './build/builder.js';
 import { TemplateService } from './templates.js';
@@ -62,6 +65,8 @@ export class Forkpoint {
   readonly templates: TemplateService;
   /** Templates forkpoint ships (E2B's code interpreter), made for an owner on first use. */
   readonly bundled: BundledTemplates;
+  /** Checkpoints copied to the object store, when one is configured. */
+  readonly durable: DurableCheckpoints;
   /** Instances with a lifetime end when it is over. */
   readonly expiry: ExpiryService;
   private previewLinks: PreviewLinks | undefined;
@@ -100,6 +105,11 @@ export class Forkpoint {
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
     }, this.events, this.executions, log);
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
+    this.durable = new DurableCheckpoints(this.store, this.engine, objectStoreOf(config), join(this.layout.spill, 'blobs'), log);
+    this.checkpoints.observe({
+      ready: (id) => this.durable.schedule(id),
+      removed: (id) => void this.durable.forget(id).catch((err: unknown) => log.warn({ err, checkpoint: id }, 'could not forget a durable checkpoint')),
+    });
     this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);
     this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.layout.contexts, log);
     this.bundled = new BundledTemplates(this.builds, this.templates, log);
@@ -135,6 +145,7 @@ export class Forkpoint {
     await this.instances.recover();
     await this.builds.recover();
     await this.templates.recover();
+    await this.durable.recover();
     this.previewLinks = await PreviewLinks.open(this.layout.previewSecretFile);
     await this.ports.restore();
     this.access.startIdleMonitor();
@@ -189,6 +200,8 @@ export class Forkpoint {
   async close(): Promise<void> {
     this.access.stopIdleMonitor();
     this.expiry.stop();
+    await this.durable.idle();
+    this.durable.close();
     this.ports.closeAll();
     this.executions.forget();
     await this.jobs.drain();
@@ -243,4 +256,14 @@ export class Forkpoint {
       }
     }
   }
+}
+
+/** The object store of the configuration, if it names one (all of it or nothing). */
+function objectStoreOf(c: Config): ObjectStore | undefined {
+  const { s3Endpoint: endpoint, s3Bucket: bucket, s3AccessKeyId: accessKeyId, s3SecretAccessKey: secretAccessKey } = c;
+  if (!endpoint && !bucket) return undefined;
+  if (!endpoint || !bucket || !accessKeyId || !secretAccessKey) {
+    throw new Error('an object store needs FORKPOINT_S3_ENDPOINT, FORKPOINT_S3_BUCKET, FORKPOINT_S3_ACCESS_KEY_ID and FORKPOINT_S3_SECRET_ACCESS_KEY');
+  }
+  return new ObjectStore({ endpoint, bucket, region: c.s3Region, accessKeyId, secretAccessKey, prefix: c.s3Prefix });
 }

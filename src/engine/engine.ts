@@ -1,6 +1,7 @@
 import { existsSync, lstatSync, mkdirSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, stat, statfs } from 'node:fs/promises';
 import { join, relative, resolve } from 'node:path';
+import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
 import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
@@ -16,6 +17,7 @@ import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
+import { packTree } from './pack.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
 import type { RuntimeHealth, SandboxRuntime } from './runtime.js';
@@ -607,6 +609,14 @@ export class Engine implements SandboxRuntime {
 
   async layerBytes(layerId: string): Promise<number> {
     return this.diskUsage(this.layout.layer(layerId));
+  }
+
+  exportLayer(layerId: string): Readable {
+    return packTree(this.layout.layer(layerId));
+  }
+
+  exportCheckpointImages(checkpointId: string): Readable {
+    return packTree(this.layout.checkpoint(checkpointId));
   }
 
   async isMounted(id: string): Promise<boolean> {

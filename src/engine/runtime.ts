@@ -1,3 +1,4 @@
+import type { Readable } from 'node:stream';
 import type { Connections } from './criu-worker.js';
 import type { FreezeResult, SandboxSpec } from './engine.js';
 import type { EgressPolicy, FirewallEntry, NetworkCounters, SandboxNetwork } from './network/index.js';
@@ -65,6 +66,11 @@ export interface SandboxRuntime {
   removeCheckpointImages(imagesId: string): Promise<void>;
   checkpointImageBytes(imagesId: string): Promise<number>;
   hasCheckpointImages(imagesId: string): boolean;
+
+  /** A layer as a tar (name-sorted, so the same layer packs to the same bytes). */
+  exportLayer(layerId: string): Readable;
+  /** A checkpoint's memory image as a tar. */
+  exportCheckpointImages(imagesId: string): Readable;
 
   freeBytes(): Promise<number>;
   memoryInUse(id: string): Promise<number>;

@@ -2,6 +2,7 @@ import type { FileInfo } from '../core/files.js';
 import type { AgentProcessInfo } from '../engine/agent/frames.js';
 import type { ExecResult } from '../engine/exec.js';
 import type { JsonField, OutputEncoding } from './output-json.js';
+import type { DurableState } from '../core/durable.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord } from '../store/instances.js';
 
@@ -26,7 +27,7 @@ export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receiv
   updated_at: r.updatedAt,
 });
 
-export const checkpointView = (c: CheckpointRecord) => ({
+export const checkpointView = (c: CheckpointRecord, durable: DurableState = { durable: false, uploadedBytes: null }) => ({
   id: c.id,
   instance_id: c.instanceId,
   label: c.label,
@@ -39,6 +40,8 @@ export const checkpointView = (c: CheckpointRecord) => ({
   error: c.error,
   created_at: c.createdAt,
   ready_at: c.readyAt,
+  durable: durable.durable,
+  uploaded_bytes: durable.uploadedBytes,
 });
 
 /** An exec result as the fields of its JSON answer (outputs streamed when large: output-json.ts). */

@@ -1,5 +1,6 @@
 import { CheckpointStore } from './checkpoints.js';
 import { openDb, type Db } from './db.js';
+import { DurableStore } from './durable.js';
 import { ExecutionStore } from './executions.js';
 import { ImageStore } from './images.js';
 import { InstanceStore } from './instances.js';
@@ -17,6 +18,7 @@ export interface Store {
   executions: ExecutionStore;
   portForwards: PortForwardStore;
   images: ImageStore;
+  durable: DurableStore;
   templates: TemplateStore;
   close(): void;
 }
@@ -32,6 +34,7 @@ export function openStore(file: string): Store {
     executions: new ExecutionStore(db),
     portForwards: new PortForwardStore(db),
     images: new ImageStore(db),
+    durable: new DurableStore(db),
     templates: new TemplateStore(db),
     close: () => db.close(),
   };

@@ -203,4 +203,22 @@ export const migrations: readonly Migration[] = [
       ALTER TABLE instances ADD COLUMN expires_at TEXT;
       ALTER TABLE instances ADD COLUMN on_expiry TEXT;`,
   },
+  {
+    version: 11,
+    name: 'durable checkpoints',
+    sql: `
+      -- checkpoints whose layers and memory image are in the object store, with their manifest
+      CREATE TABLE durable_checkpoints (
+        checkpoint_id TEXT PRIMARY KEY,
+        manifest TEXT NOT NULL,
+        uploaded_bytes INTEGER NOT NULL,
+        durable_at TEXT NOT NULL
+      );
+      -- compressed blobs in the object store, by the sha256 of their bytes, and who uses them
+      CREATE TABLE durable_blobs (sha TEXT PRIMARY KEY, bytes INTEGER NOT NULL, created_at TEXT NOT NULL);
+      CREATE TABLE durable_refs (checkpoint_id TEXT NOT NULL, sha TEXT NOT NULL, PRIMARY KEY (checkpoint_id, sha));
+      CREATE INDEX durable_refs_sha ON durable_refs (sha);
+      -- the blob a frozen layer packed into (layers never change: packed once)
+      CREATE TABLE layer_blobs (layer_id TEXT PRIMARY KEY, sha TEXT NOT NULL);`,
+  },
 ];

@@ -6,12 +6,14 @@ import {
   Checkpoint, CheckpointPage, CheckpointParams, CreateCheckpointRequest, errorResponses, ForkRequest, ForkResult, IdParams,
   Instance, Lineage, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, RollbackRequest, WaitQuery,
 } from '../schemas/index.js';
-import { checkpointView, instanceView as viewOf } from '../views.js';
+import type { CheckpointRecord } from '../../store/checkpoints.js';
+import { checkpointView as baseView, instanceView as viewOf } from '../views.js';
 
 const WAIT_MS = 120_000;
 
 export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
+    const checkpointView = (c: CheckpointRecord) => baseView(c, fp.durable.state(c.id));
     const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r.id));
     const tags = ['checkpoints'];
     app.post('/instances/:id/checkpoints', {
@@ -52,7 +54,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req) => {
       const page = fp.checkpoints.list(req.owner, req.params.id, req.query.limit, req.query.cursor);
-      return { items: page.items.map(checkpointView), next_cursor: page.nextCursor };
+      return { items: page.items.map((c) => checkpointView(c)), next_cursor: page.nextCursor };
     });
 
     app.get('/instances/:id/checkpoints/:checkpoint_id', {

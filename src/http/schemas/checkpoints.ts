@@ -29,6 +29,8 @@ export const Checkpoint = z
     error: z.string().nullable(),
     created_at: z.string(),
     ready_at: z.string().nullable(),
+    durable: z.boolean().describe('its layers and memory image are in the object store (with one configured)'),
+    uploaded_bytes: z.number().int().nullable().describe('what making it durable uploaded: blobs it shares with earlier checkpoints were there already'),
   })
   .meta({
     id: 'Checkpoint',
@@ -46,6 +48,8 @@ export const Checkpoint = z
         error: null,
         created_at: '2026-11-22T08:00:00.000Z',
         ready_at: '2026-11-22T08:00:00.100Z',
+        durable: false,
+        uploaded_bytes: null,
       },
     ],
   });

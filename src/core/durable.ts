@@ -1,0 +1,160 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { createWriteStream } from 'node:fs';
+import { mkdir, rm, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Transform, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { createGzip } from 'node:zlib';
+import type { Logger } from 'pino';
+import type { SandboxRuntime } from '../engine/runtime.js';
+import type { DurableManifest } from '../store/durable.js';
+import type { Store } from '../store/index.js';
+import type { ObjectStore } from '../store/object-store.js';
+
+export interface DurableState {
+  durable: boolean;
+  /** Bytes this checkpoint added to the object store (blobs it shares were there already). */
+  uploadedBytes: number | null;
+}
+
+/**
+ * Durable checkpoints: with an object store configured, a `ready` checkpoint is uploaded in the
+ * background as gzipped, content-addressed blobs — one per layer (a layer packs to the same bytes
+ * every time, and is packed once) and one for its memory image — and a small manifest. A blob
+ * already there is not uploaded again; deleting checkpoints drops their references, and a blob
+ * nothing references is deleted from the bucket.
+ */
+export class DurableCheckpoints {
+  private queue: Promise<void> = Promise.resolve();
+  private readonly waiters = new Map<string, (() => void)[]>();
+
+  constructor(
+    private readonly store: Store,
+    private readonly engine: SandboxRuntime,
+    private readonly objects: ObjectStore | undefined,
+    private readonly tmpDir: string,
+    private readonly log: Logger,
+  ) {}
+
+  get enabled(): boolean {
+    return this.objects !== undefined;
+  }
+
+  state(checkpointId: string): DurableState {
+    const d = this.store.durable.get(checkpointId);
+    return { durable: d !== undefined, uploadedBytes: d?.uploadedBytes ?? null };
+  }
+
+  /** Uploads the checkpoint after the ones already queued (one at a time: the disk and the
+   * link are shared with the sandboxes). */
+  schedule(checkpointId: string): void {
+    if (!this.objects) return;
+    this.queue = this.queue
+      .then(() => this.upload(checkpointId))
+      .catch((err: unknown) => this.log.warn({ err, checkpoint: checkpointId }, 'upload to the object store failed; tried again at the next start'))
+      .finally(() => this.settle(checkpointId));
+  }
+
+  /** Resolves when the queued uploads are done (tests, shutdown). */
+  async idle(): Promise<void> {
+    await this.queue;
+  }
+
+  private settle(id: string): void {
+    for (const w of this.waiters.get(id) ?? []) w();
+    this.waiters.delete(id);
+  }
+
+  private async upload(id: string): Promise<void> {
+    const objects = this.objects!;
+    const c = this.store.checkpoints.get(id);
+    if (!c || c.status !== 'ready' || this.store.durable.get(id)) return;
+    let uploaded = 0;
+    const layers: DurableManifest['layers'] = [];
+    for (const layerId of c.layers) {
+      let sha = this.store.durable.layerBlob(layerId);
+      let bytes = 0;
+      if (!sha || !this.store.durable.hasBlob(sha)) {
+        const blob = await this.putBlob(this.engine.exportLayer(layerId));
+        sha = blob.sha;
+        bytes = blob.bytes;
+        uploaded += blob.uploaded;
+        this.store.durable.setLayerBlob(layerId, sha);
+      }
+      layers.push({ id: layerId, blob: sha, bytes });
+    }
+    let memory: DurableManifest['memory'] = null;
+    if (c.memory && this.engine.hasCheckpointImages(id)) {
+      const blob = await this.putBlob(this.engine.exportCheckpointImages(id));
+      uploaded += blob.uploaded;
+      memory = { blob: blob.sha, bytes: blob.bytes };
+    }
+    const manifest: DurableManifest = { checkpointId: id, image: c.image, agentLayer: c.agentLayer, baseLayer: c.baseLayer, hostname: c.hostname, layers, memory };
+    await objects.putJson(`manifests/${id}.json`, manifest);
+    this.store.durable.put({ checkpointId: id, manifest, uploadedBytes: uploaded, durableAt: new Date().toISOString() });
+    // Deleted while it was being uploaded: what it referenced goes now.
+    if (!this.store.checkpoints.get(id)) await this.forget(id);
+    this.log.info({ checkpoint: id, uploadedBytes: uploaded }, 'checkpoint durable');
+  }
+
+  /** Packs a stream into a gzipped temporary file while hashing it, and uploads it unless a
+   * blob of that hash is there already. */
+  private async putBlob(source: Readable): Promise<{ sha: string; bytes: number; uploaded: number }> {
+    await mkdir(this.tmpDir, { recursive: true, mode: 0o700 });
+    const file = join(this.tmpDir, `blob-${randomBytes(8).toString('hex')}`);
+    const hash = createHash('sha256');
+    try {
+      await pipeline(
+        source,
+        createGzip({ level: 6 }),
+        new Transform({
+          transform(chunk: Buffer, _enc, cb) {
+            hash.update(chunk);
+            cb(null, chunk);
+          },
+        }),
+        createWriteStream(file, { mode: 0o600 }),
+      );
+      const sha = hash.digest('hex');
+      const { size } = await stat(file);
+      if (this.store.durable.hasBlob(sha)) return { sha, bytes: size, uploaded: 0 };
+      await this.objects!.putFile(`blobs/${sha}`, file);
+      this.store.durable.addBlob(sha, size);
+      return { sha, bytes: size, uploaded: size };
+    } finally {
+      await rm(file, { force: true });
+    }
+  }
+
+  /** A deleted checkpoint: its manifest goes, and the blobs nothing else references. */
+  async forget(checkpointId: string): Promise<void> {
+    if (!this.objects || !this.store.durable.get(checkpointId)) return;
+    this.store.durable.drop(checkpointId);
+    await this.objects.delete(`manifests/${checkpointId}.json`).catch((err: unknown) => this.log.warn({ err, checkpoint: checkpointId }, 'could not delete a manifest'));
+    await this.collect();
+  }
+
+  /** Deletes the blobs no durable checkpoint references. */
+  async collect(): Promise<void> {
+    if (!this.objects) return;
+    for (const sha of this.store.durable.garbage()) {
+      try {
+        await this.objects.delete(`blobs/${sha}`);
+        this.store.durable.removeBlob(sha);
+      } catch (err) {
+        this.log.warn({ err, blob: sha }, 'could not delete a blob; tried again at the next collection');
+      }
+    }
+  }
+
+  /** At start: uploads what was left out, forgets what was deleted meanwhile. */
+  async recover(): Promise<void> {
+    if (!this.objects) return;
+    for (const id of this.store.durable.orphans()) await this.forget(id).catch(() => {});
+    for (const id of this.store.durable.pending()) this.schedule(id);
+  }
+
+  close(): void {
+    this.objects?.close();
+  }
+}

@@ -1,0 +1,64 @@
+import { createReadStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import { DeleteObjectCommand, ListObjectsV2Command, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
+
+export interface ObjectStoreConfig {
+  endpoint: string;
+  bucket: string;
+  region: string;
+  accessKeyId: string;
+  secretAccessKey: string;
+  /** Every key starts with it (several servers or uses can share a bucket). */
+  prefix: string;
+}
+
+const REQUEST_TIMEOUT_MS = 120_000;
+
+/** An S3-compatible object store (AWS, R2, MinIO, ...), by the AWS SDK v3: durable checkpoints'
+ * blobs and manifests. Path-style addressing, which every S3-compatible server speaks. */
+export class ObjectStore {
+  private readonly s3: S3Client;
+
+  constructor(private readonly cfg: ObjectStoreConfig) {
+    this.s3 = new S3Client({
+      endpoint: cfg.endpoint,
+      region: cfg.region,
+      forcePathStyle: true,
+      credentials: { accessKeyId: cfg.accessKeyId, secretAccessKey: cfg.secretAccessKey },
+      requestHandler: { requestTimeout: REQUEST_TIMEOUT_MS },
+    });
+  }
+
+  private key(name: string): string {
+    return `${this.cfg.prefix}${name}`;
+  }
+
+  async putFile(name: string, path: string): Promise<void> {
+    const { size } = await stat(path);
+    await this.s3.send(new PutObjectCommand({ Bucket: this.cfg.bucket, Key: this.key(name), Body: createReadStream(path), ContentLength: size }));
+  }
+
+  async putJson(name: string, value: unknown): Promise<void> {
+    await this.s3.send(new PutObjectCommand({ Bucket: this.cfg.bucket, Key: this.key(name), Body: JSON.stringify(value), ContentType: 'application/json' }));
+  }
+
+  async delete(name: string): Promise<void> {
+    await this.s3.send(new DeleteObjectCommand({ Bucket: this.cfg.bucket, Key: this.key(name) }));
+  }
+
+  /** Names under `under` (without the prefix), every page of them. */
+  async list(under = ''): Promise<string[]> {
+    const out: string[] = [];
+    let token: string | undefined;
+    do {
+      const r = await this.s3.send(new ListObjectsV2Command({ Bucket: this.cfg.bucket, Prefix: this.key(under), ContinuationToken: token }));
+      for (const o of r.Contents ?? []) if (o.Key) out.push(o.Key.slice(this.cfg.prefix.length));
+      token = r.IsTruncated ? r.NextContinuationToken : undefined;
+    } while (token);
+    return out;
+  }
+
+  close(): void {
+    this.s3.destroy();
+  }
+}

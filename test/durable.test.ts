@@ -1,0 +1,78 @@
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import S3rver from 's3rver';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ObjectStore } from '../src/store/object-store.js';
+import { startServer, type TestServer } from './helpers/server.js';
+import { until } from './helpers/wait.js';
+
+// A real S3-API server on loopback (s3rver), started by the test, with a bucket of its own.
+let s3: S3rver;
+let s3dir: string;
+let endpoint: string;
+let s: TestServer;
+let bucket: ObjectStore;
+beforeAll(async () => {
+  s3dir = await mkdtemp(join(tmpdir(), 'forkpoint-s3-'));
+  s3 = new S3rver({ address: '127.0.0.1', port: 0, directory: s3dir, silent: true, configureBuckets: [{ name: 'checkpoints', configs: [] }] });
+  const addr = (await s3.run()) as { address: string; port: number };
+  endpoint = `http://127.0.0.1:${addr.port}`;
+  const creds = { s3AccessKeyId: 'S3RVER', s3SecretAccessKey: 'S3RVER' };
+  s = await startServer({ s3Endpoint: endpoint, s3Bucket: 'checkpoints', ...creds });
+  bucket = new ObjectStore({ endpoint, bucket: 'checkpoints', region: 'us-east-1', accessKeyId: 'S3RVER', secretAccessKey: 'S3RVER', prefix: 'forkpoint/' });
+});
+afterAll(async () => {
+  bucket?.close();
+  await s?.close();
+  await s3?.close();
+  if (s3dir) await rm(s3dir, { recursive: true, force: true });
+});
+
+async function durable(id: string, ckpt: string) {
+  let c: { durable: boolean; uploaded_bytes: number } | undefined;
+  await until('the checkpoint durable', async () => {
+    c = (await s.api('GET', `/instances/${id}/checkpoints/${ckpt}`)).body;
+    return c!.durable;
+  }, 30_000);
+  return c!;
+}
+
+describe('durable checkpoints in an S3-compatible object store', () => {
+  it('uploads a ready checkpoint as blobs and a manifest; shared blobs once; deleting both empties the bucket', async () => {
+    const inst = await s.instance();
+    await s.exec(inst.id, { command: 'head -c 1048576 /dev/urandom > /root/one-mib && sleep 1000 &' });
+    const c1 = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
+    expect(c1.status).toBe('ready');
+    const d1 = await durable(inst.id, c1.id);
+    expect(d1.uploaded_bytes).toBeGreaterThan(1 << 20); // the random MiB does not compress
+    const after1 = await bucket.list();
+    expect(after1).toContain(`manifests/${c1.id}.json`);
+    const blobs1 = after1.filter((k) => k.startsWith('blobs/'));
+    expect(blobs1.length).toBeGreaterThanOrEqual(2); // a layer at least, and the memory image
+
+    // A small change: the second checkpoint uploads its own layer and memory image only.
+    await s.exec(inst.id, { command: 'echo small > /root/two' });
+    const c2 = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
+    const d2 = await durable(inst.id, c2.id);
+    expect(d2.uploaded_bytes).toBeLessThan(d1.uploaded_bytes);
+    expect(d2.uploaded_bytes).toBeLessThan(1 << 20);
+    const m1 = s.fp.store.durable.get(c1.id)!.manifest;
+    const m2 = s.fp.store.durable.get(c2.id)!.manifest;
+    // The first checkpoint's layers are the second's older ones, the very same blobs.
+    expect(m2.layers.slice(1).map((l) => l.blob)).toEqual(m1.layers.map((l) => l.blob));
+    const blobs2 = (await bucket.list('blobs/')).length;
+    expect(blobs2).toBe(blobs1.length + 2);
+
+    // The bucket holds exactly what the store says, blob for blob.
+    const onDisk = (await readdir(join(s3dir, 'checkpoints', 'forkpoint', 'blobs'))).filter((f) => !f.startsWith('.'));
+    expect(onDisk.length).toBeGreaterThanOrEqual(blobs2);
+
+    expect((await s.api('DELETE', `/instances/${inst.id}/checkpoints/${c1.id}`)).status).toBe(204);
+    await until('the first one\'s own blobs gone', async () => (await bucket.list('blobs/')).length < blobs2);
+    expect(await bucket.list('manifests/')).toEqual([`manifests/${c2.id}.json`]);
+    expect((await s.api('DELETE', `/instances/${inst.id}/checkpoints/${c2.id}`)).status).toBe(204);
+    await until('the bucket empty', async () => (await bucket.list()).length === 0);
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+});
