@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -74,5 +75,30 @@ describe('durable checkpoints in an S3-compatible object store', () => {
     expect((await s.api('DELETE', `/instances/${inst.id}/checkpoints/${c2.id}`)).status).toBe(204);
     await until('the bucket empty', async () => (await bucket.list()).length === 0);
     await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
+  it('a checkpoint whose data this node lost is fetched from the object store before a fork, counter and files carried over', async () => {
+    const inst = await s.instance();
+    await s.exec(inst.id, { command: 'echo kept > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done) >/dev/null 2>&1 &' });
+    await until('the counter', async () => Number((await s.exec(inst.id, { command: 'cat /tmp/n' })).stdout) >= 5);
+    const c = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
+    await durable(inst.id, c.id);
+    // The node loses the checkpoint's own data: its frozen layer and its memory image.
+    expect((await s.api('POST', `/instances/${inst.id}/stop`)).status).toBe(200);
+    const rec = s.fp.store.checkpoints.get(c.id)!;
+    const layerDir = s.fp.engine.layout.layer(rec.layers[0]!);
+    await rm(layerDir, { recursive: true, force: true });
+    await rm(s.fp.engine.layout.checkpoint(c.id), { recursive: true, force: true });
+
+    const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: c.id });
+    expect(fork.status).toBe(201);
+    expect((await s.exec(fork.body.id, { command: 'cat /root/file' })).stdout).toBe('kept\n');
+    const first = Number((await s.exec(fork.body.id, { command: 'cat /tmp/n' })).stdout);
+    expect(first).toBeGreaterThanOrEqual(5);
+    await until('counting on from the checkpoint', async () => Number((await s.exec(fork.body.id, { command: 'cat /tmp/n' })).stdout) > first);
+    expect(existsSync(layerDir)).toBe(true);
+    await s.api('DELETE', `/instances/${fork.body.id}`);
+    await s.api('DELETE', `/instances/${inst.id}`);
+    await until('the bucket empty', async () => (await bucket.list()).length === 0);
   });
 });

@@ -25,6 +25,14 @@ export interface ForkInput {
   env?: Record<string, string> | undefined;
 }
 
+/** Who follows checkpoints: told when one is ready or gone, and asked to make sure one's data
+ * is on this node before it is restored (durable checkpoints fetch what is missing). */
+export interface CheckpointObserver {
+  ready(id: string): void;
+  removed(id: string): void;
+  needed(id: string): Promise<void>;
+}
+
 /** Forks made for someone else than the source's owner (a template's instances): their owner
  * and what they are created with instead of the source's name, metadata and limits. */
 export interface ForkAs {
@@ -59,9 +67,9 @@ export class CheckpointService {
   private readonly pins = new Map<string, { count: number; waiters: (() => void)[] }>();
 
   /** Told when a checkpoint is ready and when one is gone (durable checkpoints follow). */
-  private observer: { ready(id: string): void; removed(id: string): void } = { ready: () => {}, removed: () => {} };
+  private observer: CheckpointObserver = { ready: () => {}, removed: () => {}, needed: async () => {} };
 
-  observe(o: { ready(id: string): void; removed(id: string): void }): void {
+  observe(o: CheckpointObserver): void {
     this.observer = o;
   }
 
@@ -352,6 +360,7 @@ export class CheckpointService {
 
   async rollback(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
     const c = await this.ready(this.get(owner, instanceId, checkpointId));
+    await this.observer.needed(c.id);
     return this.locks.run(instanceId, async () => {
       const inst = this.store.instances.get(instanceId)!;
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
@@ -394,6 +403,7 @@ export class CheckpointService {
     }
     try {
       c = await this.ready(c);
+      await this.observer.needed(c.id);
       await requireRoom(this.engine);
       const images = c.memory ? c.id : undefined;
       const made: string[] = [];

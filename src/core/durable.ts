@@ -4,12 +4,13 @@ import { mkdir, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { createGzip } from 'node:zlib';
+import { createGunzip, createGzip } from 'node:zlib';
 import type { Logger } from 'pino';
 import type { SandboxRuntime } from '../engine/runtime.js';
 import type { DurableManifest } from '../store/durable.js';
 import type { Store } from '../store/index.js';
 import type { ObjectStore } from '../store/object-store.js';
+import { UnavailableError } from './errors.js';
 
 export interface DurableState {
   durable: boolean;
@@ -126,6 +127,32 @@ export class DurableCheckpoints {
     }
   }
 
+  /**
+   * Makes sure this node has the checkpoint's layers and memory image, fetching from the object
+   * store what it lacks (and keeping it: layers are shared by every later checkpoint and fork).
+   * A no-op for a checkpoint whose data is all here.
+   */
+  async ensureLocal(checkpointId: string): Promise<void> {
+    const c = this.store.checkpoints.get(checkpointId);
+    if (!c) return;
+    const missingLayers = c.layers.filter((l) => !this.engine.hasLayer(l));
+    const missingMemory = c.memory && !this.engine.hasCheckpointImages(checkpointId);
+    if (!missingLayers.length && !missingMemory) return;
+    const d = this.store.durable.get(checkpointId);
+    if (!this.objects || !d) throw new UnavailableError(`checkpoint ${checkpointId} has lost data on this node and no durable copy`, { checkpoint: checkpointId });
+    for (const layerId of missingLayers) {
+      const part = d.manifest.layers.find((l) => l.id === layerId);
+      if (!part) throw new UnavailableError(`the durable copy of checkpoint ${checkpointId} lacks layer ${layerId}`);
+      await this.engine.importLayer(layerId, gunzipped(await this.objects.get(`blobs/${part.blob}`)));
+      this.log.info({ checkpoint: checkpointId, layer: layerId }, 'layer fetched from the object store');
+    }
+    if (missingMemory) {
+      if (!d.manifest.memory) throw new UnavailableError(`the durable copy of checkpoint ${checkpointId} has no memory image`);
+      await this.engine.importCheckpointImages(checkpointId, gunzipped(await this.objects.get(`blobs/${d.manifest.memory.blob}`)));
+      this.log.info({ checkpoint: checkpointId }, 'memory image fetched from the object store');
+    }
+  }
+
   /** A deleted checkpoint: its manifest goes, and the blobs nothing else references. */
   async forget(checkpointId: string): Promise<void> {
     if (!this.objects || !this.store.durable.get(checkpointId)) return;
@@ -157,4 +184,11 @@ export class DurableCheckpoints {
   close(): void {
     this.objects?.close();
   }
+}
+
+/** A blob's bytes, uncompressed; a failed download fails the stream its reader has. */
+function gunzipped(body: Readable): Readable {
+  const out = createGunzip();
+  body.on('error', (err) => out.destroy(err));
+  return body.pipe(out);
 }

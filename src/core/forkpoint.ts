@@ -109,6 +109,7 @@ export class Forkpoint {
     this.checkpoints.observe({
       ready: (id) => this.durable.schedule(id),
       removed: (id) => void this.durable.forget(id).catch((err: unknown) => log.warn({ err, checkpoint: id }, 'could not forget a durable checkpoint')),
+      needed: (id) => this.durable.ensureLocal(id),
     });
     this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);
     this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.layout.contexts, log);

@@ -17,7 +17,7 @@ import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
-import { packTree } from './pack.js';
+import { packTree, unpackTree } from './pack.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
 import type { RuntimeHealth, SandboxRuntime } from './runtime.js';
@@ -617,6 +617,19 @@ export class Engine implements SandboxRuntime {
 
   exportCheckpointImages(checkpointId: string): Readable {
     return packTree(this.layout.checkpoint(checkpointId));
+  }
+
+  hasLayer(layerId: string): boolean {
+    return existsSync(this.layout.layer(layerId));
+  }
+
+  async importLayer(layerId: string, tar: Readable): Promise<void> {
+    await unpackTree(tar, this.layout.layer(layerId));
+    await this.syncLayer(layerId);
+  }
+
+  async importCheckpointImages(checkpointId: string, tar: Readable): Promise<void> {
+    await unpackTree(tar, this.layout.checkpoint(checkpointId));
   }
 
   async isMounted(id: string): Promise<boolean> {

@@ -1,5 +1,7 @@
 import { spawn } from 'node:child_process';
+import { mkdir, rename, rm } from 'node:fs/promises';
 import { PassThrough, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 
 /**
  * A directory as a tar stream: names sorted and access/change times left out, so that the same
@@ -24,4 +26,28 @@ export function packTree(dir: string): Readable {
   });
   child.on('error', (e) => out.destroy(e));
   return out;
+}
+
+/** Unpacks a tar made by `packTree` into `dest`, which must not exist: into a new directory
+ * beside it (so nothing already there can redirect a member), renamed into place once whole. */
+export async function unpackTree(tar: Readable, dest: string): Promise<void> {
+  const tmp = `${dest}.incoming`;
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp, { recursive: true });
+  try {
+    const child = spawn('tar', ['-x', '-f', '-', '--numeric-owner', '-p', '--xattrs', '--xattrs-include=*', '--acls', '-C', tmp], { stdio: ['pipe', 'ignore', 'pipe'] });
+    let err = '';
+    child.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-2000)));
+    const exited = new Promise<number | null>((resolve, reject) => {
+      child.on('close', resolve);
+      child.on('error', reject);
+    });
+    await pipeline(tar, child.stdin);
+    const code = await exited;
+    if (code !== 0) throw new Error(`unpacking into ${dest} failed (${code}): ${err.trim()}`);
+    await rename(tmp, dest);
+  } catch (e) {
+    await rm(tmp, { recursive: true, force: true });
+    throw e;
+  }
 }

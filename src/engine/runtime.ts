@@ -71,6 +71,11 @@ export interface SandboxRuntime {
   exportLayer(layerId: string): Readable;
   /** A checkpoint's memory image as a tar. */
   exportCheckpointImages(imagesId: string): Readable;
+  hasLayer(layerId: string): boolean;
+  /** Unpacks a tar made by `exportLayer` as the layer (a node that lacked it). */
+  importLayer(layerId: string, tar: Readable): Promise<void>;
+  /** Unpacks a tar made by `exportCheckpointImages` as the checkpoint's memory image. */
+  importCheckpointImages(imagesId: string, tar: Readable): Promise<void>;
 
   freeBytes(): Promise<number>;
   memoryInUse(id: string): Promise<number>;

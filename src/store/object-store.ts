@@ -1,6 +1,7 @@
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
-import { DeleteObjectCommand, ListObjectsV2Command, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
+import { Readable } from 'node:stream';
+import { DeleteObjectCommand, GetObjectCommand, ListObjectsV2Command, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 
 export interface ObjectStoreConfig {
   endpoint: string;
@@ -24,6 +25,10 @@ export class ObjectStore {
       endpoint: cfg.endpoint,
       region: cfg.region,
       forcePathStyle: true,
+      // Checksums only where S3 requires them: the default streams uploads as aws-chunked with a
+      // trailer, which not every S3-compatible server understands (some store the framing).
+      requestChecksumCalculation: 'WHEN_REQUIRED',
+      responseChecksumValidation: 'WHEN_REQUIRED',
       credentials: { accessKeyId: cfg.accessKeyId, secretAccessKey: cfg.secretAccessKey },
       requestHandler: { requestTimeout: REQUEST_TIMEOUT_MS },
     });
@@ -40,6 +45,13 @@ export class ObjectStore {
 
   async putJson(name: string, value: unknown): Promise<void> {
     await this.s3.send(new PutObjectCommand({ Bucket: this.cfg.bucket, Key: this.key(name), Body: JSON.stringify(value), ContentType: 'application/json' }));
+  }
+
+  /** An object's bytes, streamed. */
+  async get(name: string): Promise<Readable> {
+    const r = await this.s3.send(new GetObjectCommand({ Bucket: this.cfg.bucket, Key: this.key(name) }));
+    if (!(r.Body instanceof Readable)) throw new Error(`no body for ${name}`);
+    return r.Body;
   }
 
   async delete(name: string): Promise<void> {
