@@ -100,6 +100,16 @@ describe('Dockerfile builds on the engine', () => {
     expect((await s.api('DELETE', '/images/tools')).status).toBe(204);
     expect((await s.api('GET', '/images/tools')).status).toBe(404);
     expect(buildSandboxes()).toEqual([]);
+
+    // The cache still holds the steps' layers; emptying it frees them, and a build runs again.
+    const held = s.fp.store.layers.all().length;
+    const pruned = await s.api('POST', '/images/prune');
+    expect(pruned.body.removed).toBeGreaterThanOrEqual(5);
+    expect(s.fp.store.layers.all().length).toBeLessThan(held);
+    const rebuilt = await cliBuild('tools', ctx);
+    expect(rebuilt.code).toBe(0);
+    expect(rebuilt.out).not.toContain('---> cached');
+    expect((await s.api('DELETE', '/images/tools')).status).toBe(204);
   });
 
   it('a failing RUN reports its line and its output, over SSE and JSON, and leaves nothing behind', async () => {

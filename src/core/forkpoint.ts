@@ -37,6 +37,8 @@ export interface HealthReport {
   };
 }
 
+const BUILD_CACHE_DAYS = 7;
+
 /** The core: store, engine and services, wired once. Routes talk to this and nothing below. */
 export class Forkpoint {
   readonly store: Store;
@@ -145,6 +147,8 @@ export class Forkpoint {
     await this.checkpoints.recover();
     await this.instances.recover();
     await this.builds.recover();
+    // Build steps nobody built again for a week: their layers are kept for nothing.
+    await this.builds.prune(new Date(Date.now() - BUILD_CACHE_DAYS * 86400_000));
     await this.templates.recover();
     await this.durable.recover();
     this.previewLinks = await PreviewLinks.open(this.layout.previewSecretFile);

@@ -83,9 +83,11 @@ export class ImageStore {
       .run(owner, key, JSON.stringify(layers), JSON.stringify(config), new Date().toISOString());
   }
 
-  /** Cached steps no build used since `before`, oldest first. */
-  staleCache(before: string): { owner: string; key: string }[] {
-    return this.db.prepare('SELECT owner, key FROM build_cache WHERE used_at < ? ORDER BY used_at').all(before) as { owner: string; key: string }[];
+  /** Cached steps no build used since `before` (of one owner, or of all), oldest first. */
+  staleCache(before: string, owner?: string): { owner: string; key: string }[] {
+    return (owner === undefined
+      ? this.db.prepare('SELECT owner, key FROM build_cache WHERE used_at < ? ORDER BY used_at').all(before)
+      : this.db.prepare('SELECT owner, key FROM build_cache WHERE used_at < ? AND owner = ? ORDER BY used_at').all(before, owner)) as { owner: string; key: string }[];
   }
 
   dropCache(owner: string, key: string): void {

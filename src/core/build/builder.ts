@@ -82,6 +82,22 @@ export class BuildService {
     private readonly log: Logger,
   ) {}
 
+  /**
+   * Forgets cached steps not used since `before` (the owner's, or everyone's): their layers go
+   * unless an image, an instance or a checkpoint stands on them. Answers how many went.
+   */
+  async prune(before: Date, owner?: string): Promise<number> {
+    const stale = this.store.images.staleCache(before.toISOString(), owner);
+    for (const { owner: o, key } of stale) {
+      this.store.db.transaction(() => {
+        this.store.layers.dropHolder(cacheHolder(o, key));
+        this.store.images.dropCache(o, key);
+      })();
+    }
+    if (stale.length) await this.instances.collectLayers();
+    return stale.length;
+  }
+
   /** After a restart: the sandboxes of builds the stop cut short go (their finished steps
    * stay in the cache). */
   async recover(): Promise<void> {

@@ -99,6 +99,16 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(201).send(imageView(await run()));
     });
 
+    app.post('/images/prune', {
+      schema: {
+        operationId: 'pruneBuildCache',
+        tags,
+        summary: 'Empty the build cache',
+        description: 'Forgets every cached build step of yours (the next build runs every step again). Images keep their layers; layers only the cache held are deleted. Steps unused for 7 days go by themselves at each start.',
+        response: { 200: ok('How many cached steps went', z.object({ removed: z.number().int() }).meta({ id: 'PrunedCache' })), ...errorResponses },
+      },
+    }, async (req) => ({ removed: await fp.builds.prune(new Date(Date.now() + 1000), req.owner) }));
+
     app.delete('/images/:name', {
       schema: { operationId: 'deleteImage', tags, summary: 'Delete a built image', description: 'Refused (409) while instances stand on it, and for system images. Its layers go once nothing else holds them.', params: ImageNameParams, response: { 204: noContent('Deleted'), ...errorResponses } },
     }, async (req, reply) => {
