@@ -37,8 +37,18 @@ export async function startServer(config: Partial<ConfigInput> = {}, existingDat
   const fp = await Forkpoint.open(cfg, pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' }), VERSION);
   await fp.start();
   const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.layout.initialTokenFile, 'utf8')).trim();
-  const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
-  const url = await app.listen({ host: '127.0.0.1', port: 0 });
+  let app: FastifyInstance;
+  let url: string;
+  try {
+    app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
+    url = await app.listen({ host: '127.0.0.1', port: 0 });
+  } catch (err) {
+    // A server that cannot be built leaves nothing behind either.
+    await fp.destroyAll().catch(() => {});
+    await fp.close().catch(() => {});
+    if (!existingDataDir) await rm(dataDir, { recursive: true, force: true });
+    throw err;
+  }
 
   const api = async (method: string, path: string, body?: unknown, headers?: Record<string, string>): Promise<Reply> => {
     const res = await request(url + path, {
