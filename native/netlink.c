@@ -120,6 +120,20 @@ static int add_addr(int sk, int index, struct in_addr a) {
   return talk(sk, &r);
 }
 
+/* The common end of a netns excursion: the socket closed, back in the thread's own netns (a
+ * failure to get back is an error even when the work succeeded). */
+static int leave(int sk, int back, int rc, char *err, size_t errlen) {
+  if (sk >= 0) close(sk);
+  if (back >= 0) {
+    if (setns(back, CLONE_NEWNET) < 0 && rc == 0) {
+      snprintf(err, errlen, "net: back to the own netns: %s", strerror(errno));
+      rc = -1;
+    }
+    close(back);
+  }
+  return rc;
+}
+
 /* A route to DST/LEN: through GW if given, else on the link OIF; from SRC if given (the host's
  * route to a sandbox is from its own server's gateway: with several servers on one host, the
  * kernel would otherwise pick any of their gateways on lo, and the sandbox's answers to another
@@ -225,15 +239,7 @@ int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr
   if ((e = add_route(sk, any, 0, &g, eth0, NULL)) < 0) FAIL("net: default route: %s", strerror(-e));
   rc = 0;
 out:
-  if (sk >= 0) close(sk);
-  if (back >= 0) {
-    if (setns(back, CLONE_NEWNET) < 0 && rc == 0) {
-      snprintf(err, errlen, "net: back to the own netns: %s", strerror(errno));
-      rc = -1;
-    }
-    close(back);
-  }
-  return rc;
+  return leave(sk, back, rc, err, errlen);
 }
 
 /* Points the host's route to ADDR at HOST_IF: the moment a restored sandbox takes the address
@@ -255,15 +261,7 @@ int net_route(int host_ns, const char *host_if, const char *addr, const char *gw
   if ((e = add_route(sk, a, 32, NULL, index, &g)) < 0) FAIL("net: route to %s: %s", addr, strerror(-e));
   rc = 0;
 out:
-  if (sk >= 0) close(sk);
-  if (back >= 0) {
-    if (setns(back, CLONE_NEWNET) < 0 && rc == 0) {
-      snprintf(err, errlen, "net: back to the own netns: %s", strerror(errno));
-      rc = -1;
-    }
-    close(back);
-  }
-  return rc;
+  return leave(sk, back, rc, err, errlen);
 }
 
 /* fp-agent net-setup PID HOSTIF ADDR GW MAC: the link of a sandbox just booted (PID is its PID

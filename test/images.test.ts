@@ -389,6 +389,21 @@ describe('attacks through builds, archives and templates', () => {
     await s.api('DELETE', `/instances/${inst.id}`);
   });
 
+  it('a step that prints megabytes with no newline is logged in bounded pieces, and the build goes on', async () => {
+    const res = await fetch(`${s.url}/images`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify({ name: 'noisy', dockerfile: "FROM default\nRUN head -c 8000000 /dev/zero | tr '\\0' a\nRUN echo after\n" }),
+    });
+    const text = await res.text();
+    const messages = [...text.matchAll(/^event: build_log\ndata: (.*)$/gm)].map((m) => (JSON.parse(m[1]!) as { message: string }).message);
+    expect(Math.max(...messages.map((m) => m.length))).toBeLessThanOrEqual(16 << 10);
+    expect(messages.filter((m) => /^a+$/.test(m)).reduce((n, m) => n + m.length, 0)).toBe(8_000_000);
+    expect(messages).toContain('after');
+    expect(text).toContain('event: result');
+    expect((await s.api('DELETE', '/images/noisy')).status).toBe(204);
+  });
+
   it('another owner\'s images and templates do not exist for a token of its own', async () => {
     await s.api('POST', '/images', { name: 'mine', dockerfile: 'FROM default\nRUN echo mine > /mine\n' });
     expect((await s.api('POST', '/templates', { name: 'mytpl', from_image: 'mine', start_command: 'sleep 1000' })).status).toBe(201);

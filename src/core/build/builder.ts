@@ -51,6 +51,8 @@ export type FromResolver = (owner: string, name: string) => ResolvedImage | unde
 
 const STEP_TIMEOUT_MS = 30 * 60_000;
 const OUTPUT_TAIL = 8192;
+/** The longest line of a step's output the log carries whole. */
+const MAX_LOG_LINE = 16 << 10;
 /** Build sandboxes belong to an owner no token has: no one lists, execs in or deletes them. */
 export const buildOwner = (owner: string) => `~build:${owner}`;
 
@@ -273,6 +275,11 @@ export class BuildService {
       partial += text;
       const lines = partial.split('\n');
       partial = lines.pop()!;
+      // A step that never prints a newline is logged in pieces, not kept whole in memory.
+      while (partial.length > MAX_LOG_LINE) {
+        lines.push(partial.slice(0, MAX_LOG_LINE));
+        partial = partial.slice(MAX_LOG_LINE);
+      }
       for (const l of lines) print(l);
     };
     const decoder = new TextDecoder();
