@@ -34,7 +34,7 @@ async function checkpoint(id: string, body: Record<string, unknown> = {}): Promi
 async function rawCycle(id: string): Promise<number> {
   const sb = engine.sandbox(id)!;
   await sb.close();
-  const rec = s.fp.store.instances.get(id)!;
+  const rec = (await s.fp.store.instances.get(id))!;
   const images = join(layout.root, 'raw-images', String(Math.random()).slice(2));
   await mkdir(images, { recursive: true });
   const t = performance.now();
@@ -59,9 +59,9 @@ async function rawCycle(id: string): Promise<number> {
   sb.pid = launched.pid;
   sb.startTime = launched.startTime;
   await sb.connect();
-  s.fp.store.instances.update(id, { layers: [layer, ...rec.layers], pid: launched.pid, pidStart: launched.startTime });
-  s.fp.store.layers.add(layer);
-  s.fp.store.layers.setRefs(`instance:${id}`, [layer, ...rec.layers]);
+  await s.fp.store.instances.update(id, { layers: [layer, ...rec.layers], pid: launched.pid, pidStart: launched.startTime });
+  await s.fp.store.layers.add(layer);
+  await s.fp.store.layers.setRefs(`instance:${id}`, [layer, ...rec.layers]);
   return ms;
 }
 
@@ -113,7 +113,7 @@ for (let i = 0; i < largeN; i++) {
   // Straight after the write, with its data still dirty in the page cache: the honest case.
   const ck = await checkpoint(large, { memory: true });
   largeRuns.push(ck);
-  const frozen = layout.layer(s.fp.store.checkpoints.get(ck.id)!.layers[0]!);
+  const frozen = layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!);
   const dest = join(layout.root, 'copy-baseline');
   copyLarge.push(await time(() => execa('cp', ['-a', frozen, dest])));
   await rm(dest, { recursive: true, force: true });
@@ -194,10 +194,10 @@ for (let i = 0; i < 100; i++) {
   memoryImages += (await checkpoint(st, { memory: true })).memory_bytes;
 }
 const grown = (await engine.diskUsage(layout.root)) - before;
-const own = s.fp.store.instances.get(st)!;
+const own = (await s.fp.store.instances.get(st))!;
 let ownBytes = 0;
 for (const l of own.layers) ownBytes += await engine.diskUsage(layout.layer(l));
-for (const c of s.fp.store.checkpoints.forInstance(st)) ownBytes += await engine.diskUsage(layout.checkpoint(c.id));
+for (const c of await s.fp.store.checkpoints.forInstance(st)) ownBytes += await engine.diskUsage(layout.checkpoint(c.id));
 const changed = 100 * 1048576;
 const fullCopies = Array.from({ length: 100 }, (_, i) => (i + 1) * 1048576).reduce((a, b) => a + b, 0);
 const mib = (n: number) => `${(n / 1048576).toFixed(1)} MiB`;

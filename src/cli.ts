@@ -5,8 +5,7 @@ import { join } from 'node:path';
 import { Command } from 'commander';
 import { pino } from 'pino';
 import { loadConfig, type Config } from './config.js';
-import { Forkpoint } from './core/forkpoint.js';
-import { openStore } from './store/index.js';
+import { Forkpoint, openConfiguredStore as storeOf } from './core/forkpoint.js';
 import { execa } from 'execa';
 import { buildOnServer } from './cli-build.js';
 import { importImageArchive } from './engine/image-archive.js';
@@ -68,30 +67,30 @@ token
   .description('Create a token and print it (shown once)')
   .option('-o, --owner <owner>', 'the owner everything made with it belongs to', 'default')
   .option('-n, --name <name>', 'a name to recognise it by', 'cli')
-  .action((o: { owner: string; name: string }) => {
-    const store = openStore(new DataLayout(config().dataDir).db);
-    const { token: t, record } = store.tokens.create(o.owner, o.name);
+  .action(async (o: { owner: string; name: string }) => {
+    const store = await storeOf(config());
+    const { token: t, record } = await store.tokens.create(o.owner, o.name);
     process.stdout.write(`${t}\n`);
     process.stderr.write(`token ${record.id} for owner ${record.owner}\n`);
-    store.close();
+    await store.close();
   });
 token
   .command('list')
   .description('List tokens (ids, owners, never secrets)')
-  .action(() => {
-    const store = openStore(new DataLayout(config().dataDir).db);
-    for (const r of store.tokens.list()) {
+  .action(async () => {
+    const store = await storeOf(config());
+    for (const r of await store.tokens.list()) {
       process.stdout.write(`${r.id}\t${r.owner}\t${r.name}\t${r.createdAt}\t${r.revokedAt ? `revoked ${r.revokedAt}` : 'active'}\n`);
     }
-    store.close();
+    await store.close();
   });
 token
   .command('revoke <id>')
   .description('Revoke a token by id')
-  .action((id: string) => {
-    const store = openStore(new DataLayout(config().dataDir).db);
-    const ok = store.tokens.revoke(id);
-    store.close();
+  .action(async (id: string) => {
+    const store = await storeOf(config());
+    const ok = await store.tokens.revoke(id);
+    await store.close();
     if (!ok) {
       process.stderr.write(`no active token ${id}\n`);
       process.exit(1);

@@ -4,6 +4,12 @@ import { z } from 'zod';
 /** Every setting, with its default. Precedence: flags > FORKPOINT_* environment > file > default. */
 export const configSchema = z.object({
   dataDir: z.string().min(1).default('/var/lib/forkpoint'),
+  /** A PostgreSQL database shared by several nodes (postgres://...); unset: the embedded SQLite
+   * file in the data directory. */
+  databaseUrl: z
+    .string()
+    .regex(/^postgres(ql)?:\/\//, 'a postgres:// or postgresql:// URL')
+    .optional(),
   host: z.string().min(1).default('127.0.0.1'),
   port: z.coerce.number().int().min(0).max(65535).default(7878),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -78,6 +84,7 @@ export type ConfigInput = z.input<typeof configSchema>;
 
 const envNames: Record<keyof Config, string> = {
   dataDir: 'FORKPOINT_DATA_DIR',
+  databaseUrl: 'FORKPOINT_DATABASE_URL',
   host: 'FORKPOINT_HOST',
   port: 'FORKPOINT_PORT',
   logLevel: 'FORKPOINT_LOG_LEVEL',

@@ -32,9 +32,9 @@ describe('API basics', () => {
   });
 
   it('a revoked token stops working', async () => {
-    const { token, record } = s.fp.store.tokens.create('someone', 'tmp');
+    const { token, record } = await s.fp.store.tokens.create('someone', 'tmp');
     expect((await s.api('GET', '/instances', undefined, { authorization: `Bearer ${token}` })).status).toBe(200);
-    s.fp.store.tokens.revoke(record.id);
+    await s.fp.store.tokens.revoke(record.id);
     expect((await s.api('GET', '/instances', undefined, { authorization: `Bearer ${token}` })).status).toBe(401);
   });
 

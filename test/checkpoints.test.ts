@@ -39,7 +39,7 @@ describe('checkpoint → change → rollback', () => {
     const ck = await checkpoint(inst.id, { label: 'calm' });
     expect(ck).toMatchObject({ status: 'ready', memory: true, label: 'calm', instance_id: inst.id });
     expect(ck.memory_bytes).toBeGreaterThan(0);
-    const atCheckpoint = Number(await s.fp.engine.layout.layer(s.fp.store.checkpoints.get(ck.id)!.layers[0]!) && (await import('node:fs')).readFileSync(join(s.fp.engine.layout.layer(s.fp.store.checkpoints.get(ck.id)!.layers[0]!), 'tmp/n'), 'utf8'));
+    const atCheckpoint = Number(await s.fp.engine.layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!) && (await import('node:fs')).readFileSync(join(s.fp.engine.layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!), 'tmp/n'), 'utf8'));
     await s.exec(inst.id, { command: 'echo changed > /root/a; rm /root/b; echo new > /root/c' });
     await s.exec(inst.id, { command: 'cd / && export MOOD=angry', session: 'main' });
     await sleep(400);
@@ -132,7 +132,7 @@ describe('checkpoint jobs', () => {
     // Calls keep arriving all through the pause: every one waits and succeeds.
     const calls: Promise<any>[] = [];
     let i = 0;
-    while (s.fp.store.checkpoints.get(started.body.id)!.status === 'processing' && i < 400) {
+    while ((await s.fp.store.checkpoints.get(started.body.id))!.status === 'processing' && i < 400) {
       calls.push(s.exec(inst.id, { command: `echo during-${i}` }));
       i++;
       await sleep(2);
@@ -193,7 +193,7 @@ describe('checkpoint jobs', () => {
     const inode = statSync(upperFile).ino;
     const before = await s.fp.engine.diskUsage(s.dataDir);
     const ck = await checkpoint(inst.id, { memory: false });
-    const layer = s.fp.store.checkpoints.get(ck.id)!.layers[0]!;
+    const layer = (await s.fp.store.checkpoints.get(ck.id))!.layers[0]!;
     expect(statSync(join(s.fp.engine.layout.layer(layer), 'root/big')).ino).toBe(inode);
     const grown = (await s.fp.engine.diskUsage(s.dataDir)) - before;
     expect(grown).toBeLessThan(64 * 1024 * 1024 * 0.1);
@@ -264,7 +264,7 @@ describe('fork', () => {
     const inst = await s.instance({ name: 'origin' });
     await s.exec(inst.id, { command: 'echo payload > /root/p' });
     const ck = await checkpoint(inst.id);
-    const layers = s.fp.store.checkpoints.get(ck.id)!.layers;
+    const layers = (await s.fp.store.checkpoints.get(ck.id))!.layers;
     const fork = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body;
     expect((await s.api('DELETE', `/instances/${inst.id}/checkpoints/${ck.id}`)).status).toBe(204);
     expect((await s.exec(fork.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
@@ -276,7 +276,7 @@ describe('fork', () => {
     expect((await s.exec(fork2.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
     expect((await s.api('DELETE', `/instances/${fork.id}`)).status).toBe(204);
     expect((await s.api('DELETE', `/instances/${fork2.id}`)).status).toBe(204);
-    await eventually(async () => !s.fp.store.layers.all().includes(layers[0]!));
+    await eventually(async () => !(await s.fp.store.layers.all()).includes(layers[0]!));
   });
 
   it('refuses a checkpoint of another instance and a failed checkpoint', async () => {

@@ -58,8 +58,8 @@ describe('durable checkpoints in an S3-compatible object store', () => {
     const d2 = await durable(inst.id, c2.id);
     expect(d2.uploaded_bytes).toBeLessThan(d1.uploaded_bytes);
     expect(d2.uploaded_bytes).toBeLessThan(1 << 20);
-    const m1 = s.fp.store.durable.get(c1.id)!.manifest;
-    const m2 = s.fp.store.durable.get(c2.id)!.manifest;
+    const m1 = (await s.fp.store.durable.get(c1.id))!.manifest;
+    const m2 = (await s.fp.store.durable.get(c2.id))!.manifest;
     // The first checkpoint's layers are the second's older ones, the very same blobs.
     expect(m2.layers.slice(1).map((l) => l.blob)).toEqual(m1.layers.map((l) => l.blob));
     const blobs2 = (await bucket.list('blobs/')).length;
@@ -85,7 +85,7 @@ describe('durable checkpoints in an S3-compatible object store', () => {
     await durable(inst.id, c.id);
     // The node loses the checkpoint's own data: its frozen layer and its memory image.
     expect((await s.api('POST', `/instances/${inst.id}/stop`)).status).toBe(200);
-    const rec = s.fp.store.checkpoints.get(c.id)!;
+    const rec = (await s.fp.store.checkpoints.get(c.id))!;
     const layerDir = s.fp.engine.layout.layer(rec.layers[0]!);
     await rm(layerDir, { recursive: true, force: true });
     await rm(s.fp.engine.layout.checkpoint(c.id), { recursive: true, force: true });

@@ -168,7 +168,7 @@ describe('attacks on the E2B face', () => {
     expect((await rpc(f.sandboxID, f.envdAccessToken)).status).toBe(200);
 
     expect((await s.api('GET', `/sandboxes/${a.body.sandboxID}`, undefined, {})).status).toBe(401);
-    const { token } = s.fp.store.tokens.create('intruder', 'test');
+    const { token } = await s.fp.store.tokens.create('intruder', 'test');
     const other = await s.api('GET', `/sandboxes/${a.body.sandboxID}`, undefined, { 'x-api-key': token });
     expect(other.status).toBe(404);
     expect(other.body).toMatchObject({ code: 404 });

@@ -35,7 +35,7 @@ async function cliBuild(name: string, context: string) {
 }
 
 /** Sandboxes a build ran its steps in (they belong to an owner no token has). */
-const buildSandboxes = () => s.fp.store.instances.all().filter((r) => r.owner.startsWith('~build:'));
+const buildSandboxes = async () => (await s.fp.store.instances.all()).filter((r) => r.owner.startsWith('~build:'));
 
 describe('Dockerfile builds on the engine', () => {
   it('FROM debian + apt-get install jq + COPY + ENV + WORKDIR builds; an instance has all of it; a second build reuses every step', async () => {
@@ -73,7 +73,7 @@ describe('Dockerfile builds on the engine', () => {
     expect((await sh(inst.id, 'pwd; cat mode.txt')).stdout).toBe('/work/dir\ntest\n');
 
     // Unchanged: every step is the cache's, and the image stands on the same layers.
-    const before = s.fp.store.images.get('default', 'tools')!;
+    const before = (await s.fp.store.images.get('default', 'tools'))!;
     const t = performance.now();
     const second = await cliBuild('tools', ctx);
     const secondMs = performance.now() - t;
@@ -82,7 +82,7 @@ describe('Dockerfile builds on the engine', () => {
     const cached = second.out.split('\n').filter((l) => l.includes('---> cached'));
     expect(cached).toHaveLength(5); // the RUNs, COPYs and WORKDIR; ENV, ARG and CMD make no layer
     expect(steps.length).toBeGreaterThan(cached.length);
-    expect(s.fp.store.images.get('default', 'tools')!.layers).toEqual(before.layers);
+    expect((await s.fp.store.images.get('default', 'tools'))!.layers).toEqual(before.layers);
     process.stderr.write(`[images] unchanged rebuild through the CLI: ${Math.round(secondMs)} ms\n`);
 
     // A change to a copied file rebuilds from that step on, and no earlier.
@@ -99,13 +99,13 @@ describe('Dockerfile builds on the engine', () => {
     await s.api('DELETE', `/instances/${again.id}`);
     expect((await s.api('DELETE', '/images/tools')).status).toBe(204);
     expect((await s.api('GET', '/images/tools')).status).toBe(404);
-    expect(buildSandboxes()).toEqual([]);
+    expect(await buildSandboxes()).toEqual([]);
 
     // The cache still holds the steps' layers; emptying it frees them, and a build runs again.
-    const held = s.fp.store.layers.all().length;
+    const held = (await s.fp.store.layers.all()).length;
     const pruned = await s.api('POST', '/images/prune');
     expect(pruned.body.removed).toBeGreaterThanOrEqual(5);
-    expect(s.fp.store.layers.all().length).toBeLessThan(held);
+    expect((await s.fp.store.layers.all()).length).toBeLessThan(held);
     const rebuilt = await cliBuild('tools', ctx);
     expect(rebuilt.code).toBe(0);
     expect(rebuilt.out).not.toContain('---> cached');
@@ -134,8 +134,9 @@ describe('Dockerfile builds on the engine', () => {
     expect(text).toMatch(/event: error\ndata: \{"error":"line 3: [^"]*exited with code 3"/);
 
     expect((await s.api('GET', '/images/broken')).status).toBe(404);
-    expect(buildSandboxes()).toEqual([]);
-    expect((await overlaysUnder(s.dataDir)).filter((m) => !s.fp.store.instances.get(m.split('/').at(-2) ?? ''))).toEqual([]);
+    expect(await buildSandboxes()).toEqual([]);
+    const known = new Set((await s.fp.store.instances.all()).map((r) => r.id));
+    expect((await overlaysUnder(s.dataDir)).filter((m) => !known.has(m.split('/').at(-2) ?? ''))).toEqual([]);
   });
 
   it('a bad Dockerfile is a 400 with its line, before anything runs', async () => {
@@ -154,7 +155,7 @@ describe('Dockerfile builds on the engine', () => {
       expect(r.body.error.details.line).toBe(line);
       expect(r.body.error.message).toMatch(message);
     }
-    expect(buildSandboxes()).toEqual([]);
+    expect(await buildSandboxes()).toEqual([]);
   });
 });
 
@@ -183,14 +184,14 @@ describe('templates', () => {
     // The template's own sandbox is nobody's to list, and runs nothing.
     const listed = (await s.api('GET', '/instances?limit=100')).body.items.map((i: { id: string }) => i.id);
     expect(listed.sort()).toEqual([a.body.id, b.body.id].sort());
-    const hidden = s.fp.store.instances.all().filter((r) => r.owner === '~template:default');
+    const hidden = (await s.fp.store.instances.all()).filter((r) => r.owner === '~template:default');
     expect(hidden.map((r) => r.status)).toEqual(['stopped']);
 
     // Deleting the template leaves its instances running.
     expect((await s.api('DELETE', '/templates/web')).status).toBe(204);
     expect((await sh(a.body.id, 'wget -q -O- http://127.0.0.1:8080/')).stdout).toBe('served by the template\n');
     expect((await s.api('POST', '/instances', { template: 'web' })).status).toBe(404);
-    expect(s.fp.store.instances.all().filter((r) => r.owner === '~template:default')).toEqual([]);
+    expect((await s.fp.store.instances.all()).filter((r) => r.owner === '~template:default')).toEqual([]);
     await s.api('DELETE', `/instances/${a.body.id}`);
     await s.api('DELETE', `/instances/${b.body.id}`);
   });
@@ -211,7 +212,7 @@ describe('templates', () => {
     await s.api('DELETE', '/templates/marked');
     await s.api('DELETE', `/instances/${inst.body.id}`);
     await s.api('DELETE', `/instances/${src.id}`);
-    await until('the hidden instances gone', () => s.fp.store.instances.all().every((r) => !r.owner.startsWith('~')));
+    await until('the hidden instances gone', async () => (await s.fp.store.instances.all()).every((r) => !r.owner.startsWith('~')));
   });
 });
 
@@ -245,7 +246,7 @@ describe('the published @opencomputer/sdk\'s Image builder and Snapshots', () =>
     expect((await snaps.list()).map((x) => x.name)).toContain('tools-snap');
     for (const x of [sb, sb2, sb3]) await x.kill();
     await snaps.delete('tools-snap');
-    expect(buildSandboxes()).toEqual([]);
+    expect(await buildSandboxes()).toEqual([]);
   });
 });
 
@@ -407,7 +408,7 @@ describe('attacks through builds, archives and templates', () => {
   it('another owner\'s images and templates do not exist for a token of its own', async () => {
     await s.api('POST', '/images', { name: 'mine', dockerfile: 'FROM default\nRUN echo mine > /mine\n' });
     expect((await s.api('POST', '/templates', { name: 'mytpl', from_image: 'mine', start_command: 'sleep 1000' })).status).toBe(201);
-    const { token } = s.fp.store.tokens.create('intruder', 'test');
+    const { token } = await s.fp.store.tokens.create('intruder', 'test');
     const as = { authorization: `Bearer ${token}` };
     expect((await s.api('GET', '/images/mine', undefined, as)).status).toBe(404);
     expect((await s.api('GET', '/images', undefined, as)).body.images.map((i: { name: string }) => i.name)).not.toContain('mine');
@@ -417,7 +418,7 @@ describe('attacks through builds, archives and templates', () => {
     expect((await s.api('DELETE', '/images/mine', undefined, as)).status).toBe(404);
     expect((await s.api('POST', '/images', { name: 'theirs', dockerfile: 'FROM mytpl\n' }, as)).status).toBe(400);
     // The hidden instances behind them answer no one.
-    for (const r of s.fp.store.instances.all().filter((x) => x.owner.startsWith('~'))) {
+    for (const r of (await s.fp.store.instances.all()).filter((x) => x.owner.startsWith('~'))) {
       expect((await s.api('GET', `/instances/${r.id}`)).status).toBe(404);
       expect((await s.api('POST', `/instances/${r.id}/exec`, { command: 'true' })).status).toBe(404);
       expect((await s.api('DELETE', `/instances/${r.id}`)).status).toBe(404);

@@ -160,7 +160,7 @@ describe('the published @opencomputer/sdk, interactively', () => {
     const memoryBefore = await s.fp.engine.memoryInUse(sb.sandboxId);
     expect(memoryBefore).toBeGreaterThan(0);
     await sb.hibernate();
-    const rec = s.fp.store.instances.get(sb.sandboxId)!;
+    const rec = (await s.fp.store.instances.get(sb.sandboxId))!;
     expect(rec.status).toBe('hibernated');
     expect(s.fp.engine.sandbox(sb.sandboxId)).toBeUndefined(); // no process left of it
     expect((await Sandbox.connect(sb.sandboxId, opts)).status).toBe('hibernated');

@@ -55,7 +55,7 @@ describe('instance lifecycle', () => {
 
   it('instances belong to the token\'s owner: another owner gets 404', async () => {
     const inst = await s.instance({ name: 'mine' });
-    const { token } = s.fp.store.tokens.create('mallory', 'other');
+    const { token } = await s.fp.store.tokens.create('mallory', 'other');
     const h = { authorization: `Bearer ${token}` };
     expect((await s.api('GET', `/instances/${inst.id}`, undefined, h)).status).toBe(404);
     expect((await s.api('POST', `/instances/${inst.id}/exec`, { command: 'id' }, h)).status).toBe(404);
@@ -106,8 +106,8 @@ describe('bad input gets 4xx in the envelope', () => {
   });
 
   it('nothing is left half-made by a refused create', async () => {
-    const before = s.fp.store.instances.all().length;
+    const before = (await s.fp.store.instances.all()).length;
     await s.api('POST', '/instances', { image: 'nope' });
-    expect(s.fp.store.instances.all().length).toBe(before);
+    expect((await s.fp.store.instances.all()).length).toBe(before);
   });
 });

@@ -22,7 +22,7 @@ describe('layer squashing', () => {
       checkpoints.push({ id: r.body.id, files: await view(inst.id) });
     }
     await s.fp.checkpoints.idle();
-    const rec = s.fp.store.instances.get(inst.id)!;
+    const rec = (await s.fp.store.instances.get(inst.id))!;
     expect(rec.layers.length).toBeLessThanOrEqual(5);
     expect(rec.baseLayer).toBe(true);
     const now = await view(inst.id);
@@ -44,8 +44,8 @@ describe('layer squashing', () => {
     expect(await view(fork.id)).toBe(checkpoints[7]!.files);
     // Layers nothing stands on any more are gone.
     await eventually(async () => {
-      const used = new Set(s.fp.store.db.prepare('SELECT DISTINCT layer_id FROM layer_refs').pluck().all() as string[]);
-      return s.fp.store.layers.all().every((l) => used.has(l));
+      const used = new Set(await s.fp.store.layers.referenced());
+      return (await s.fp.store.layers.all()).every((l) => used.has(l));
     });
   });
 });

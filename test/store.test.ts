@@ -1,89 +1,220 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import Database from 'better-sqlite3';
-import { afterAll, describe, expect, it } from 'vitest';
-import { migrate, openDb, schemaVersion } from '../src/store/db.js';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connect, migrate, schemaVersion, type Connection } from '../src/store/db.js';
+import { openStore, type Store } from '../src/store/index.js';
+import type { InstanceRecord } from '../src/store/instances.js';
 import { migrations } from '../src/store/migrations.js';
-import { TokenStore } from '../src/store/tokens.js';
+import { TestPostgres } from './helpers/postgres.js';
 
+// The same tests on both stores: the embedded SQLite file and a real PostgreSQL (a throwaway
+// cluster this file starts). Each test gets a database of its own.
 const dirs: string[] = [];
-const tmpDb = async () => {
-  const dir = await mkdtemp(join(tmpdir(), 'fp-store-'));
-  dirs.push(dir);
-  return join(dir, 'forkpoint.db');
-};
+let postgres: TestPostgres;
+let databases = 0;
+beforeAll(async () => {
+  postgres = await TestPostgres.start();
+}, 90_000);
 afterAll(async () => {
+  await postgres?.stop();
   for (const d of dirs) await rm(d, { recursive: true, force: true });
 });
 
-describe('store migrations', () => {
+const locations = {
+  sqlite: async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'fp-store-'));
+    dirs.push(dir);
+    return join(dir, 'forkpoint.db');
+  },
+  postgres: () => postgres.database(`t${++databases}`),
+};
+
+const tableNames = async (c: Connection) => (await c.db.introspection.getTables()).map((t) => t.name);
+
+const instance = (id: string, createdAt: string, extra: Partial<InstanceRecord> = {}): InstanceRecord => ({
+  id, owner: 'alice', name: id.replace('_', '-'), image: 'default', status: 'running', layers: [], baseLayer: false, agentLayer: 'agent',
+  env: { A: '1' }, limits: { memoryMb: 256, pids: 64, cpuPercent: 100, diskMb: null }, metadata: { k: 'v' }, pid: null, pidStart: null,
+  sourceInstanceId: null, sourceCheckpointId: null, maxCheckpoints: null, headCheckpointId: null, hibernationId: null, idleTimeoutS: null,
+  address: null, egress: { egress: 'allow', allow: [], deny: [] }, imageRef: null, workdir: null, expiresAt: null, onExpiry: null, error: null,
+  createdAt, updatedAt: createdAt, ...extra,
+});
+
+describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
+  const open = async (): Promise<Store> => openStore(await locations[dialect]());
+
   it('brings a new database to the newest version', async () => {
-    const db = openDb(await tmpDb());
-    expect(schemaVersion(db)).toBe(migrations[migrations.length - 1]!.version);
-    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type='table'").pluck().all();
-    expect(tables).toEqual(expect.arrayContaining(['tokens', 'instances', 'checkpoints', 'layers', 'layer_refs']));
+    const c = connect(await locations[dialect]());
+    try {
+      expect(await migrate(c)).toEqual(migrations.map((m) => m.version));
+      expect(await schemaVersion(c.db)).toBe(migrations[migrations.length - 1]!.version);
+      expect(await tableNames(c)).toEqual(expect.arrayContaining(['tokens', 'instances', 'checkpoints', 'layers', 'layer_refs', 'durable_blobs']));
+    } finally {
+      await c.close();
+    }
   });
 
-  it('runs each migration once, and upgrades an older database in order', async () => {
-    const file = await tmpDb();
-    const old = new Database(file);
-    old.exec('CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)');
-    old.exec(migrations[0]!.sql);
-    old.prepare('INSERT INTO schema_migrations VALUES (1, ?, ?)').run(migrations[0]!.name, new Date().toISOString());
-    old.prepare("INSERT INTO tokens (id, owner, name, secret_hash, created_at) VALUES ('tok_x', 'o', 'n', x'00', 'now')").run();
-    old.close();
-    const db = openDb(file);
-    expect(schemaVersion(db)).toBe(migrations.length);
-    expect(db.prepare('SELECT owner FROM tokens').pluck().get()).toBe('o'); // data kept
-    expect(migrate(db)).toEqual([]); // nothing left to run
+  it('upgrades an older database in order, keeping its data, and runs each migration once', async () => {
+    const c = connect(await locations[dialect]());
+    try {
+      await migrate(c, migrations.slice(0, 1));
+      await sql`INSERT INTO tokens (id, owner, name, secret_hash, created_at) VALUES ('tok_x', 'o', 'n', ${Buffer.from([0])}, 'now')`.execute(c.db);
+      expect(await migrate(c)).toEqual(migrations.slice(1).map((m) => m.version));
+      expect((await c.db.selectFrom('tokens').select('owner').executeTakeFirst())?.owner).toBe('o');
+      expect(await migrate(c)).toEqual([]);
+    } finally {
+      await c.close();
+    }
   });
 
   it('a failing migration leaves the database at the previous version', async () => {
-    const db = new Database(await tmpDb());
-    migrate(db);
-    const before = schemaVersion(db);
-    const broken = [...migrations, { version: before + 1, name: 'broken', sql: 'CREATE TABLE x (a); SELECT nope FROM nowhere;' }];
-    expect(() => migrate(db, broken)).toThrow();
-    expect(db.prepare("SELECT name FROM sqlite_master WHERE name='x'").get()).toBeUndefined();
-    expect(schemaVersion(db)).toBe(before);
-  });
-});
-
-describe('tokens', () => {
-  it('stores only a hash, verifies, and revokes', async () => {
-    const db = openDb(await tmpDb());
-    const tokens = new TokenStore(db);
-    const { token, record } = tokens.create('alice', 'laptop');
-    const row = db.prepare('SELECT * FROM tokens').get() as Record<string, unknown>;
-    expect(JSON.stringify(row)).not.toContain(token.split('.')[1]);
-    expect(tokens.verify(token)?.owner).toBe('alice');
-    expect(tokens.verify(token + 'x')).toBeUndefined();
-    expect(tokens.verify('garbage')).toBeUndefined();
-    expect(tokens.revoke(record.id)).toBe(true);
-    expect(tokens.verify(token)).toBeUndefined();
-  });
-});
-
-describe('execution records', () => {
-  const rec = (id: string, startedAt: string, ended: boolean) => ({
-    instanceId: 'inst_a', id, processId: Number.parseInt(id.slice(5), 16), kind: 'exec' as const, argv: ['echo', id], cwd: '/', startedAt,
-    endedAt: ended ? startedAt : null, exitCode: ended ? 0 : null, signal: null, timedOut: false,
+    const c = connect(await locations[dialect]());
+    try {
+      await migrate(c);
+      const before = await schemaVersion(c.db);
+      const broken = [...migrations, { version: before + 1, name: 'broken', sql: 'CREATE TABLE x (a TEXT);\nSELECT nope FROM nowhere;' }];
+      await expect(migrate(c, broken)).rejects.toThrow();
+      expect(await tableNames(c)).not.toContain('x');
+      expect(await schemaVersion(c.db)).toBe(before);
+    } finally {
+      await c.close();
+    }
   });
 
-  it('pages newest first, prunes ended ones past the newest N (never running ones), and copies to a fork as running', async () => {
-    const { ExecutionStore } = await import('../src/store/executions.js');
-    const store = new ExecutionStore(openDb(await tmpDb()));
-    store.insert(rec('exec_00000001', '2026-01-01T00:00:01Z', false));
-    for (let i = 2; i <= 6; i++) store.insert(rec(`exec_0000000${i}`, `2026-01-01T00:00:0${i}Z`, true));
-    const p1 = store.page('inst_a', 2);
-    expect(p1.items.map((e) => e.id)).toEqual(['exec_00000006', 'exec_00000005']);
-    expect(store.page('inst_a', 10, p1.nextCursor!).items.map((e) => e.id)).toEqual(['exec_00000004', 'exec_00000003', 'exec_00000002', 'exec_00000001']);
-    store.prune('inst_a', 2);
-    expect(store.page('inst_a', 10).items.map((e) => e.id)).toEqual(['exec_00000006', 'exec_00000005', 'exec_00000001']);
-    store.copy('inst_a', 'inst_b', [5, 1, 99]);
-    const copied = store.page('inst_b', 10).items;
-    expect(copied.map((e) => [e.id, e.endedAt, e.exitCode])).toEqual([['exec_00000005', null, null], ['exec_00000001', null, null]]);
-    expect(copied[0]!.argv).toEqual(['echo', 'exec_00000005']);
+  it('nodes that start together migrate once between them', async () => {
+    const location = await locations[dialect]();
+    // SQLite is one node's file; PostgreSQL is where several start at once.
+    const nodes = dialect === 'postgres' ? 4 : 1;
+    const conns = Array.from({ length: nodes }, () => connect(location));
+    try {
+      const ran = await Promise.all(conns.map((c) => migrate(c)));
+      expect(ran.flat().sort((a, b) => a - b)).toEqual(migrations.map((m) => m.version));
+    } finally {
+      await Promise.all(conns.map((c) => c.close()));
+    }
+  });
+
+  it('tokens: stores only a hash, verifies, and revokes', async () => {
+    const store = await open();
+    try {
+      const { token, record } = await store.tokens.create('alice', 'laptop');
+      expect(JSON.stringify(await store.tokens.list())).not.toContain(token.split('.')[1]);
+      expect((await store.tokens.verify(token))?.owner).toBe('alice');
+      expect(await store.tokens.verify(token + 'x')).toBeUndefined();
+      expect(await store.tokens.verify('garbage')).toBeUndefined();
+      expect(await store.tokens.countActive()).toBe(1);
+      expect(await store.tokens.revoke(record.id)).toBe(true);
+      expect(await store.tokens.revoke(record.id)).toBe(false);
+      expect(await store.tokens.verify(token)).toBeUndefined();
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('instances: a record reads back as written, pages newest first, and updates', async () => {
+    const store = await open();
+    try {
+      for (let i = 1; i <= 5; i++) await store.instances.insert(instance(`inst_${i}`, `2026-01-01T00:00:0${i}Z`, { address: `10.0.0.${i}` }));
+      await store.instances.insert(instance('inst_9', '2026-01-01T00:00:09Z', { owner: 'bob' }));
+      expect(await store.instances.get('inst_1')).toEqual(instance('inst_1', '2026-01-01T00:00:01Z', { address: '10.0.0.1' }));
+      const p1 = await store.instances.page('alice', 2);
+      expect(p1.items.map((r) => r.id)).toEqual(['inst_5', 'inst_4']);
+      const p2 = await store.instances.page('alice', 10, p1.nextCursor!);
+      expect([p2.items.map((r) => r.id), p2.nextCursor]).toEqual([['inst_3', 'inst_2', 'inst_1'], null]);
+      expect((await store.instances.addresses()).sort()).toEqual(['10.0.0.1', '10.0.0.2', '10.0.0.3', '10.0.0.4', '10.0.0.5']);
+      const next = await store.instances.update('inst_2', { status: 'stopped', layers: ['l2', 'l1'], baseLayer: true, expiresAt: '2026-01-01T00:01:00Z' });
+      expect(await store.instances.get('inst_2')).toEqual(next);
+      expect((await store.instances.expired('2026-01-01T00:02:00Z')).map((r) => r.id)).toEqual(['inst_2']);
+      expect(await store.instances.countOnImage(null, 'default')).toBe(6);
+      await store.instances.delete('inst_2');
+      expect(await store.instances.get('inst_2')).toBeUndefined();
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('layers: held while anything stands on them, taken once nothing does', async () => {
+    const store = await open();
+    try {
+      for (const l of ['l1', 'l2', 'l3']) await store.layers.add(l);
+      await store.layers.add('l4', 'inst_a'); // pending: never garbage until settled
+      await store.layers.setRefs('instance:a', ['l2', 'l1', 'l1']);
+      await store.layers.setRefs('checkpoint:c', ['l3']);
+      expect((await store.layers.takeUnreferenced()).sort()).toEqual([]);
+      await store.layers.dropHolder('checkpoint:c');
+      expect(await store.layers.takeUnreferenced()).toEqual(['l3']);
+      await store.layers.settle('l4');
+      expect(await store.layers.takeUnreferenced()).toEqual(['l4']);
+      expect((await store.layers.all()).sort()).toEqual(['l1', 'l2']);
+      expect((await store.layers.referenced()).sort()).toEqual(['l1', 'l2']);
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('a transaction is all or nothing', async () => {
+    const store = await open();
+    try {
+      await store.layers.add('l1');
+      await expect(
+        store.transaction(async (tx) => {
+          await tx.layers.setRefs('instance:a', ['l1']);
+          await tx.instances.insert(instance('inst_1', '2026-01-01T00:00:01Z'));
+          throw new Error('half-way');
+        }),
+      ).rejects.toThrow('half-way');
+      expect(await store.layers.holders('l1')).toEqual([]);
+      expect(await store.instances.get('inst_1')).toBeUndefined();
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('durable blobs: shared ones counted once, garbage once nothing references them', async () => {
+    const store = await open();
+    try {
+      const manifest = (id: string, blobs: string[]) => ({
+        checkpointId: id, image: 'default', agentLayer: 'a', baseLayer: false, hostname: 'h',
+        layers: blobs.map((b, i) => ({ id: `l${i}`, blob: b, bytes: 1 })), memory: null,
+      });
+      for (const b of ['b1', 'b2', 'b3']) await store.durable.addBlob(b, 10);
+      await store.durable.addBlob('b1', 10);
+      await store.durable.put({ checkpointId: 'c1', manifest: manifest('c1', ['b1', 'b2']), uploadedBytes: 20, durableAt: 'now' });
+      await store.durable.put({ checkpointId: 'c2', manifest: manifest('c2', ['b1', 'b3']), uploadedBytes: 10, durableAt: 'now' });
+      expect(await store.durable.garbage()).toEqual([]);
+      await store.durable.drop('c1');
+      expect(await store.durable.garbage()).toEqual(['b2']);
+      await store.durable.removeBlob('b2');
+      await store.durable.drop('c2');
+      expect((await store.durable.garbage()).sort()).toEqual(['b1', 'b3']);
+      expect((await store.durable.get('c2'))).toBeUndefined();
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('executions: pages newest first, prunes ended ones past the newest N (never running ones), and copies to a fork as running', async () => {
+    const store = await open();
+    const rec = (id: string, startedAt: string, ended: boolean) => ({
+      instanceId: 'inst_a', id, processId: Number.parseInt(id.slice(5), 16), kind: 'exec' as const, argv: ['echo', id], cwd: '/', startedAt,
+      endedAt: ended ? startedAt : null, exitCode: ended ? 0 : null, signal: null, timedOut: false,
+    });
+    try {
+      const ex = store.executions;
+      await ex.insert(rec('exec_00000001', '2026-01-01T00:00:01Z', false));
+      for (let i = 2; i <= 6; i++) await ex.insert(rec(`exec_0000000${i}`, `2026-01-01T00:00:0${i}Z`, true));
+      const p1 = await ex.page('inst_a', 2);
+      expect(p1.items.map((e) => e.id)).toEqual(['exec_00000006', 'exec_00000005']);
+      expect((await ex.page('inst_a', 10, p1.nextCursor!)).items.map((e) => e.id)).toEqual(['exec_00000004', 'exec_00000003', 'exec_00000002', 'exec_00000001']);
+      await ex.prune('inst_a', 2);
+      expect((await ex.page('inst_a', 10)).items.map((e) => e.id)).toEqual(['exec_00000006', 'exec_00000005', 'exec_00000001']);
+      await ex.copy('inst_a', 'inst_b', [5, 1, 99]);
+      const copied = (await ex.page('inst_b', 10)).items;
+      expect(copied.map((e) => [e.id, e.endedAt, e.exitCode])).toEqual([['exec_00000005', null, null], ['exec_00000001', null, null]]);
+      expect(copied[0]!.argv).toEqual(['echo', 'exec_00000005']);
+    } finally {
+      await store.close();
+    }
   });
 });

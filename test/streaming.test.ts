@@ -166,7 +166,7 @@ describe('terminals over WebSocket', () => {
     const url = `${s.url.replace('http', 'ws')}/instances/${inst.id}/pty/${body.id}`;
     expect(await wsClient(url, {}).failed).toBe(401);
     expect(await wsClient(`${url}?token=wrong`, {}).failed).toBe(401);
-    const other = s.fp.store.tokens.create('someone-else', 'test').token;
+    const other = (await s.fp.store.tokens.create('someone-else', 'test')).token;
     expect(await wsClient(url, { authorization: `Bearer ${other}` }).failed).toBe(404);
     expect(await wsClient(`${s.url.replace('http', 'ws')}/instances/${inst.id}/pty/exec_00000001`).failed).toBe(404);
   });

@@ -29,7 +29,7 @@ export class SandboxAccess {
 
   /** The running sandbox, waking the instance if it hibernates. */
   async sandbox(owner: string, id: string): Promise<{ sb: Sandbox; rec: InstanceRecord }> {
-    let rec = this.instances.get(owner, id);
+    let rec = await this.instances.get(owner, id);
     if (rec.status === 'hibernated') rec = await this.instances.wake(owner, id);
     const sb = this.instances.live(id);
     if (rec.status !== 'running' || !sb) throw new ConflictError(`instance ${id} is ${rec.status}, not running`, { status: rec.status });
@@ -85,7 +85,7 @@ export class SandboxAccess {
     this.sweeping = true;
     try {
       const now = Date.now();
-      for (const rec of this.store.instances.idleCandidates()) {
+      for (const rec of await this.store.instances.idleCandidates()) {
         const last = this.lastUse.get(rec.id);
         if (last === undefined) {
           this.lastUse.set(rec.id, now); // first seen (a restart): idle from now on

@@ -34,7 +34,7 @@ export class BundledTemplates {
    * for the same making. */
   async ensure(owner: string, name: string): Promise<void> {
     const b = BUNDLED[name];
-    if (!b || this.templates.list(owner).some((t) => t.name === name && t.status === 'ready')) return;
+    if (!b || (await this.templates.list(owner)).some((t) => t.name === name && t.status === 'ready')) return;
     const key = `${owner}\n${name}`;
     let p = this.making.get(key);
     if (!p) {

@@ -86,32 +86,30 @@ export class CheckpointService {
     private readonly log: Logger,
   ) {}
 
-  get(owner: string, instanceId: string, id: string): CheckpointRecord {
-    this.instances.get(owner, instanceId);
-    const c = this.store.checkpoints.get(id);
+  async get(owner: string, instanceId: string, id: string): Promise<CheckpointRecord> {
+    await this.instances.get(owner, instanceId);
+    const c = await this.store.checkpoints.get(id);
     if (!c || c.instanceId !== instanceId) throw new NotFoundError('checkpoint', id);
     return this.view(c);
   }
 
   /** A checkpoint by id alone, for callers that do not name its instance. */
-  find(owner: string, id: string): CheckpointRecord {
-    const c = this.store.checkpoints.get(id);
+  async find(owner: string, id: string): Promise<CheckpointRecord> {
+    const c = await this.store.checkpoints.get(id);
     if (!c || c.owner !== owner) throw new NotFoundError('checkpoint', id);
     return this.view(c);
   }
 
-  list(owner: string, instanceId: string, limit: number, cursor?: string): Page<CheckpointRecord> {
-    this.instances.get(owner, instanceId);
-    const page = this.store.checkpoints.page(instanceId, limit, cursor);
-    return { ...page, items: page.items.map((c) => this.view(c)) };
+  async list(owner: string, instanceId: string, limit: number, cursor?: string): Promise<Page<CheckpointRecord>> {
+    await this.instances.get(owner, instanceId);
+    const page = await this.store.checkpoints.page(instanceId, limit, cursor);
+    return { ...page, items: await Promise.all(page.items.map((c) => this.view(c))) };
   }
 
-  /** Records the checkpoint as `processing` and queues the work; `done` settles when it is
-   * `ready` or `failed`. */
   /** Takes a checkpoint: answers at once with it `processing`; `done` settles when it is
    * `ready` or `failed`. A hibernated instance is woken first. */
   async create(owner: string, instanceId: string, input: CreateCheckpoint): Promise<{ checkpoint: CheckpointRecord; done: Promise<void> }> {
-    let inst = this.instances.get(owner, instanceId);
+    let inst = await this.instances.get(owner, instanceId);
     if (this.instances.isBeingDeleted(instanceId)) throw new ConflictError(`instance ${instanceId} is being deleted`);
     if (inst.status === 'hibernated') inst = await this.instances.wake(owner, instanceId);
     if (inst.status !== 'running' && inst.status !== 'stopped') {
@@ -121,7 +119,7 @@ export class CheckpointService {
     if (memory && inst.status !== 'running') {
       throw new ConflictError('a memory checkpoint needs a running instance; use "memory": false', { status: inst.status });
     }
-    this.enforceLimit(inst, input.retention?.mode === 'delete_oldest');
+    await this.enforceLimit(inst, input.retention?.mode === 'delete_oldest');
     const c: CheckpointRecord = {
       id: newId('ckpt'),
       instanceId,
@@ -142,7 +140,7 @@ export class CheckpointService {
       createdAt: new Date().toISOString(),
       readyAt: null,
     };
-    this.store.checkpoints.insert(c);
+    await this.store.checkpoints.insert(c);
     this.events.emit(instanceId, 'checkpoint.processing', { checkpoint_id: c.id, memory });
     // From now on the instance's callers wait for the dump: the checkpoint is of this moment.
     const release = this.engine.sandbox(instanceId)?.hold() ?? (() => {});
@@ -186,9 +184,9 @@ export class CheckpointService {
     return free;
   }
 
-  private enforceLimit(inst: InstanceRecord, deleteOldest: boolean): void {
+  private async enforceLimit(inst: InstanceRecord, deleteOldest: boolean): Promise<void> {
     const max = inst.maxCheckpoints ?? this.defaultMax;
-    const existing = this.store.checkpoints.forInstance(inst.id).filter((c) => c.status !== 'failed');
+    const existing = (await this.store.checkpoints.forInstance(inst.id)).filter((c) => c.status !== 'failed');
     if (existing.length < max) return;
     if (!deleteOldest) {
       throw new QuotaExceededError(`instance ${inst.id} has ${existing.length} of ${max} checkpoints; delete one or pass "retention": {"mode": "delete_oldest"}`, {
@@ -197,16 +195,16 @@ export class CheckpointService {
     }
     const victims = existing.filter((c) => c.status === 'ready' && !this.pinned(c.id)).slice(0, existing.length - max + 1);
     if (victims.length < existing.length - max + 1) throw new ConflictError('the oldest checkpoints are still processing or being forked from');
-    for (const v of victims) this.removeRecord(v);
+    for (const v of victims) await this.removeRecord(v);
   }
 
   private async run(c: CheckpointRecord, release: () => void): Promise<void> {
-    const inst = this.store.instances.get(c.instanceId);
+    const inst = await this.store.instances.get(c.instanceId);
     if (!inst) return this.fail(c, 'the instance was deleted');
     const short = await this.spaceShortfall(inst, c.memory);
     if (short) return this.fail(c, short);
     const layerId = newId('lyr');
-    this.store.layers.add(layerId, inst.id);
+    await this.store.layers.add(layerId, inst.id);
     let pauseMs: number | null = null;
     try {
       if (inst.status === 'running') {
@@ -234,8 +232,8 @@ export class CheckpointService {
     await this.engine.syncLayer(layerId);
     const deltaBytes = await this.engine.layerBytes(layerId);
     const memoryBytes = c.memory ? await this.engine.checkpointImageBytes(c.id) : 0;
-    this.store.layers.markSynced(layerId);
-    this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
+    await this.store.layers.markSynced(layerId);
+    await this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
     this.observer.ready(c.id);
     this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
@@ -251,17 +249,17 @@ export class CheckpointService {
 
   private async persistFrozen(instanceId: string, checkpointId: string, layers: string[], baseLayer: boolean, pauseMs: number | null, layerId: string): Promise<void> {
     const write = () =>
-      this.store.db.transaction(() => {
-        this.store.layers.settle(layerId);
-        this.store.layers.setRefs(`instance:${instanceId}`, layers);
-        this.store.layers.setRefs(`checkpoint:${checkpointId}`, layers);
+      this.store.transaction(async (tx) => {
+        await tx.layers.settle(layerId);
+        await tx.layers.setRefs(`instance:${instanceId}`, layers);
+        await tx.layers.setRefs(`checkpoint:${checkpointId}`, layers);
         const sb = this.engine.sandbox(instanceId);
-        this.store.instances.update(instanceId, { layers, headCheckpointId: checkpointId, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
-        this.store.checkpoints.update(checkpointId, { layers, baseLayer, pauseMs });
-      })();
+        await tx.instances.update(instanceId, { layers, headCheckpointId: checkpointId, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
+        await tx.checkpoints.update(checkpointId, { layers, baseLayer, pauseMs });
+      });
     for (let attempt = 0; ; attempt++) {
       try {
-        return write();
+        return await write();
       } catch (err) {
         if (!isNoSpace(err) || attempt >= PERSIST_ATTEMPTS) throw err;
         if (attempt === 0) this.log.error({ err, checkpoint: checkpointId }, 'disk full: the frozen layer is not recorded yet; retrying');
@@ -288,26 +286,28 @@ export class CheckpointService {
    * were taken on, so none of them sees anything change; the old layers go when nothing uses them.
    */
   private async squashOldest(instanceId: string): Promise<void> {
-    const inst = this.store.instances.get(instanceId);
+    const inst = await this.store.instances.get(instanceId);
     if (!inst || inst.layers.length <= this.squash.after) return;
     const old = inst.layers.slice(this.squash.keep);
     const into = newId('lyr');
-    this.store.layers.add(into);
-    this.store.layers.setRefs(`squash:${into}`, [into]); // not garbage while it is being built
+    await this.store.layers.add(into);
+    await this.store.layers.setRefs(`squash:${into}`, [into]); // not garbage while it is being built
     try {
       await this.engine.squash(old, inst.baseLayer ? null : inst.image, into);
       await this.locks.run(instanceId, async () => {
-        const cur = this.store.instances.get(instanceId);
+        const cur = await this.store.instances.get(instanceId);
         const suffix = cur?.layers.slice(cur.layers.length - old.length);
         if (!cur || suffix?.join() !== old.join() || cur.baseLayer !== inst.baseLayer) return; // the chain moved on
         const layers = [...cur.layers.slice(0, cur.layers.length - old.length), into];
         // The mounted overlay still uses the old layers until its next mount: keep them too.
-        this.store.layers.setRefs(`instance:${instanceId}`, [...layers, ...old]);
-        this.store.instances.update(instanceId, { layers, baseLayer: true });
+        await this.store.transaction(async (tx) => {
+          await tx.layers.setRefs(`instance:${instanceId}`, [...layers, ...old]);
+          await tx.instances.update(instanceId, { layers, baseLayer: true });
+        });
         this.log.info({ instance: instanceId, squashed: old.length, into }, 'squashed old layers');
       });
     } finally {
-      this.store.layers.dropHolder(`squash:${into}`);
+      await this.store.layers.dropHolder(`squash:${into}`);
       await this.instances.collectLayers();
     }
   }
@@ -315,11 +315,11 @@ export class CheckpointService {
   /** Outcomes the store could not take (a full disk), shown as they are meanwhile. */
   private readonly unrecorded = new Map<string, string>();
 
-  private fail(c: CheckpointRecord, reason: string): void {
+  private async fail(c: CheckpointRecord, reason: string): Promise<void> {
     this.log.warn({ checkpoint: c.id, reason }, 'checkpoint failed');
     this.events.emit(c.instanceId, 'checkpoint.failed', { checkpoint_id: c.id, error: reason });
     try {
-      this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+      await this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
     } catch (err) {
       this.log.error({ err, checkpoint: c.id }, 'could not record a failed checkpoint; it shows as failed meanwhile');
       this.unrecorded.set(c.id, reason);
@@ -328,12 +328,12 @@ export class CheckpointService {
 
   /** The checkpoint as callers see it: a failure the store could not take yet shows as failed,
    * and so does a `processing` record that no job carries any more (it will never finish). */
-  private view(c: CheckpointRecord): CheckpointRecord {
+  private async view(c: CheckpointRecord): Promise<CheckpointRecord> {
     if (c.status !== 'processing') return c;
     const reason = this.unrecorded.get(c.id) ?? (this.jobs.has(c.id) ? undefined : 'the checkpoint job ended without recording its outcome');
     if (!reason) return c;
     try {
-      this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+      await this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
       this.unrecorded.delete(c.id);
     } catch {
       // still no room: try again on the next look
@@ -344,38 +344,38 @@ export class CheckpointService {
   /** Waits (bounded) while the checkpoint is processing; it must end ready. */
   private async ready(c: CheckpointRecord): Promise<CheckpointRecord> {
     if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
-    const raw = this.store.checkpoints.get(c.id);
+    const raw = await this.store.checkpoints.get(c.id);
     if (!raw) throw new NotFoundError('checkpoint', c.id);
-    const now = this.view(raw);
+    const now = await this.view(raw);
     if (now.status === 'processing') throw new ConflictError(`checkpoint ${c.id} is still processing`);
     if (now.status === 'failed') throw new ConflictError(`checkpoint ${c.id} failed: ${now.error ?? 'unknown error'}`, { checkpoint: c.id });
     return now;
   }
 
   async wait(owner: string, instanceId: string, id: string, timeoutMs: number): Promise<CheckpointRecord> {
-    this.get(owner, instanceId, id);
+    await this.get(owner, instanceId, id);
     await this.jobs.wait(id, timeoutMs);
     return this.get(owner, instanceId, id);
   }
 
   async rollback(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
-    const c = await this.ready(this.get(owner, instanceId, checkpointId));
+    const c = await this.ready(await this.get(owner, instanceId, checkpointId));
     await this.observer.needed(c.id);
     return this.locks.run(instanceId, async () => {
-      const inst = this.store.instances.get(instanceId)!;
+      const inst = (await this.store.instances.get(instanceId))!;
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
       const images = c.memory ? c.id : undefined;
       try {
         const t = performance.now();
         const sb = await this.engine.replace(spec, images);
-        this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
+        await this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
         // A hibernated instance rolled back wakes on the checkpoint; its own memory image goes.
         await this.instances.dropHibernation(inst);
-        const rec = this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
+        const rec = await this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
         this.events.emit(inst.id, 'rollback', { checkpoint_id: c.id, ms: Math.round((performance.now() - t) * 100) / 100 });
         return rec;
       } catch (err) {
-        this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+        await this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
         throw this.instances.engineFailure(err);
       }
     });
@@ -385,7 +385,7 @@ export class CheckpointService {
    * checkpoint is pinned from the moment it is chosen until the forks run: deleting it meanwhile
    * answers 409, deleting its instance waits for them. */
   async fork(owner: string, sourceId: string, input: ForkInput, as: ForkAs = {}): Promise<InstanceRecord[]> {
-    const source = this.instances.get(owner, sourceId);
+    const source = await this.instances.get(owner, sourceId);
     const instead = as.create;
     const count = input.count ?? 1;
     // With several forks a name is a prefix: name-1, name-2, ...
@@ -393,7 +393,7 @@ export class CheckpointService {
     let c: CheckpointRecord;
     let unpin: () => void;
     if (input.checkpointId) {
-      c = this.get(owner, sourceId, input.checkpointId);
+      c = await this.get(owner, sourceId, input.checkpointId);
       unpin = this.pin(c.id);
     } else {
       const made = await this.create(owner, sourceId, { label: 'fork', memory: source.status === 'running' || source.status === 'hibernated', retention: { mode: 'delete_oldest' } });
@@ -409,7 +409,7 @@ export class CheckpointService {
       const made: string[] = [];
       const results = await Promise.allSettled(
         Array.from({ length: count }, async (_, i) => {
-          const rec = this.instances.newRecord(
+          const rec = await this.instances.newRecord(
             as.owner ?? owner,
             instead
               ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits } }
@@ -446,18 +446,18 @@ export class CheckpointService {
   /** Deletes one checkpoint. Its layers stay while an instance, a fork or another checkpoint
    * stands on them. */
   async delete(owner: string, instanceId: string, id: string): Promise<void> {
-    const c = this.get(owner, instanceId, id);
+    const c = await this.get(owner, instanceId, id);
     if (c.status === 'processing') throw new ConflictError(`checkpoint ${id} is still processing`);
     if (this.pinned(id)) throw new ConflictError(`checkpoint ${id} is being forked from; delete it once the fork is done`, { checkpoint: id });
-    this.removeRecord(c);
+    await this.removeRecord(c);
     await this.instances.collectLayers();
   }
 
-  private removeRecord(c: CheckpointRecord): void {
-    this.store.db.transaction(() => {
-      this.store.layers.dropHolder(`checkpoint:${c.id}`);
-      this.store.checkpoints.delete(c.id);
-    })();
+  private async removeRecord(c: CheckpointRecord): Promise<void> {
+    await this.store.transaction(async (tx) => {
+      await tx.layers.dropHolder(`checkpoint:${c.id}`);
+      await tx.checkpoints.delete(c.id);
+    });
     this.engine.removeCheckpointImages(c.id).catch((err: unknown) => this.log.warn({ err, checkpoint: c.id }, "could not remove memory images"));
     this.observer.removed(c.id);
   }
@@ -465,29 +465,30 @@ export class CheckpointService {
   /** Every checkpoint of a deleted instance goes with it, once its jobs are over and no fork
    * reads from it any more (nothing is removed if that takes too long: 409). */
   async deleteAllOf(instanceId: string): Promise<void> {
-    const all = this.store.checkpoints.forInstance(instanceId);
+    const all = await this.store.checkpoints.forInstance(instanceId);
     for (const c of all) {
       if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
       if (!(await this.unpinned(c.id, FORK_WAIT_MS))) {
         throw new ConflictError(`checkpoint ${c.id} of instance ${instanceId} is still being forked from; try again`, { checkpoint: c.id });
       }
     }
-    for (const c of all) this.removeRecord(c);
+    for (const c of all) await this.removeRecord(c);
   }
 
   /** The tree of an instance: its checkpoints by parent, and the forks made from each. */
-  lineage(owner: string, instanceId: string): LineageNode {
-    const inst = this.instances.get(owner, instanceId);
-    const node = (i: InstanceRecord): LineageNode => {
-      const cps = this.store.checkpoints.forInstance(i.id);
-      const cpNode = (c: CheckpointRecord): LineageNode => ({
+  async lineage(owner: string, instanceId: string): Promise<LineageNode> {
+    const inst = await this.instances.get(owner, instanceId);
+    const owned = (await this.store.instances.all()).filter((f) => f.owner === owner);
+    const node = async (i: InstanceRecord): Promise<LineageNode> => {
+      const cps = await this.store.checkpoints.forInstance(i.id);
+      const cpNode = async (c: CheckpointRecord): Promise<LineageNode> => ({
         kind: 'checkpoint',
         id: c.id,
         label: c.label,
         status: c.status,
         children: [
-          ...cps.filter((x) => x.parentId === c.id).map(cpNode),
-          ...this.store.instances.all().filter((f) => f.sourceCheckpointId === c.id && f.owner === owner).map(node),
+          ...(await Promise.all(cps.filter((x) => x.parentId === c.id).map(cpNode))),
+          ...(await Promise.all(owned.filter((f) => f.sourceCheckpointId === c.id).map(node))),
         ],
       });
       const own = new Set(cps.map((c) => c.id));
@@ -496,7 +497,7 @@ export class CheckpointService {
         id: i.id,
         label: i.name,
         status: i.status,
-        children: cps.filter((c) => !c.parentId || !own.has(c.parentId)).map(cpNode),
+        children: await Promise.all(cps.filter((c) => !c.parentId || !own.has(c.parentId)).map(cpNode)),
       };
     };
     return node(inst);
@@ -505,18 +506,18 @@ export class CheckpointService {
   /** After a restart: a job cut short is `failed`; a layer frozen just before the crash is
    * given back to its instance; a layer never frozen is forgotten. */
   async recover(): Promise<void> {
-    for (const p of this.store.layers.pending()) {
-      const inst = this.store.instances.get(p.instanceId);
+    for (const p of await this.store.layers.pending()) {
+      const inst = await this.store.instances.get(p.instanceId);
       if (inst && this.engine.recoverFrozenLayer(p.id, inst.id) && !inst.layers.includes(p.id)) {
         const layers = [p.id, ...inst.layers];
-        this.store.layers.setRefs(`instance:${inst.id}`, layers);
-        this.store.instances.update(inst.id, { layers });
+        await this.store.layers.setRefs(`instance:${inst.id}`, layers);
+        await this.store.instances.update(inst.id, { layers });
         this.log.warn({ instance: inst.id, layer: p.id }, 'recovered a layer frozen before a crash');
       }
-      this.store.layers.settle(p.id);
+      await this.store.layers.settle(p.id);
     }
-    for (const c of this.store.checkpoints.withStatus('processing')) {
-      this.fail(c, 'the server stopped while the checkpoint was being taken');
+    for (const c of await this.store.checkpoints.withStatus('processing')) {
+      await this.fail(c, 'the server stopped while the checkpoint was being taken');
     }
     await this.instances.collectLayers();
   }

@@ -41,8 +41,8 @@ export class DurableCheckpoints {
     return this.objects !== undefined;
   }
 
-  state(checkpointId: string): DurableState {
-    const d = this.store.durable.get(checkpointId);
+  async state(checkpointId: string): Promise<DurableState> {
+    const d = await this.store.durable.get(checkpointId);
     return { durable: d !== undefined, uploadedBytes: d?.uploadedBytes ?? null };
   }
 
@@ -68,19 +68,19 @@ export class DurableCheckpoints {
 
   private async upload(id: string): Promise<void> {
     const objects = this.objects!;
-    const c = this.store.checkpoints.get(id);
-    if (!c || c.status !== 'ready' || this.store.durable.get(id)) return;
+    const c = await this.store.checkpoints.get(id);
+    if (!c || c.status !== 'ready' || (await this.store.durable.get(id))) return;
     let uploaded = 0;
     const layers: DurableManifest['layers'] = [];
     for (const layerId of c.layers) {
-      let sha = this.store.durable.layerBlob(layerId);
+      let sha = await this.store.durable.layerBlob(layerId);
       let bytes = 0;
-      if (!sha || !this.store.durable.hasBlob(sha)) {
+      if (!sha || !(await this.store.durable.hasBlob(sha))) {
         const blob = await this.putBlob(this.engine.exportLayer(layerId));
         sha = blob.sha;
         bytes = blob.bytes;
         uploaded += blob.uploaded;
-        this.store.durable.setLayerBlob(layerId, sha);
+        await this.store.durable.setLayerBlob(layerId, sha);
       }
       layers.push({ id: layerId, blob: sha, bytes });
     }
@@ -92,9 +92,9 @@ export class DurableCheckpoints {
     }
     const manifest: DurableManifest = { checkpointId: id, image: c.image, agentLayer: c.agentLayer, baseLayer: c.baseLayer, hostname: c.hostname, layers, memory };
     await objects.putJson(`manifests/${id}.json`, manifest);
-    this.store.durable.put({ checkpointId: id, manifest, uploadedBytes: uploaded, durableAt: new Date().toISOString() });
+    await this.store.durable.put({ checkpointId: id, manifest, uploadedBytes: uploaded, durableAt: new Date().toISOString() });
     // Deleted while it was being uploaded: what it referenced goes now.
-    if (!this.store.checkpoints.get(id)) await this.forget(id);
+    if (!(await this.store.checkpoints.get(id))) await this.forget(id);
     this.log.info({ checkpoint: id, uploadedBytes: uploaded }, 'checkpoint durable');
   }
 
@@ -118,9 +118,9 @@ export class DurableCheckpoints {
       );
       const sha = hash.digest('hex');
       const { size } = await stat(file);
-      if (this.store.durable.hasBlob(sha)) return { sha, bytes: size, uploaded: 0 };
+      if (await this.store.durable.hasBlob(sha)) return { sha, bytes: size, uploaded: 0 };
       await this.objects!.putFile(`blobs/${sha}`, file);
-      this.store.durable.addBlob(sha, size);
+      await this.store.durable.addBlob(sha, size);
       return { sha, bytes: size, uploaded: size };
     } finally {
       await rm(file, { force: true });
@@ -133,12 +133,12 @@ export class DurableCheckpoints {
    * A no-op for a checkpoint whose data is all here.
    */
   async ensureLocal(checkpointId: string): Promise<void> {
-    const c = this.store.checkpoints.get(checkpointId);
+    const c = await this.store.checkpoints.get(checkpointId);
     if (!c) return;
     const missingLayers = c.layers.filter((l) => !this.engine.hasLayer(l));
     const missingMemory = c.memory && !this.engine.hasCheckpointImages(checkpointId);
     if (!missingLayers.length && !missingMemory) return;
-    const d = this.store.durable.get(checkpointId);
+    const d = await this.store.durable.get(checkpointId);
     if (!this.objects || !d) throw new UnavailableError(`checkpoint ${checkpointId} has lost data on this node and no durable copy`, { checkpoint: checkpointId });
     for (const layerId of missingLayers) {
       const part = d.manifest.layers.find((l) => l.id === layerId);
@@ -155,8 +155,8 @@ export class DurableCheckpoints {
 
   /** A deleted checkpoint: its manifest goes, and the blobs nothing else references. */
   async forget(checkpointId: string): Promise<void> {
-    if (!this.objects || !this.store.durable.get(checkpointId)) return;
-    this.store.durable.drop(checkpointId);
+    if (!this.objects || !(await this.store.durable.get(checkpointId))) return;
+    await this.store.durable.drop(checkpointId);
     await this.objects.delete(`manifests/${checkpointId}.json`).catch((err: unknown) => this.log.warn({ err, checkpoint: checkpointId }, 'could not delete a manifest'));
     await this.collect();
   }
@@ -164,10 +164,10 @@ export class DurableCheckpoints {
   /** Deletes the blobs no durable checkpoint references. */
   async collect(): Promise<void> {
     if (!this.objects) return;
-    for (const sha of this.store.durable.garbage()) {
+    for (const sha of await this.store.durable.garbage()) {
       try {
         await this.objects.delete(`blobs/${sha}`);
-        this.store.durable.removeBlob(sha);
+        await this.store.durable.removeBlob(sha);
       } catch (err) {
         this.log.warn({ err, blob: sha }, 'could not delete a blob; tried again at the next collection');
       }
@@ -177,8 +177,9 @@ export class DurableCheckpoints {
   /** At start: uploads what was left out, forgets what was deleted meanwhile. */
   async recover(): Promise<void> {
     if (!this.objects) return;
-    for (const id of this.store.durable.orphans()) await this.forget(id).catch(() => {});
-    for (const id of this.store.durable.pending()) this.schedule(id);
+    await this.objects.ensureBucket();
+    for (const id of await this.store.durable.orphans()) await this.forget(id).catch(() => {});
+    for (const id of await this.store.durable.pending()) this.schedule(id);
   }
 
   close(): void {

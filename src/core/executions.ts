@@ -150,8 +150,8 @@ export class ExecutionService {
         announced: false,
         endEvent: undefined,
       };
-      this.store.executions.insert(record);
-      this.store.executions.prune(id, MAX_RECORDS);
+      await this.store.executions.insert(record);
+      await this.store.executions.prune(id, MAX_RECORDS);
       this.watches.set(key(id, record.id), watch);
       let pid: number;
       try {
@@ -163,7 +163,7 @@ export class ExecutionService {
         );
       } catch (err) {
         this.watches.delete(key(id, record.id));
-        this.store.executions.remove(id, record.id);
+        await this.store.executions.remove(id, record.id);
         this.dispose(watch);
         throw err;
       }
@@ -194,7 +194,7 @@ export class ExecutionService {
       },
       onExit: (code, signal) => {
         const end = { exitCode: signal ? 128 + signal : code, signal: signal || null, timedOut: w.timedOut, endedAt: new Date().toISOString() };
-        this.store.executions.finish(w.instanceId, w.record.id, end);
+        this.recordEnd(w.instanceId, w.record.id, end);
         w.record = { ...w.record, ...end };
         w.endEvent = () =>
           this.events.emit(w.instanceId, 'exec.ended', {
@@ -244,10 +244,16 @@ export class ExecutionService {
     await sb.agent().then((a) => a.signal(processId, SIGKILL), () => {});
   }
 
+  /** Records an end seen in a callback that cannot wait for the store: the end is known in
+   * memory meanwhile, and the agent's word wins over the record anyway. */
+  private recordEnd(instanceId: string, execId: string, end: { exitCode: number | null; signal: number | null; timedOut: boolean; endedAt: string }): void {
+    this.store.executions.finish(instanceId, execId, end).catch((err: unknown) => this.log.warn({ err, instance: instanceId, exec: execId }, 'could not record the end of an execution'));
+  }
+
   /** The record of an execution (404 if the instance or the execution is not there). */
-  find(owner: string, id: string, execId: string): ExecutionRecord {
-    this.instances.get(owner, id);
-    const r = EXEC_ID.test(execId) ? this.store.executions.get(id, execId) : undefined;
+  async find(owner: string, id: string, execId: string): Promise<ExecutionRecord> {
+    await this.instances.get(owner, id);
+    const r = EXEC_ID.test(execId) ? await this.store.executions.get(id, execId) : undefined;
     if (!r) throw new NotFoundError('execution', execId);
     return r;
   }
@@ -262,7 +268,7 @@ export class ExecutionService {
       if (!endedAt) {
         // Ended while nobody watched (a fork's, or after a restart): recorded now.
         endedAt = new Date().toISOString();
-        this.store.executions.finish(record.instanceId, record.id, { exitCode, signal, timedOut: record.timedOut, endedAt });
+        this.recordEnd(record.instanceId, record.id, { exitCode, signal, timedOut: record.timedOut, endedAt });
       }
     }
     const running = info ? info.running : live.running;
@@ -292,15 +298,15 @@ export class ExecutionService {
   }
 
   async list(owner: string, id: string, limit: number, cursor?: string): Promise<Page<ExecutionState>> {
-    const rec = this.instances.get(owner, id);
-    if (cursor && !this.store.executions.get(id, cursor)) throw new InvalidRequestError('unknown cursor');
-    const page = this.store.executions.page(id, limit, cursor);
+    const rec = await this.instances.get(owner, id);
+    if (cursor && !(await this.store.executions.get(id, cursor))) throw new InvalidRequestError('unknown cursor');
+    const page = await this.store.executions.page(id, limit, cursor);
     return { items: await this.states(rec, page.items), nextCursor: page.nextCursor };
   }
 
   async get(owner: string, id: string, execId: string): Promise<ExecutionState> {
-    const record = this.find(owner, id, execId);
-    const [state] = await this.states(this.instances.get(owner, id), [record]);
+    const record = await this.find(owner, id, execId);
+    const [state] = await this.states(await this.instances.get(owner, id), [record]);
     return state!;
   }
 
@@ -308,7 +314,7 @@ export class ExecutionService {
    * for after the end), else what the sandbox's scrollback still holds (its last 256 KiB per
    * stream). */
   async output(owner: string, id: string, execId: string): Promise<ExecutionOutput> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     const watch = this.watches.get(key(id, execId));
     if (watch?.collected && watch.ended) {
       // Handed over once, then let go: a client that asks again gets what the scrollback holds.
@@ -330,7 +336,7 @@ export class ExecutionService {
 
   /** Waits up to `timeoutMs` for the execution to end; answers its state either way. */
   async wait(owner: string, id: string, execId: string, timeoutMs: number): Promise<ExecutionState> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     const state = await this.get(owner, id, execId);
     if (!state.running || timeoutMs <= 0) return state;
     await this.access.use(owner, id, async (sb) => {
@@ -356,7 +362,7 @@ export class ExecutionService {
    * hibernation), and a command with a `maxRunAfterDisconnect` is not killed.
    */
   async attach(owner: string, id: string, execId: string, from: [number, number], listener: ExecListener): Promise<Attachment> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     const k = key(id, execId);
     const release = this.access.lease(id);
     let closed = false;
@@ -408,38 +414,38 @@ export class ExecutionService {
 
   /** Writes to the execution's stdin (or its terminal). */
   async input(owner: string, id: string, execId: string, data: Buffer): Promise<void> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     await this.access.use(owner, id, async (sb) => (await sb.agent()).stdin(record.processId, data));
   }
 
   /** Closes the execution's stdin: it reads end of file. */
   async closeInput(owner: string, id: string, execId: string): Promise<void> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     await this.access.use(owner, id, async (sb) => (await sb.agent()).closeStdin(record.processId));
   }
 
   /** The execution whose process has this pid inside the sandbox, while it runs. */
   async byPid(owner: string, id: string, pid: number): Promise<ExecutionState> {
-    const rec = this.instances.get(owner, id);
-    const found = (await this.states(rec, this.store.executions.page(id, MAX_RECORDS).items)).find((s) => s.pid === pid);
+    const rec = await this.instances.get(owner, id);
+    const found = (await this.states(rec, (await this.store.executions.page(id, MAX_RECORDS)).items)).find((s) => s.pid === pid);
     if (!found) throw new NotFoundError('process', String(pid));
     return found;
   }
 
   async signal(owner: string, id: string, execId: string, signo: number): Promise<void> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     await this.access.use(owner, id, async (sb) => (await sb.agent()).signal(record.processId, signo));
   }
 
   async resize(owner: string, id: string, execId: string, rows: number, cols: number): Promise<void> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     if (record.kind !== 'pty') throw new InvalidRequestError(`${execId} is not a terminal`);
     await this.access.use(owner, id, async (sb) => (await sb.agent()).resize(record.processId, rows, cols));
   }
 
   /** Kills the execution (its whole process group) if it runs, and forgets it. */
   async remove(owner: string, id: string, execId: string): Promise<void> {
-    const record = this.find(owner, id, execId);
+    const record = await this.find(owner, id, execId);
     if (this.instances.live(id)) {
       await this.access.use(owner, id, async (sb) => {
         const agent = await sb.agent();
@@ -454,7 +460,7 @@ export class ExecutionService {
       this.watches.delete(key(id, execId));
       this.dispose(w);
     }
-    this.store.executions.remove(id, execId);
+    await this.store.executions.remove(id, execId);
   }
 
   /** A fork runs the processes of its checkpoint: it gets their records. */
@@ -462,7 +468,7 @@ export class ExecutionService {
     const sb = this.instances.live(forkId);
     if (!sb) return;
     const procs = await sb.list();
-    this.store.executions.copy(sourceId, forkId, procs.map((p) => p.id));
+    await this.store.executions.copy(sourceId, forkId, procs.map((p) => p.id));
   }
 
   /** Lets go of what is kept of a deleted instance's executions (of all, without an id: the

@@ -33,7 +33,7 @@ export class ExpiryService {
     if (this.sweeping) return;
     this.sweeping = true;
     try {
-      for (const rec of this.store.instances.expired(new Date().toISOString())) {
+      for (const rec of await this.store.instances.expired(new Date().toISOString())) {
         await this.end(rec).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'an expired instance could not be ended; trying again'));
       }
     } finally {

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import { Engine, type EngineOptions } from '../engine/engine.js';
-import type { DataLayout } from '../engine/layout.js';
+import { DataLayout } from '../engine/layout.js';
 import { Images } from '../engine/images.js';
 import { openStore, type Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
@@ -74,10 +74,11 @@ export class Forkpoint {
   private previewLinks: PreviewLinks | undefined;
   private readonly jobs: JobQueue;
 
-  constructor(
+  private constructor(
     readonly config: Config,
     readonly log: Logger,
     readonly version: string,
+    store: Store,
     engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {},
   ) {
     this.engine = new Engine({
@@ -90,7 +91,7 @@ export class Forkpoint {
       ...engineOverrides,
     });
     this.layout = this.engine.layout;
-    this.store = openStore(this.layout.db);
+    this.store = store;
     this.images = new Images(this.layout.images);
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
@@ -120,8 +121,13 @@ export class Forkpoint {
 
   static async open(config: Config, log: Logger, version: string, engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
-    const fp = new Forkpoint(config, log, version, engineOverrides);
-    return fp;
+    const store = await openConfiguredStore(config, log);
+    try {
+      return new Forkpoint(config, log, version, store, engineOverrides);
+    } catch (err) {
+      await store.close();
+      throw err;
+    }
   }
 
   /** Starts the engine side: agent layer, images, and recovery of what a previous run left. */
@@ -162,7 +168,7 @@ export class Forkpoint {
   private async expire(rec: InstanceRecord): Promise<void> {
     if (rec.onExpiry === 'hibernate' && (rec.status === 'running' || rec.status === 'hibernated')) {
       if (rec.status === 'running') await this.instances.hibernate(rec.owner, rec.id);
-      this.instances.setExpiry(rec.owner, rec.id, null);
+      await this.instances.setExpiry(rec.owner, rec.id, null);
       return;
     }
     await this.deleteInstance(rec.owner, rec.id);
@@ -176,8 +182,8 @@ export class Forkpoint {
 
   /** The first token, when there is none: printed once and kept in a 0600 file. */
   async ensureInitialToken(): Promise<string | undefined> {
-    if (this.store.tokens.countActive() > 0) return undefined;
-    const { token } = this.store.tokens.create('default', 'initial');
+    if ((await this.store.tokens.countActive()) > 0) return undefined;
+    const { token } = await this.store.tokens.create('default', 'initial');
     await writeFile(this.layout.initialTokenFile, token + '\n', { mode: 0o600 });
     return token;
   }
@@ -213,15 +219,15 @@ export class Forkpoint {
     await this.checkpoints.idle();
     await this.engine.shutdown();
     // With no instance left, nothing of this server stays on the host's network.
-    if (this.config.networking === 'on' && this.store.instances.all().length === 0) {
+    if (this.config.networking === 'on' && (await this.store.instances.all()).length === 0) {
       await this.engine.network.destroy().catch((err: unknown) => this.log.warn({ err }, 'could not remove the sandboxes\' network'));
     }
-    this.store.close();
+    await this.store.close();
   }
 
   /** Whose a token is; undefined for one that is not valid (unknown or revoked). */
-  ownerOfToken(token: string): string | undefined {
-    return this.store.tokens.verify(token)?.owner;
+  async ownerOfToken(token: string): Promise<string | undefined> {
+    return (await this.store.tokens.verify(token))?.owner;
   }
 
   /** A sandbox's own access token (E2B's envd): it opens only that instance's in-sandbox API. */
@@ -230,15 +236,15 @@ export class Forkpoint {
   }
 
   /** Whose the instance is, if the token is its access token. */
-  ownerOfSandbox(id: string, token: string): string | undefined {
-    const rec = this.store.instances.get(id);
+  async ownerOfSandbox(id: string, token: string): Promise<string | undefined> {
+    const rec = await this.store.instances.get(id);
     return rec && this.previewLinks?.verifyAccess(token, rec.owner, id) ? rec.owner : undefined;
   }
 
   /** Deletes an instance with its checkpoints (forks of them live on). */
   async deleteInstance(owner: string, id: string): Promise<void> {
     await this.instances.delete(owner, id, (i) => this.checkpoints.deleteAllOf(i));
-    this.ports.forget(id);
+    await this.ports.forget(id);
     this.executions.forget(id);
     this.commands.forget(id);
   }
@@ -247,20 +253,25 @@ export class Forkpoint {
   async destroyAll(): Promise<void> {
     await this.jobs.drain();
     await this.checkpoints.idle();
-    for (const rec of this.store.instances.all()) await this.deleteInstance(rec.owner, rec.id);
+    for (const rec of await this.store.instances.all()) await this.deleteInstance(rec.owner, rec.id);
     // Nothing of this server's is left on the host's network either.
     if (this.config.networking === 'on') await this.engine.network.destroy();
   }
 
   /** Stops every sandbox and unmounts every disk: for tests and `serve --stop-on-exit`. */
   async stopAll(): Promise<void> {
-    for (const rec of this.store.instances.all()) {
+    for (const rec of await this.store.instances.all()) {
       if (this.engine.sandbox(rec.id) || (await this.engine.isMounted(rec.id))) {
         await this.engine.stop(rec.id).catch(() => {});
-        this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+        await this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
       }
     }
   }
+}
+
+/** The store the configuration names: its PostgreSQL database, or the data directory's SQLite. */
+export function openConfiguredStore(config: Config, log?: Logger): Promise<Store> {
+  return openStore(config.databaseUrl ?? new DataLayout(config.dataDir).db, (err) => log?.warn({ err }, 'a pooled database connection broke'));
 }
 
 /** The object store of the configuration, if it names one (all of it or nothing). */

@@ -31,8 +31,8 @@ export class ImageCatalog {
     private readonly dirs: Images,
   ) {}
 
-  resolve(owner: string, name: string): ResolvedImage {
-    const built = this.store.images.get(owner, name);
+  async resolve(owner: string, name: string): Promise<ResolvedImage> {
+    const built = await this.store.images.get(owner, name);
     if (built) return { ref: built.name, base: built.base, layers: built.layers, config: built.config, key: built.buildKey };
     if (this.dirs.exists(name)) return { ref: null, base: name, layers: [], config: this.dirs.config(name) ?? EMPTY_CONFIG, key: `image:${name}:${this.dirs.identity(name)}` };
     throw new InvalidRequestError(`unknown image ${name}`, { image: name });
@@ -46,11 +46,11 @@ export class ImageCatalog {
 
   async list(owner: string): Promise<ImageView[]> {
     const system = (await this.dirs.list()).map((i): ImageView => ({ name: i.name, kind: 'system', base: null, layers: 0, config: this.dirs.config(i.name) ?? EMPTY_CONFIG, createdAt: i.createdAt }));
-    return [...system, ...this.store.images.list(owner).map(builtView)];
+    return [...system, ...(await this.store.images.list(owner)).map(builtView)];
   }
 
-  get(owner: string, name: string): ImageView {
-    const built = this.store.images.get(owner, name);
+  async get(owner: string, name: string): Promise<ImageView> {
+    const built = await this.store.images.get(owner, name);
     if (built) return builtView(built);
     if (!this.dirs.exists(name)) throw new NotFoundError('image', name);
     return { name, kind: 'system', base: null, layers: 0, config: this.dirs.config(name) ?? EMPTY_CONFIG, createdAt: this.dirs.createdAt(name) };
@@ -58,27 +58,27 @@ export class ImageCatalog {
 
   /** Records a built image (replacing one of that name: instances on the old one keep its
    * layers, each holds its own references). */
-  put(rec: BuiltImageRecord): void {
+  async put(rec: BuiltImageRecord): Promise<void> {
     if (this.dirs.exists(rec.name)) throw new ConflictError(`${rec.name} is a system image; build under another name`, { image: rec.name });
-    this.store.db.transaction(() => {
-      this.store.images.put(rec);
-      this.store.layers.setRefs(imageHolder(rec.owner, rec.name), rec.layers);
-    })();
+    await this.store.transaction(async (tx) => {
+      await tx.images.put(rec);
+      await tx.layers.setRefs(imageHolder(rec.owner, rec.name), rec.layers);
+    });
   }
 
   /** Deletes a built image; refused while instances stand on it. Its layers go when nothing
    * else (an instance, a checkpoint, the build cache) holds them. */
-  delete(owner: string, name: string): void {
-    if (!this.store.images.get(owner, name)) {
+  async delete(owner: string, name: string): Promise<void> {
+    if (!(await this.store.images.get(owner, name))) {
       if (this.dirs.exists(name)) throw new ConflictError(`${name} is a system image, shared by every owner; remove it on the host`, { image: name });
       throw new NotFoundError('image', name);
     }
-    const users = this.store.instances.countOnImage(owner, name);
+    const users = await this.store.instances.countOnImage(owner, name);
     if (users > 0) throw new ConflictError(`${users} instance(s) stand on image ${name}; delete them first`, { image: name, instances: users });
-    this.store.db.transaction(() => {
-      this.store.layers.dropHolder(imageHolder(owner, name));
-      this.store.images.delete(owner, name);
-    })();
+    await this.store.transaction(async (tx) => {
+      await tx.layers.dropHolder(imageHolder(owner, name));
+      await tx.images.delete(owner, name);
+    });
   }
 }
 

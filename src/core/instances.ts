@@ -69,14 +69,14 @@ export class InstanceService {
     return this.deleting.has(id);
   }
 
-  get(owner: string, id: string): InstanceRecord {
-    const rec = this.store.instances.get(id);
+  async get(owner: string, id: string): Promise<InstanceRecord> {
+    const rec = await this.store.instances.get(id);
     if (!rec || rec.owner !== owner) throw new NotFoundError('instance', id);
     return rec;
   }
 
-  list(owner: string, limit: number, cursor?: string): Page<InstanceRecord> {
-    if (cursor && this.store.instances.get(cursor)?.owner !== owner) throw new InvalidRequestError('unknown cursor');
+  async list(owner: string, limit: number, cursor?: string): Promise<Page<InstanceRecord>> {
+    if (cursor && (await this.store.instances.get(cursor))?.owner !== owner) throw new InvalidRequestError('unknown cursor');
     return this.store.instances.page(owner, limit, cursor);
   }
 
@@ -105,8 +105,8 @@ export class InstanceService {
 
   /** Renames an instance or replaces its metadata. A new name is its hostname from its next
    * boot or fork on (a running sandbox keeps the one it has). */
-  update(owner: string, id: string, patch: { name?: string | undefined; metadata?: Record<string, string> | undefined }): InstanceRecord {
-    this.get(owner, id);
+  async update(owner: string, id: string, patch: { name?: string | undefined; metadata?: Record<string, string> | undefined }): Promise<InstanceRecord> {
+    await this.get(owner, id);
     if (patch.name !== undefined && !INSTANCE_NAME.test(patch.name)) {
       throw new InvalidRequestError('name must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen', { name: patch.name });
     }
@@ -117,14 +117,14 @@ export class InstanceService {
   }
 
   /** A new record in `starting`, with its disk and layer references; not yet booted. */
-  newRecord(owner: string, input: CreateInstance, from?: Partial<InstanceRecord>, image?: ResolvedImage): InstanceRecord {
+  async newRecord(owner: string, input: CreateInstance, from?: Partial<InstanceRecord>, image?: ResolvedImage): Promise<InstanceRecord> {
     // A fork or a template names its layers and directory itself (`from`); a build names the
     // image it stands on (`image`), whoever owns it.
     const resolved: ResolvedImage =
       image ??
       (from
         ? { ref: from.imageRef ?? null, base: input.image ?? this.config.defaultImage, layers: [], config: { ...this.images.emptyConfig, workdir: from.workdir ?? null }, key: '' }
-        : this.images.resolve(owner, input.image ?? this.config.defaultImage));
+        : await this.images.resolve(owner, input.image ?? this.config.defaultImage));
     const id = newId('inst');
     const name = input.name ?? id.replace('_', '-');
     if (!INSTANCE_NAME.test(name)) {
@@ -162,12 +162,12 @@ export class InstanceService {
       updatedAt: now,
       ...from,
     };
-    this.store.db.transaction(() => {
+    await this.store.transaction(async (tx) => {
       // A fresh address for every new instance, forks included (a fork is a new machine).
-      if (this.networking) rec.address = this.engine.network.allocate(new Set(this.store.instances.addresses())).address;
-      this.store.instances.insert(rec);
-      this.store.layers.setRefs(`instance:${rec.id}`, rec.layers);
-    })();
+      if (this.networking) rec.address = this.engine.network.allocate(new Set(await tx.instances.addresses())).address;
+      await tx.instances.insert(rec);
+      await tx.layers.setRefs(`instance:${rec.id}`, rec.layers);
+    });
     return rec;
   }
 
@@ -178,7 +178,7 @@ export class InstanceService {
 
   /** Replaces an instance's egress policy; in force at once, for connections opened from now on. */
   async setEgress(owner: string, id: string, policy: EgressPolicy): Promise<InstanceRecord> {
-    const rec = this.get(owner, id);
+    const rec = await this.get(owner, id);
     const egress = checkEgress(policy);
     if (rec.address) await this.engine.network.setPolicy(id, rec.address, egress).catch((err: unknown) => Promise.reject(this.engineFailure(err)));
     return this.store.instances.update(id, { egress });
@@ -193,19 +193,19 @@ export class InstanceService {
    * instance from before networking gets its address here. */
   async initNetwork(): Promise<void> {
     if (!this.networking) return;
-    const used = new Set(this.store.instances.addresses());
-    for (const rec of this.store.instances.all()) {
+    const used = new Set(await this.store.instances.addresses());
+    for (const rec of await this.store.instances.all()) {
       if (rec.address) continue;
       const { address } = this.engine.network.allocate(used);
       used.add(address);
-      this.store.instances.update(rec.id, { address });
+      await this.store.instances.update(rec.id, { address });
     }
-    await this.engine.network.init(this.store.instances.all().map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
+    await this.engine.network.init((await this.store.instances.all()).map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
   }
 
   async create(owner: string, input: CreateInstance, image?: ResolvedImage): Promise<InstanceRecord> {
     await requireRoom(this.engine);
-    const rec = this.newRecord(owner, input, undefined, image);
+    const rec = await this.newRecord(owner, input, undefined, image);
     try {
       // The policy goes in while the sandbox boots: until it is in, the firewall lets nothing of
       // the new address out (no entry: dropped), so nothing escapes meanwhile.
@@ -228,11 +228,7 @@ export class InstanceService {
       await this.engine.destroy(id).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove a failed instance\'s sandbox'));
       await this.releaseNetwork(id);
       try {
-        this.store.db.transaction(() => {
-          this.store.layers.dropHolder(`instance:${id}`);
-          this.store.executions.removeAllOf(id);
-          this.store.instances.delete(id);
-        })();
+        await this.forgetRecord(id);
       } catch (err) {
         this.log.warn({ err, instance: id }, 'could not remove a failed instance\'s record; it stays in error');
       }
@@ -243,16 +239,16 @@ export class InstanceService {
   private async bootRecord(rec: InstanceRecord, opts: { freshUpper: boolean }): Promise<InstanceRecord> {
     try {
       const sb = await this.engine.boot(this.spec(rec), opts);
-      return this.store.instances.update(rec.id, { status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
+      return await this.store.instances.update(rec.id, { status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
     } catch (err) {
       this.log.error({ err, instance: rec.id }, 'boot failed');
-      this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+      await this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
       throw this.engineFailure(err);
     }
   }
 
   /** Marks the record as running on the given sandbox. */
-  running(id: string, sb: Sandbox, patch: Partial<InstanceRecord> = {}): InstanceRecord {
+  running(id: string, sb: Sandbox, patch: Partial<InstanceRecord> = {}): Promise<InstanceRecord> {
     return this.store.instances.update(id, { ...patch, status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
   }
 
@@ -262,33 +258,33 @@ export class InstanceService {
   async commit(id: string): Promise<string[]> {
     return this.locks.run(id, async () => {
       await this.engine.stop(id);
-      const rec = this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
+      const rec = await this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
       const layerId = newId('lyr');
-      this.store.layers.add(layerId, id);
+      await this.store.layers.add(layerId, id);
       try {
         await this.engine.freezeStopped(id, layerId);
       } catch (err) {
-        this.store.layers.remove(layerId);
+        await this.store.layers.remove(layerId);
         throw this.engineFailure(err);
       }
       const layers = [layerId, ...rec.layers];
-      this.store.db.transaction(() => {
-        this.store.layers.settle(layerId);
-        this.store.layers.setRefs(`instance:${id}`, layers);
-        this.store.instances.update(id, { layers });
-      })();
+      await this.store.transaction(async (tx) => {
+        await tx.layers.settle(layerId);
+        await tx.layers.setRefs(`instance:${id}`, layers);
+        await tx.instances.update(id, { layers });
+      });
       await this.engine.syncLayer(layerId);
-      this.store.layers.markSynced(layerId);
+      await this.store.layers.markSynced(layerId);
       return layers;
     });
   }
 
   /** Stops the sandbox (a hibernated instance forgets its memory); the disk is kept. */
   async stop(owner: string, id: string): Promise<InstanceRecord> {
-    this.get(owner, id);
+    await this.get(owner, id);
     const rec = await this.locks.run(id, async () => {
       await this.engine.stop(id);
-      await this.dropHibernation(this.store.instances.get(id)!);
+      await this.dropHibernation((await this.store.instances.get(id))!);
       return this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
     });
     this.events.emit(id, 'instance.stopped');
@@ -297,12 +293,12 @@ export class InstanceService {
 
   /** Boots a stopped instance on its disk; a hibernated one wakes instead. */
   async start(owner: string, id: string): Promise<InstanceRecord> {
-    if (this.get(owner, id).status === 'hibernated') return this.wake(owner, id);
+    if ((await this.get(owner, id)).status === 'hibernated') return this.wake(owner, id);
     const started = await this.locks.run(id, async () => {
-      let rec = this.store.instances.get(id)!;
+      let rec = (await this.store.instances.get(id))!;
       if (rec.status === 'running') return rec;
       // A fresh boot maps no file of the old agent: it gets the newest one.
-      if (rec.agentLayer !== this.engine.currentAgentLayer) rec = this.store.instances.update(id, { agentLayer: this.engine.currentAgentLayer });
+      if (rec.agentLayer !== this.engine.currentAgentLayer) rec = await this.store.instances.update(id, { agentLayer: this.engine.currentAgentLayer });
       return this.bootRecord(rec, { freshUpper: false });
     });
     this.events.emit(id, 'instance.started');
@@ -312,33 +308,38 @@ export class InstanceService {
   /** Removes the instance, its disk and its checkpoints. Forks keep running: each holds its
    * own references to the layers it stands on, which go when the last holder goes. */
   async delete(owner: string, id: string, onCheckpoints: (instanceId: string) => Promise<void>): Promise<void> {
-    this.get(owner, id);
+    await this.get(owner, id);
     this.deleting.add(id);
     await this.locks.run(id, async () => {
       // Checkpoints first: that may have to wait for forks reading from them, or refuse.
       await onCheckpoints(id);
       await this.engine.destroy(id);
       await this.releaseNetwork(id);
-      await this.dropHibernation(this.store.instances.get(id)!);
-      this.store.db.transaction(() => {
-        this.store.layers.dropHolder(`instance:${id}`);
-        this.store.executions.removeAllOf(id);
-        this.store.instances.delete(id);
-      })();
+      await this.dropHibernation((await this.store.instances.get(id))!);
+      await this.forgetRecord(id);
     }).finally(() => this.deleting.delete(id));
     this.events.emit(id, 'instance.deleted');
     await this.collectLayers();
   }
 
+  /** The instance's record, its executions' and its hold on its layers go, together. */
+  private async forgetRecord(id: string): Promise<void> {
+    await this.store.transaction(async (tx) => {
+      await tx.layers.dropHolder(`instance:${id}`);
+      await tx.executions.removeAllOf(id);
+      await tx.instances.delete(id);
+    });
+  }
+
   private async releaseNetwork(id: string): Promise<void> {
-    const address = this.store.instances.get(id)?.address;
+    const address = (await this.store.instances.get(id))?.address;
     if (!address) return;
     await this.engine.network.release(id, address).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove an instance\'s firewall rules'));
   }
 
   /** Deletes layers nothing stands on any more. */
   async collectLayers(): Promise<void> {
-    for (const layer of this.store.layers.takeUnreferenced()) await this.engine.removeLayer(layer);
+    for (const layer of await this.store.layers.takeUnreferenced()) await this.engine.removeLayer(layer);
   }
 
   /** The live sandbox of the instance, if it runs (SandboxAccess is how services reach it). */
@@ -354,15 +355,15 @@ export class InstanceService {
 
   /** Sets (or, with null, clears) when the instance ends by itself: deleted, or hibernated
    * with its memory (then it lives on until woken). */
-  setExpiry(owner: string, id: string, at: Date | null, onExpiry: 'delete' | 'hibernate' = 'delete'): InstanceRecord {
-    this.get(owner, id);
+  async setExpiry(owner: string, id: string, at: Date | null, onExpiry: 'delete' | 'hibernate' = 'delete'): Promise<InstanceRecord> {
+    await this.get(owner, id);
     return this.store.instances.update(id, { expiresAt: at ? at.toISOString() : null, onExpiry: at ? onExpiry : null });
   }
 
   /** Sets (or, with null, clears) the seconds without activity after which the instance
    * hibernates by itself. */
-  setIdleTimeout(owner: string, id: string, seconds: number | null): InstanceRecord {
-    this.get(owner, id);
+  async setIdleTimeout(owner: string, id: string, seconds: number | null): Promise<InstanceRecord> {
+    await this.get(owner, id);
     return this.store.instances.update(id, { idleTimeoutS: seconds && seconds > 0 ? seconds : null });
   }
 
@@ -373,33 +374,33 @@ export class InstanceService {
    * monitor give up if the instance was used meanwhile.
    */
   async hibernate(owner: string, id: string, opts: { ifIdle?: () => boolean } = {}): Promise<InstanceRecord> {
-    this.get(owner, id);
+    await this.get(owner, id);
     return this.locks.run(id, async () => {
-      const rec = this.store.instances.get(id)!;
+      const rec = (await this.store.instances.get(id))!;
       if (rec.status === 'hibernated') return rec;
       if (rec.status !== 'running') throw new ConflictError(`instance ${id} is ${rec.status}, not running`, { status: rec.status });
       if (opts.ifIdle && !opts.ifIdle()) return rec;
       await requireRoom(this.engine, await this.engine.memoryInUse(id));
       const layerId = newId('lyr');
       const hibernationId = newId('hib');
-      this.store.layers.add(layerId, id);
+      await this.store.layers.add(layerId, id);
       let pauseMs: number;
       try {
         ({ pauseMs } = await this.engine.hibernate(this.spec(rec), layerId, hibernationId));
       } catch (err) {
-        this.store.layers.remove(layerId);
+        await this.store.layers.remove(layerId);
         await this.engine.removeCheckpointImages(hibernationId);
-        if (!this.engine.sandbox(id)) this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+        if (!this.engine.sandbox(id)) await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
         throw this.engineFailure(err);
       }
       const layers = [layerId, ...rec.layers];
-      const next = this.store.db.transaction(() => {
-        this.store.layers.settle(layerId);
-        this.store.layers.setRefs(`instance:${id}`, layers);
-        return this.store.instances.update(id, { status: 'hibernated', layers, hibernationId, pid: null, pidStart: null });
-      })();
+      const next = await this.store.transaction(async (tx) => {
+        await tx.layers.settle(layerId);
+        await tx.layers.setRefs(`instance:${id}`, layers);
+        return tx.instances.update(id, { status: 'hibernated', layers, hibernationId, pid: null, pidStart: null });
+      });
       await this.engine.syncLayer(layerId);
-      this.store.layers.markSynced(layerId);
+      await this.store.layers.markSynced(layerId);
       this.events.emit(id, 'instance.hibernated', { pause_ms: pauseMs });
       return next;
     });
@@ -407,9 +408,9 @@ export class InstanceService {
 
   /** Wakes a hibernated instance exactly as it was: memory, processes, sessions. */
   async wake(owner: string, id: string): Promise<InstanceRecord> {
-    this.get(owner, id);
+    await this.get(owner, id);
     return this.locks.run(id, async () => {
-      const rec = this.store.instances.get(id)!;
+      const rec = (await this.store.instances.get(id))!;
       if (rec.status !== 'hibernated' || !rec.hibernationId) return rec;
       const t = performance.now();
       let sb: Sandbox;
@@ -417,11 +418,11 @@ export class InstanceService {
         sb = await this.engine.restore(this.spec(rec), rec.hibernationId, { setHostname: false, connections: 'restore' });
       } catch (err) {
         this.log.error({ err, instance: id }, 'wake failed');
-        this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the wake failed: ${(err as Error).message}` });
+        await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the wake failed: ${(err as Error).message}` });
         throw this.engineFailure(err);
       }
       await this.engine.removeCheckpointImages(rec.hibernationId);
-      const next = this.running(id, sb, { hibernationId: null });
+      const next = await this.running(id, sb, { hibernationId: null });
       this.events.emit(id, 'instance.woken', { ms: Math.round((performance.now() - t) * 100) / 100 });
       return next;
     });
@@ -431,7 +432,7 @@ export class InstanceService {
   async dropHibernation(rec: InstanceRecord): Promise<void> {
     if (!rec.hibernationId) return;
     await this.engine.removeCheckpointImages(rec.hibernationId);
-    this.store.instances.update(rec.id, { hibernationId: null });
+    await this.store.instances.update(rec.id, { hibernationId: null });
   }
 
   /** After a server restart: re-adopt what still runs, mark the rest stopped, and leave
@@ -439,13 +440,13 @@ export class InstanceService {
    * being created or forked is adopted if its sandbox came up, and is an `error` otherwise. */
   async recover(): Promise<void> {
     const known = new Set<string>();
-    for (const rec of this.store.instances.all()) {
+    for (const rec of await this.store.instances.all()) {
       known.add(rec.id);
       if (rec.status !== 'running' && rec.status !== 'starting') continue;
       const launched = rec.status === 'starting' ? await this.engine.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
       const sb = launched ? await this.engine.adopt(this.spec(rec), launched.pid, launched.startTime) : undefined;
       if (sb) {
-        if (rec.status === 'starting') this.running(rec.id, sb);
+        if (rec.status === 'starting') await this.running(rec.id, sb);
         this.log.info({ instance: rec.id, pid: sb.pid }, 're-adopted running sandbox');
         continue;
       }
@@ -453,10 +454,10 @@ export class InstanceService {
       await this.engine.stop(rec.id).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'cleanup failed'));
       if (rec.status === 'starting') {
         const what = rec.sourceCheckpointId ? `forked from checkpoint ${rec.sourceCheckpointId}` : 'created';
-        this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: `the server stopped while the instance was being ${what}` });
+        await this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: `the server stopped while the instance was being ${what}` });
         this.log.warn({ instance: rec.id }, 'instance cut short by a server stop; marked error');
       } else {
-        this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+        await this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
         this.log.info({ instance: rec.id }, 'sandbox did not survive; marked stopped');
       }
     }

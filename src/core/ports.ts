@@ -34,14 +34,14 @@ export class PortService {
     return { host: rec.address, port };
   }
 
-  list(owner: string, id: string): PortForwardRecord[] {
-    this.instances.get(owner, id);
+  async list(owner: string, id: string): Promise<PortForwardRecord[]> {
+    await this.instances.get(owner, id);
     return this.store.portForwards.forInstance(id);
   }
 
   async create(owner: string, id: string, input: { guestPort: number; hostPort?: number | undefined; label?: string | undefined }): Promise<PortForwardRecord> {
-    this.instances.get(owner, id);
-    if (this.store.portForwards.forInstance(id).length >= MAX_FORWARDS_PER_INSTANCE) {
+    await this.instances.get(owner, id);
+    if ((await this.store.portForwards.forInstance(id)).length >= MAX_FORWARDS_PER_INSTANCE) {
       throw new ConflictError(`an instance has at most ${MAX_FORWARDS_PER_INSTANCE} port forwards`);
     }
     const id_ = newId('pf');
@@ -60,7 +60,7 @@ export class PortService {
       createdAt: new Date().toISOString(),
     };
     try {
-      this.store.portForwards.insert(rec);
+      await this.store.portForwards.insert(rec);
     } catch (err) {
       this.close(id_);
       throw err;
@@ -68,26 +68,26 @@ export class PortService {
     return rec;
   }
 
-  delete(owner: string, id: string, forwardId: string): void {
-    this.instances.get(owner, id);
-    const rec = this.store.portForwards.get(forwardId);
+  async delete(owner: string, id: string, forwardId: string): Promise<void> {
+    await this.instances.get(owner, id);
+    const rec = await this.store.portForwards.get(forwardId);
     if (!rec || rec.instanceId !== id) throw new NotFoundError('port forward', forwardId);
     this.close(forwardId);
-    this.store.portForwards.remove(forwardId);
+    await this.store.portForwards.remove(forwardId);
   }
 
   /** Listens again on every forward's host port (at start); one whose port is taken now is
    * logged and left closed. */
   async restore(): Promise<void> {
-    for (const f of this.store.portForwards.all()) {
+    for (const f of await this.store.portForwards.all()) {
       await this.listen(f.id, f.hostPort).catch((err: unknown) => this.log.warn({ err, forward: f.id, port: f.hostPort }, 'port forward could not listen again'));
     }
   }
 
   /** Closes the listeners of an instance's forwards (it is gone). */
-  forget(instanceId: string): void {
-    for (const f of this.store.portForwards.forInstance(instanceId)) this.close(f.id);
-    this.store.portForwards.removeAllOf(instanceId);
+  async forget(instanceId: string): Promise<void> {
+    for (const f of await this.store.portForwards.forInstance(instanceId)) this.close(f.id);
+    await this.store.portForwards.removeAllOf(instanceId);
   }
 
   closeAll(): void {
@@ -113,7 +113,7 @@ export class PortService {
 
   private async relay(forwardId: string, client: Socket): Promise<void> {
     client.on('error', () => client.destroy());
-    const f = this.store.portForwards.get(forwardId);
+    const f = await this.store.portForwards.get(forwardId).catch(() => undefined);
     if (!f) return void client.destroy();
     let to: { host: string; port: number };
     try {

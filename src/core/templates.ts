@@ -38,22 +38,22 @@ export class TemplateService {
     private readonly log: Logger,
   ) {}
 
-  get(owner: string, name: string): TemplateRecord {
-    const t = this.store.templates.get(owner, name);
+  async get(owner: string, name: string): Promise<TemplateRecord> {
+    const t = await this.store.templates.get(owner, name);
     if (!t) throw new NotFoundError('template', name);
     return t;
   }
 
-  list(owner: string): TemplateRecord[] {
+  list(owner: string): Promise<TemplateRecord[]> {
     return this.store.templates.list(owner);
   }
 
   /** The files a template stands on, for a build FROM it. */
-  filesOf(owner: string, name: string): ResolvedImage | undefined {
-    const t = this.store.templates.get(owner, name);
+  async filesOf(owner: string, name: string): Promise<ResolvedImage | undefined> {
+    const t = await this.store.templates.get(owner, name);
     if (!t || t.status !== 'ready' || !t.checkpointId) return undefined;
-    const c = this.store.checkpoints.get(t.checkpointId);
-    const inst = t.instanceId ? this.store.instances.get(t.instanceId) : undefined;
+    const c = await this.store.checkpoints.get(t.checkpointId);
+    const inst = t.instanceId ? await this.store.instances.get(t.instanceId) : undefined;
     if (!c || !inst || c.baseLayer) return undefined;
     return { ref: null, base: c.image, layers: c.layers, config: { ...this.catalog.emptyConfig, env: inst.env, workdir: inst.workdir }, key: `template:${c.id}` };
   }
@@ -61,11 +61,11 @@ export class TemplateService {
   async create(owner: string, input: CreateTemplate): Promise<TemplateRecord> {
     if (!IMAGE_NAME.test(input.name)) throw new InvalidRequestError('a template name is 1-63 lowercase letters, digits, dots, dashes or underscores', { name: input.name });
     if (!input.fromImage === !input.fromCheckpoint) throw new InvalidRequestError('give one of from_image and from_checkpoint');
-    if (this.store.templates.get(owner, input.name)) throw new ConflictError(`template ${input.name} exists`, { template: input.name });
+    if (await this.store.templates.get(owner, input.name)) throw new ConflictError(`template ${input.name} exists`, { template: input.name });
     const hidden = templateOwner(owner);
     // Checked before anything is made: a bad source is a 400 with nothing to clean up.
-    const image = input.fromImage ? this.catalog.resolve(owner, input.fromImage) : undefined;
-    const source = input.fromCheckpoint ? this.checkpoints.find(owner, input.fromCheckpoint) : undefined;
+    const image = input.fromImage ? await this.catalog.resolve(owner, input.fromImage) : undefined;
+    const source = input.fromCheckpoint ? await this.checkpoints.find(owner, input.fromCheckpoint) : undefined;
     const t: TemplateRecord = {
       owner,
       name: input.name,
@@ -77,19 +77,19 @@ export class TemplateService {
       error: null,
       createdAt: new Date().toISOString(),
     };
-    this.store.templates.insert(t);
+    await this.store.templates.insert(t);
     let inst: InstanceRecord | undefined;
     try {
       inst = image
         ? await this.instances.create(hidden, { name: `template-${input.name.replace(/[^a-z0-9-]/g, '-')}`.slice(0, 63).replace(/-+$/, '') }, image)
         : (await this.checkpoints.fork(owner, source!.instanceId, { checkpointId: source!.id }, { owner: hidden, create: {} }))[0]!;
-      this.store.templates.update(owner, input.name, { instanceId: inst.id });
+      await this.store.templates.update(owner, input.name, { instanceId: inst.id });
       const start = input.startCommand ? ['/bin/sh', '-c', input.startCommand] : [...(image?.config.entrypoint ?? []), ...(image?.config.cmd ?? [])];
       if (start.length > 0) await this.commands.startProcess(hidden, inst.id, { command: start });
       if (input.readyCommand) await this.waitReady(hidden, inst.id, input.readyCommand, (input.readyTimeoutS ?? 60) * 1000);
       const { checkpoint, done } = await this.checkpoints.create(hidden, inst.id, { label: `template ${input.name}`, memory: true });
       await done;
-      const c = this.store.checkpoints.get(checkpoint.id)!;
+      const c = (await this.store.checkpoints.get(checkpoint.id))!;
       if (c.status !== 'ready') throw new UnavailableError(`the template's checkpoint failed: ${c.error ?? 'no reason given'}`);
       // Its memory is in the checkpoint: the hidden instance need not run, and holds no RAM.
       await this.instances.stop(hidden, inst.id);
@@ -97,7 +97,7 @@ export class TemplateService {
     } catch (err) {
       // Nothing of a failed template stays: no record, no hidden instance.
       if (inst) await this.instances.delete(hidden, inst.id, (id) => this.checkpoints.deleteAllOf(id)).catch((e: unknown) => this.log.warn({ err: e }, 'could not remove a failed template\'s instance'));
-      this.store.templates.delete(owner, input.name);
+      await this.store.templates.delete(owner, input.name);
       throw err instanceof ForkpointError ? err : this.instances.engineFailure(err);
     }
   }
@@ -116,29 +116,29 @@ export class TemplateService {
 
   /** After a restart: a template the stop caught being made is dropped, with its instance. */
   async recover(): Promise<void> {
-    for (const t of this.store.templates.all()) {
+    for (const t of await this.store.templates.all()) {
       if (t.status !== 'building') continue;
-      if (t.instanceId && this.store.instances.get(t.instanceId)) {
+      if (t.instanceId && (await this.store.instances.get(t.instanceId))) {
         await this.instances.delete(templateOwner(t.owner), t.instanceId, (id) => this.checkpoints.deleteAllOf(id)).catch((err: unknown) => this.log.warn({ err }, 'could not remove a cut-short template\'s instance'));
       }
-      this.store.templates.delete(t.owner, t.name);
+      await this.store.templates.delete(t.owner, t.name);
     }
   }
 
   /** A new instance restored from the template's checkpoint: what ran then runs now. */
   async instantiate(owner: string, name: string, input: CreateInstance): Promise<InstanceRecord> {
-    const t = this.get(owner, name);
+    const t = await this.get(owner, name);
     if (t.status !== 'ready' || !t.instanceId || !t.checkpointId) throw new ConflictError(`template ${name} is ${t.status}`, { template: name });
     const [rec] = await this.checkpoints.fork(templateOwner(owner), t.instanceId, { checkpointId: t.checkpointId }, { owner, create: input });
     return this.store.instances.update(rec!.id, { imageRef: name });
   }
 
   async delete(owner: string, name: string): Promise<void> {
-    const t = this.get(owner, name);
+    const t = await this.get(owner, name);
     if (t.status === 'building') throw new ConflictError(`template ${name} is being made`, { template: name });
-    if (t.instanceId && this.store.instances.get(t.instanceId)) {
+    if (t.instanceId && (await this.store.instances.get(t.instanceId))) {
       await this.instances.delete(templateOwner(owner), t.instanceId, (id) => this.checkpoints.deleteAllOf(id));
     }
-    this.store.templates.delete(owner, name);
+    await this.store.templates.delete(owner, name);
   }
 }

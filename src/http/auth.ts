@@ -41,7 +41,11 @@ export function redactUrl(url: string): string {
 /** `owner` answers whose a token is (undefined: not a valid token); `sandboxOwner` whose a
  * sandbox is, given its own access token (E2B's envd `X-Access-Token` with `E2b-Sandbox-Id`):
  * such a call is for that sandbox only. */
-export function installAuth(app: FastifyInstance, owner: (token: string) => string | undefined, sandboxOwner: (id: string, token: string) => string | undefined): void {
+export function installAuth(
+  app: FastifyInstance,
+  owner: (token: string) => Promise<string | undefined>,
+  sandboxOwner: (id: string, token: string) => Promise<string | undefined>,
+): void {
   app.decorateRequest('owner', '');
   app.decorateRequest('sandboxId', undefined);
   app.addHook('onRequest', async (request, reply) => {
@@ -49,14 +53,14 @@ export function installAuth(app: FastifyInstance, owner: (token: string) => stri
     const sandbox = request.headers['e2b-sandbox-id'];
     const access = request.headers['x-access-token'];
     if (typeof sandbox === 'string' && typeof access === 'string') {
-      const who = sandboxOwner(sandbox, access);
+      const who = await sandboxOwner(sandbox, access);
       if (!who) return sendError(reply, 'UNAUTHENTICATED', 'the access token is not valid for this sandbox');
       request.owner = who;
       request.sandboxId = sandbox;
       return;
     }
     const token = tokenOf(request);
-    const who = token ? owner(token) : undefined;
+    const who = token ? await owner(token) : undefined;
     if (!who) {
       return sendError(reply, 'UNAUTHENTICATED', token ? 'the API token is not valid' : 'an API token is required: Authorization: Bearer <token> or X-API-Key: <token>');
     }

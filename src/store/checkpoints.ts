@@ -1,4 +1,6 @@
-import type { Db } from './db.js';
+import type { Selectable } from 'kysely';
+import { atomically, type Db } from './db.js';
+import type { CheckpointsTable } from './schema.js';
 import type { Page } from './instances.js';
 
 export type CheckpointStatus = 'processing' | 'ready' | 'failed';
@@ -27,26 +29,7 @@ export interface CheckpointRecord {
   readyAt: string | null;
 }
 
-interface Row {
-  id: string;
-  instance_id: string;
-  owner: string;
-  label: string | null;
-  status: CheckpointStatus;
-  memory: number;
-  parent_id: string | null;
-  layers: string;
-  base_layer: number;
-  image: string;
-  agent_layer: string;
-  hostname: string;
-  delta_bytes: number | null;
-  memory_bytes: number | null;
-  pause_ms: number | null;
-  error: string | null;
-  created_at: string;
-  ready_at: string | null;
-}
+type Row = Selectable<CheckpointsTable>;
 
 const fromRow = (r: Row): CheckpointRecord => ({
   id: r.id,
@@ -72,66 +55,88 @@ const fromRow = (r: Row): CheckpointRecord => ({
 export class CheckpointStore {
   constructor(private readonly db: Db) {}
 
-  insert(c: CheckpointRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO checkpoints (id, instance_id, owner, label, status, memory, parent_id, layers, base_layer, image,
-           agent_layer, hostname, delta_bytes, memory_bytes, pause_ms, error, created_at, ready_at)
-         VALUES (@id, @instanceId, @owner, @label, @status, @memory, @parentId, @layers, @baseLayer, @image,
-           @agentLayer, @hostname, @deltaBytes, @memoryBytes, @pauseMs, @error, @createdAt, @readyAt)`,
-      )
-      .run({ ...c, memory: c.memory ? 1 : 0, baseLayer: c.baseLayer ? 1 : 0, layers: JSON.stringify(c.layers) });
+  async insert(c: CheckpointRecord): Promise<void> {
+    await this.db
+      .insertInto('checkpoints')
+      .values({
+        id: c.id,
+        instance_id: c.instanceId,
+        owner: c.owner,
+        label: c.label,
+        status: c.status,
+        memory: c.memory ? 1 : 0,
+        parent_id: c.parentId,
+        layers: JSON.stringify(c.layers),
+        base_layer: c.baseLayer ? 1 : 0,
+        image: c.image,
+        agent_layer: c.agentLayer,
+        hostname: c.hostname,
+        delta_bytes: c.deltaBytes,
+        memory_bytes: c.memoryBytes,
+        pause_ms: c.pauseMs,
+        error: c.error,
+        created_at: c.createdAt,
+        ready_at: c.readyAt,
+      })
+      .execute();
   }
 
-  get(id: string): CheckpointRecord | undefined {
-    const row = this.db.prepare('SELECT * FROM checkpoints WHERE id = ?').get(id) as Row | undefined;
+  async get(id: string): Promise<CheckpointRecord | undefined> {
+    const row = await this.db.selectFrom('checkpoints').selectAll().where('id', '=', id).executeTakeFirst();
     return row && fromRow(row);
   }
 
-  forInstance(instanceId: string): CheckpointRecord[] {
-    return (
-      this.db
-        .prepare('SELECT * FROM checkpoints WHERE instance_id = ? ORDER BY created_at, rowid')
-        .all(instanceId) as Row[]
-    ).map(fromRow);
+  /** Oldest first. */
+  async forInstance(instanceId: string): Promise<CheckpointRecord[]> {
+    const rows = await this.db.selectFrom('checkpoints').selectAll().where('instance_id', '=', instanceId).orderBy('created_at').orderBy('id').execute();
+    return rows.map(fromRow);
   }
 
-  withStatus(status: CheckpointStatus): CheckpointRecord[] {
-    return (this.db.prepare('SELECT * FROM checkpoints WHERE status = ?').all(status) as Row[]).map(fromRow);
+  async withStatus(status: CheckpointStatus): Promise<CheckpointRecord[]> {
+    return (await this.db.selectFrom('checkpoints').selectAll().where('status', '=', status).execute()).map(fromRow);
   }
 
-  page(instanceId: string, limit: number, cursor?: string): Page<CheckpointRecord> {
-    const all = this.forInstance(instanceId).reverse();
+  async page(instanceId: string, limit: number, cursor?: string): Promise<Page<CheckpointRecord>> {
+    const all = (await this.forInstance(instanceId)).reverse();
     const start = cursor ? all.findIndex((c) => c.id === cursor) + 1 : 0;
     const items = all.slice(start, start + limit);
     return { items, nextCursor: start + limit < all.length ? items[items.length - 1]!.id : null };
   }
 
-  update(id: string, patch: Partial<Pick<CheckpointRecord, 'status' | 'layers' | 'baseLayer' | 'deltaBytes' | 'memoryBytes' | 'pauseMs' | 'error' | 'readyAt' | 'instanceId'>>): void {
-    const cur = this.get(id);
+  async update(id: string, patch: Partial<Pick<CheckpointRecord, 'status' | 'layers' | 'baseLayer' | 'deltaBytes' | 'memoryBytes' | 'pauseMs' | 'error' | 'readyAt' | 'instanceId'>>): Promise<void> {
+    const cur = await this.get(id);
     if (!cur) return;
     const next = { ...cur, ...patch };
-    this.db
-      .prepare(
-        `UPDATE checkpoints SET status=@status, layers=@layers, base_layer=@baseLayer, delta_bytes=@deltaBytes,
-           memory_bytes=@memoryBytes, pause_ms=@pauseMs, error=@error, ready_at=@readyAt WHERE id=@id`,
-      )
-      .run({ ...next, baseLayer: next.baseLayer ? 1 : 0, layers: JSON.stringify(next.layers) });
+    await this.db
+      .updateTable('checkpoints')
+      .set({
+        status: next.status,
+        layers: JSON.stringify(next.layers),
+        base_layer: next.baseLayer ? 1 : 0,
+        delta_bytes: next.deltaBytes,
+        memory_bytes: next.memoryBytes,
+        pause_ms: next.pauseMs,
+        error: next.error,
+        ready_at: next.readyAt,
+      })
+      .where('id', '=', id)
+      .execute();
   }
 
   /** Deletes a checkpoint; its children and the instances whose head it was point at its
    * own parent instead (the nearest ancestor that still exists, or none). */
-  delete(id: string): void {
-    const parent = this.get(id)?.parentId ?? null;
-    this.db.transaction(() => {
-      this.db.prepare('UPDATE checkpoints SET parent_id = ? WHERE parent_id = ?').run(parent, id);
-      this.db.prepare('UPDATE instances SET head_checkpoint_id = ? WHERE head_checkpoint_id = ?').run(parent, id);
-      this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
-    })();
+  async delete(id: string): Promise<void> {
+    await atomically(this.db, async (trx) => {
+      const parent = (await trx.selectFrom('checkpoints').select('parent_id').where('id', '=', id).executeTakeFirst())?.parent_id ?? null;
+      await trx.updateTable('checkpoints').set({ parent_id: parent }).where('parent_id', '=', id).execute();
+      await trx.updateTable('instances').set({ head_checkpoint_id: parent }).where('head_checkpoint_id', '=', id).execute();
+      await trx.deleteFrom('checkpoints').where('id', '=', id).execute();
+    });
   }
 
   /** Instances forked from this checkpoint that still exist. */
-  dependentInstances(id: string): string[] {
-    return this.db.prepare('SELECT id FROM instances WHERE source_checkpoint_id = ?').pluck().all(id) as string[];
+  async dependentInstances(id: string): Promise<string[]> {
+    const rows = await this.db.selectFrom('instances').select('id').where('source_checkpoint_id', '=', id).execute();
+    return rows.map((r) => r.id);
   }
 }

@@ -1,4 +1,4 @@
-import type { Db } from './db.js';
+import { atomically, type Db } from './db.js';
 
 /** What a durable checkpoint's manifest says: where each of its parts is in the object store. */
 export interface DurableManifest {
@@ -24,71 +24,98 @@ export interface DurableRecord {
 export class DurableStore {
   constructor(private readonly db: Db) {}
 
-  get(checkpointId: string): DurableRecord | undefined {
-    const r = this.db.prepare('SELECT * FROM durable_checkpoints WHERE checkpoint_id = ?').get(checkpointId) as
-      | { checkpoint_id: string; manifest: string; uploaded_bytes: number; durable_at: string }
-      | undefined;
+  async get(checkpointId: string): Promise<DurableRecord | undefined> {
+    const r = await this.db.selectFrom('durable_checkpoints').selectAll().where('checkpoint_id', '=', checkpointId).executeTakeFirst();
     return r && { checkpointId: r.checkpoint_id, manifest: JSON.parse(r.manifest) as DurableManifest, uploadedBytes: r.uploaded_bytes, durableAt: r.durable_at };
   }
 
-  hasBlob(sha: string): boolean {
-    return this.db.prepare('SELECT 1 FROM durable_blobs WHERE sha = ?').get(sha) !== undefined;
+  async hasBlob(sha: string): Promise<boolean> {
+    return (await this.db.selectFrom('durable_blobs').select('sha').where('sha', '=', sha).executeTakeFirst()) !== undefined;
   }
 
-  addBlob(sha: string, bytes: number): void {
-    this.db.prepare('INSERT OR IGNORE INTO durable_blobs (sha, bytes, created_at) VALUES (?, ?, ?)').run(sha, bytes, new Date().toISOString());
+  async addBlob(sha: string, bytes: number): Promise<void> {
+    await this.db
+      .insertInto('durable_blobs')
+      .values({ sha, bytes, created_at: new Date().toISOString() })
+      .onConflict((oc) => oc.column('sha').doNothing())
+      .execute();
   }
 
-  layerBlob(layerId: string): string | undefined {
-    return this.db.prepare('SELECT sha FROM layer_blobs WHERE layer_id = ?').pluck().get(layerId) as string | undefined;
+  async layerBlob(layerId: string): Promise<string | undefined> {
+    return (await this.db.selectFrom('layer_blobs').select('sha').where('layer_id', '=', layerId).executeTakeFirst())?.sha;
   }
 
-  setLayerBlob(layerId: string, sha: string): void {
-    this.db.prepare('INSERT OR REPLACE INTO layer_blobs (layer_id, sha) VALUES (?, ?)').run(layerId, sha);
+  async setLayerBlob(layerId: string, sha: string): Promise<void> {
+    await this.db
+      .insertInto('layer_blobs')
+      .values({ layer_id: layerId, sha })
+      .onConflict((oc) => oc.column('layer_id').doUpdateSet({ sha }))
+      .execute();
   }
 
   /** Records the checkpoint as durable with the blobs it references. */
-  put(rec: DurableRecord): void {
-    this.db.transaction(() => {
-      this.db
-        .prepare('INSERT OR REPLACE INTO durable_checkpoints (checkpoint_id, manifest, uploaded_bytes, durable_at) VALUES (?, ?, ?, ?)')
-        .run(rec.checkpointId, JSON.stringify(rec.manifest), rec.uploadedBytes, rec.durableAt);
-      const ins = this.db.prepare('INSERT OR IGNORE INTO durable_refs (checkpoint_id, sha) VALUES (?, ?)');
-      for (const l of rec.manifest.layers) ins.run(rec.checkpointId, l.blob);
-      if (rec.manifest.memory) ins.run(rec.checkpointId, rec.manifest.memory.blob);
-    })();
+  async put(rec: DurableRecord): Promise<void> {
+    const row = { manifest: JSON.stringify(rec.manifest), uploaded_bytes: rec.uploadedBytes, durable_at: rec.durableAt };
+    const blobs = new Set([...rec.manifest.layers.map((l) => l.blob), ...(rec.manifest.memory ? [rec.manifest.memory.blob] : [])]);
+    await atomically(this.db, async (trx) => {
+      await trx
+        .insertInto('durable_checkpoints')
+        .values({ checkpoint_id: rec.checkpointId, ...row })
+        .onConflict((oc) => oc.column('checkpoint_id').doUpdateSet(row))
+        .execute();
+      if (blobs.size === 0) return;
+      await trx
+        .insertInto('durable_refs')
+        .values([...blobs].map((sha) => ({ checkpoint_id: rec.checkpointId, sha })))
+        .onConflict((oc) => oc.columns(['checkpoint_id', 'sha']).doNothing())
+        .execute();
+    });
   }
 
   /** Forgets a checkpoint; its blobs stay until `garbage` finds them unreferenced. */
-  drop(checkpointId: string): void {
-    this.db.transaction(() => {
-      this.db.prepare('DELETE FROM durable_refs WHERE checkpoint_id = ?').run(checkpointId);
-      this.db.prepare('DELETE FROM durable_checkpoints WHERE checkpoint_id = ?').run(checkpointId);
-    })();
+  async drop(checkpointId: string): Promise<void> {
+    await atomically(this.db, async (trx) => {
+      await trx.deleteFrom('durable_refs').where('checkpoint_id', '=', checkpointId).execute();
+      await trx.deleteFrom('durable_checkpoints').where('checkpoint_id', '=', checkpointId).execute();
+    });
   }
 
   /** Blobs nothing references. */
-  garbage(): string[] {
-    return this.db.prepare('SELECT sha FROM durable_blobs WHERE sha NOT IN (SELECT sha FROM durable_refs)').pluck().all() as string[];
+  async garbage(): Promise<string[]> {
+    const rows = await this.db
+      .selectFrom('durable_blobs')
+      .select('sha')
+      .where('sha', 'not in', this.db.selectFrom('durable_refs').select('sha'))
+      .execute();
+    return rows.map((r) => r.sha);
   }
 
-  removeBlob(sha: string): void {
-    this.db.transaction(() => {
-      this.db.prepare('DELETE FROM durable_blobs WHERE sha = ?').run(sha);
-      this.db.prepare('DELETE FROM layer_blobs WHERE sha = ?').run(sha);
-    })();
+  async removeBlob(sha: string): Promise<void> {
+    await atomically(this.db, async (trx) => {
+      await trx.deleteFrom('durable_blobs').where('sha', '=', sha).execute();
+      await trx.deleteFrom('layer_blobs').where('sha', '=', sha).execute();
+    });
   }
 
   /** Ready checkpoints not yet in the object store (after a restart, or a failed upload). */
-  pending(): string[] {
-    return this.db
-      .prepare("SELECT id FROM checkpoints WHERE status = 'ready' AND id NOT IN (SELECT checkpoint_id FROM durable_checkpoints) ORDER BY created_at")
-      .pluck()
-      .all() as string[];
+  async pending(): Promise<string[]> {
+    const rows = await this.db
+      .selectFrom('checkpoints')
+      .select('id')
+      .where('status', '=', 'ready')
+      .where('id', 'not in', this.db.selectFrom('durable_checkpoints').select('checkpoint_id'))
+      .orderBy('created_at')
+      .execute();
+    return rows.map((r) => r.id);
   }
 
   /** Durable checkpoints whose checkpoint is gone (deleted while an upload ran). */
-  orphans(): string[] {
-    return this.db.prepare('SELECT checkpoint_id FROM durable_checkpoints WHERE checkpoint_id NOT IN (SELECT id FROM checkpoints)').pluck().all() as string[];
+  async orphans(): Promise<string[]> {
+    const rows = await this.db
+      .selectFrom('durable_checkpoints')
+      .select('checkpoint_id')
+      .where('checkpoint_id', 'not in', this.db.selectFrom('checkpoints').select('id'))
+      .execute();
+    return rows.map((r) => r.checkpoint_id);
   }
 }

@@ -1,4 +1,6 @@
-import type { Db } from './db.js';
+import type { Selectable } from 'kysely';
+import { atomically, type Db } from './db.js';
+import type { Tables } from './schema.js';
 import type { Page } from './instances.js';
 
 export type ExecutionKind = 'exec' | 'pty';
@@ -21,19 +23,7 @@ export interface ExecutionRecord {
   timedOut: boolean;
 }
 
-interface Row {
-  instance_id: string;
-  id: string;
-  process_id: number;
-  kind: ExecutionKind;
-  argv: string;
-  cwd: string;
-  started_at: string;
-  ended_at: string | null;
-  exit_code: number | null;
-  signal: number | null;
-  timed_out: number;
-}
+type Row = Selectable<Tables['executions']>;
 
 const fromRow = (r: Row): ExecutionRecord => ({
   instanceId: r.instance_id,
@@ -52,66 +42,82 @@ const fromRow = (r: Row): ExecutionRecord => ({
 export class ExecutionStore {
   constructor(private readonly db: Db) {}
 
-  insert(e: ExecutionRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO executions (instance_id, id, process_id, kind, argv, cwd, started_at, ended_at, exit_code, signal, timed_out)
-         VALUES (@instanceId, @id, @processId, @kind, @argv, @cwd, @startedAt, @endedAt, @exitCode, @signal, @timedOut)`,
-      )
-      .run({ ...e, argv: JSON.stringify(e.argv), timedOut: e.timedOut ? 1 : 0 });
+  async insert(e: ExecutionRecord): Promise<void> {
+    await this.db
+      .insertInto('executions')
+      .values({
+        instance_id: e.instanceId,
+        id: e.id,
+        process_id: e.processId,
+        kind: e.kind,
+        argv: JSON.stringify(e.argv),
+        cwd: e.cwd,
+        started_at: e.startedAt,
+        ended_at: e.endedAt,
+        exit_code: e.exitCode,
+        signal: e.signal,
+        timed_out: e.timedOut ? 1 : 0,
+      })
+      .execute();
   }
 
-  get(instanceId: string, id: string): ExecutionRecord | undefined {
-    const row = this.db.prepare('SELECT * FROM executions WHERE instance_id = ? AND id = ?').get(instanceId, id) as Row | undefined;
+  async get(instanceId: string, id: string): Promise<ExecutionRecord | undefined> {
+    const row = await this.db.selectFrom('executions').selectAll().where('instance_id', '=', instanceId).where('id', '=', id).executeTakeFirst();
     return row && fromRow(row);
   }
 
   /** Newest first; the cursor is the last id of the previous page. */
-  page(instanceId: string, limit: number, cursor?: string): Page<ExecutionRecord> {
-    const after = cursor ? this.get(instanceId, cursor) : undefined;
-    const rows = (
-      after
-        ? this.db
-            .prepare('SELECT * FROM executions WHERE instance_id = ? AND (started_at < ? OR (started_at = ? AND id < ?)) ORDER BY started_at DESC, id DESC LIMIT ?')
-            .all(instanceId, after.startedAt, after.startedAt, after.id, limit + 1)
-        : this.db.prepare('SELECT * FROM executions WHERE instance_id = ? ORDER BY started_at DESC, id DESC LIMIT ?').all(instanceId, limit + 1)
-    ) as Row[];
+  async page(instanceId: string, limit: number, cursor?: string): Promise<Page<ExecutionRecord>> {
+    const after = cursor ? await this.get(instanceId, cursor) : undefined;
+    let q = this.db.selectFrom('executions').selectAll().where('instance_id', '=', instanceId);
+    if (after) {
+      q = q.where((eb) =>
+        eb.or([eb('started_at', '<', after.startedAt), eb.and([eb('started_at', '=', after.startedAt), eb('id', '<', after.id)])]),
+      );
+    }
+    const rows = await q.orderBy('started_at', 'desc').orderBy('id', 'desc').limit(limit + 1).execute();
     const items = rows.slice(0, limit).map(fromRow);
     return { items, nextCursor: rows.length > limit ? items[items.length - 1]!.id : null };
   }
 
-  finish(instanceId: string, id: string, end: { exitCode: number | null; signal: number | null; timedOut: boolean; endedAt: string }): void {
-    this.db
-      .prepare('UPDATE executions SET ended_at = @endedAt, exit_code = @exitCode, signal = @signal, timed_out = @timedOut WHERE instance_id = @instanceId AND id = @id')
-      .run({ ...end, timedOut: end.timedOut ? 1 : 0, instanceId, id });
+  async finish(instanceId: string, id: string, end: { exitCode: number | null; signal: number | null; timedOut: boolean; endedAt: string }): Promise<void> {
+    await this.db
+      .updateTable('executions')
+      .set({ ended_at: end.endedAt, exit_code: end.exitCode, signal: end.signal, timed_out: end.timedOut ? 1 : 0 })
+      .where('instance_id', '=', instanceId)
+      .where('id', '=', id)
+      .execute();
   }
 
   /** A fork has the processes of its checkpoint: it gets the records of those, as running. */
-  copy(fromInstance: string, toInstance: string, processIds: number[]): void {
-    const stmt = this.db.prepare(
-      `INSERT OR IGNORE INTO executions (instance_id, id, process_id, kind, argv, cwd, started_at, ended_at, exit_code, signal, timed_out)
-       SELECT ?, id, process_id, kind, argv, cwd, started_at, NULL, NULL, NULL, 0 FROM executions WHERE instance_id = ? AND process_id = ?`,
-    );
-    this.db.transaction(() => {
-      for (const pid of processIds) stmt.run(toInstance, fromInstance, pid);
-    })();
+  async copy(fromInstance: string, toInstance: string, processIds: number[]): Promise<void> {
+    if (processIds.length === 0) return;
+    await atomically(this.db, async (trx) => {
+      const rows = await trx.selectFrom('executions').selectAll().where('instance_id', '=', fromInstance).where('process_id', 'in', processIds).execute();
+      if (rows.length === 0) return;
+      await trx
+        .insertInto('executions')
+        .values(rows.map((r) => ({ ...r, instance_id: toInstance, ended_at: null, exit_code: null, signal: null, timed_out: 0 })))
+        .onConflict((oc) => oc.columns(['instance_id', 'id']).doNothing())
+        .execute();
+    });
   }
 
   /** Keeps the newest `keep` records of the instance and those still running. */
-  prune(instanceId: string, keep: number): void {
-    this.db
-      .prepare(
-        `DELETE FROM executions WHERE instance_id = ? AND ended_at IS NOT NULL AND id NOT IN
-           (SELECT id FROM executions WHERE instance_id = ? ORDER BY started_at DESC, id DESC LIMIT ?)`,
-      )
-      .run(instanceId, instanceId, keep);
+  async prune(instanceId: string, keep: number): Promise<void> {
+    await atomically(this.db, async (trx) => {
+      const newest = await trx.selectFrom('executions').select('id').where('instance_id', '=', instanceId).orderBy('started_at', 'desc').orderBy('id', 'desc').limit(keep).execute();
+      let q = trx.deleteFrom('executions').where('instance_id', '=', instanceId).where('ended_at', 'is not', null);
+      if (newest.length > 0) q = q.where('id', 'not in', newest.map((r) => r.id));
+      await q.execute();
+    });
   }
 
-  remove(instanceId: string, id: string): void {
-    this.db.prepare('DELETE FROM executions WHERE instance_id = ? AND id = ?').run(instanceId, id);
+  async remove(instanceId: string, id: string): Promise<void> {
+    await this.db.deleteFrom('executions').where('instance_id', '=', instanceId).where('id', '=', id).execute();
   }
 
-  removeAllOf(instanceId: string): void {
-    this.db.prepare('DELETE FROM executions WHERE instance_id = ?').run(instanceId);
+  async removeAllOf(instanceId: string): Promise<void> {
+    await this.db.deleteFrom('executions').where('instance_id', '=', instanceId).execute();
   }
 }

@@ -1,4 +1,6 @@
+import type { Selectable } from 'kysely';
 import type { Db } from './db.js';
+import type { Tables } from './schema.js';
 
 import { EMPTY_IMAGE_CONFIG as EMPTY_CONFIG, type ImageConfig } from '../engine/images.js';
 
@@ -15,15 +17,7 @@ export interface BuiltImageRecord {
   createdAt: string;
 }
 
-interface ImageRow {
-  owner: string;
-  name: string;
-  base: string;
-  layers: string;
-  config: string;
-  build_key: string;
-  created_at: string;
-}
+type ImageRow = Selectable<Tables['images']>;
 
 const fromRow = (r: ImageRow): BuiltImageRecord => ({
   owner: r.owner,
@@ -43,54 +37,54 @@ export const cacheHolder = (owner: string, key: string) => `cache:${owner}/${key
 export class ImageStore {
   constructor(private readonly db: Db) {}
 
-  get(owner: string, name: string): BuiltImageRecord | undefined {
-    const row = this.db.prepare('SELECT * FROM images WHERE owner = ? AND name = ?').get(owner, name) as ImageRow | undefined;
+  async get(owner: string, name: string): Promise<BuiltImageRecord | undefined> {
+    const row = await this.db.selectFrom('images').selectAll().where('owner', '=', owner).where('name', '=', name).executeTakeFirst();
     return row && fromRow(row);
   }
 
-  list(owner: string): BuiltImageRecord[] {
-    return (this.db.prepare('SELECT * FROM images WHERE owner = ? ORDER BY name').all(owner) as ImageRow[]).map(fromRow);
+  async list(owner: string): Promise<BuiltImageRecord[]> {
+    return (await this.db.selectFrom('images').selectAll().where('owner', '=', owner).orderBy('name').execute()).map(fromRow);
   }
 
   /** Records (or replaces) the image; the caller holds the transaction that moves its refs. */
-  put(rec: BuiltImageRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO images (owner, name, base, layers, config, build_key, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (owner, name) DO UPDATE SET base = excluded.base, layers = excluded.layers, config = excluded.config,
-           build_key = excluded.build_key, created_at = excluded.created_at`,
-      )
-      .run(rec.owner, rec.name, rec.base, JSON.stringify(rec.layers), JSON.stringify(rec.config), rec.buildKey, rec.createdAt);
+  async put(rec: BuiltImageRecord): Promise<void> {
+    const row = { base: rec.base, layers: JSON.stringify(rec.layers), config: JSON.stringify(rec.config), build_key: rec.buildKey, created_at: rec.createdAt };
+    await this.db
+      .insertInto('images')
+      .values({ owner: rec.owner, name: rec.name, ...row })
+      .onConflict((oc) => oc.columns(['owner', 'name']).doUpdateSet(row))
+      .execute();
   }
 
-  delete(owner: string, name: string): void {
-    this.db.prepare('DELETE FROM images WHERE owner = ? AND name = ?').run(owner, name);
+  async delete(owner: string, name: string): Promise<void> {
+    await this.db.deleteFrom('images').where('owner', '=', owner).where('name', '=', name).execute();
   }
 
   /** A cached step: the layers and configuration after it. */
-  cached(owner: string, key: string): { layers: string[]; config: ImageConfig } | undefined {
-    const row = this.db.prepare('SELECT layers, config FROM build_cache WHERE owner = ? AND key = ?').get(owner, key) as
-      | { layers: string; config: string }
-      | undefined;
+  async cached(owner: string, key: string): Promise<{ layers: string[]; config: ImageConfig } | undefined> {
+    const row = await this.db.selectFrom('build_cache').select(['layers', 'config']).where('owner', '=', owner).where('key', '=', key).executeTakeFirst();
     if (!row) return undefined;
-    this.db.prepare('UPDATE build_cache SET used_at = ? WHERE owner = ? AND key = ?').run(new Date().toISOString(), owner, key);
+    await this.db.updateTable('build_cache').set({ used_at: new Date().toISOString() }).where('owner', '=', owner).where('key', '=', key).execute();
     return { layers: JSON.parse(row.layers) as string[], config: JSON.parse(row.config) as ImageConfig };
   }
 
-  cache(owner: string, key: string, layers: string[], config: ImageConfig): void {
-    this.db
-      .prepare('INSERT OR REPLACE INTO build_cache (owner, key, layers, config, used_at) VALUES (?, ?, ?, ?, ?)')
-      .run(owner, key, JSON.stringify(layers), JSON.stringify(config), new Date().toISOString());
+  async cache(owner: string, key: string, layers: string[], config: ImageConfig): Promise<void> {
+    const row = { layers: JSON.stringify(layers), config: JSON.stringify(config), used_at: new Date().toISOString() };
+    await this.db
+      .insertInto('build_cache')
+      .values({ owner, key, ...row })
+      .onConflict((oc) => oc.columns(['owner', 'key']).doUpdateSet(row))
+      .execute();
   }
 
   /** Cached steps no build used since `before` (of one owner, or of all), oldest first. */
-  staleCache(before: string, owner?: string): { owner: string; key: string }[] {
-    return (owner === undefined
-      ? this.db.prepare('SELECT owner, key FROM build_cache WHERE used_at < ? ORDER BY used_at').all(before)
-      : this.db.prepare('SELECT owner, key FROM build_cache WHERE used_at < ? AND owner = ? ORDER BY used_at').all(before, owner)) as { owner: string; key: string }[];
+  async staleCache(before: string, owner?: string): Promise<{ owner: string; key: string }[]> {
+    let q = this.db.selectFrom('build_cache').select(['owner', 'key']).where('used_at', '<', before);
+    if (owner !== undefined) q = q.where('owner', '=', owner);
+    return q.orderBy('used_at').execute();
   }
 
-  dropCache(owner: string, key: string): void {
-    this.db.prepare('DELETE FROM build_cache WHERE owner = ? AND key = ?').run(owner, key);
+  async dropCache(owner: string, key: string): Promise<void> {
+    await this.db.deleteFrom('build_cache').where('owner', '=', owner).where('key', '=', key).execute();
   }
 }

@@ -1,5 +1,5 @@
 import { CheckpointStore } from './checkpoints.js';
-import { openDb, type Db } from './db.js';
+import { openDb, type Db, type SqlDialect } from './db.js';
 import { DurableStore } from './durable.js';
 import { ExecutionStore } from './executions.js';
 import { ImageStore } from './images.js';
@@ -10,7 +10,7 @@ import { TemplateStore } from './templates.js';
 import { TokenStore } from './tokens.js';
 
 export interface Store {
-  db: Db;
+  dialect: SqlDialect;
   tokens: TokenStore;
   instances: InstanceStore;
   checkpoints: CheckpointStore;
@@ -20,13 +20,22 @@ export interface Store {
   images: ImageStore;
   durable: DurableStore;
   templates: TemplateStore;
-  close(): void;
+  /** Runs `fn` with a store whose every call is one transaction (or the one this store is in).
+   * Inside, only `tx` may be used: the embedded database has one connection, which the
+   * transaction holds until it ends. */
+  transaction<T>(fn: (tx: Store) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
 }
 
-export function openStore(file: string): Store {
-  const db = openDb(file);
-  return {
-    db,
+/** Opens the store at `location`: a SQLite file, or a postgres:// URL shared by several nodes. */
+export async function openStore(location: string, onIdleError?: (err: Error) => void): Promise<Store> {
+  const conn = await openDb(location, onIdleError);
+  return storeOn(conn.db, conn.dialect, () => conn.close());
+}
+
+function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>): Store {
+  const store: Store = {
+    dialect,
     tokens: new TokenStore(db),
     instances: new InstanceStore(db),
     checkpoints: new CheckpointStore(db),
@@ -36,6 +45,8 @@ export function openStore(file: string): Store {
     images: new ImageStore(db),
     durable: new DurableStore(db),
     templates: new TemplateStore(db),
-    close: () => db.close(),
+    transaction: (fn) => (db.isTransaction ? fn(store) : db.transaction().execute((trx) => fn(storeOn(trx, dialect, close)))),
+    close,
   };
+  return store;
 }

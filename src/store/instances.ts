@@ -1,4 +1,6 @@
+import type { Selectable } from 'kysely';
 import type { Db } from './db.js';
+import type { InstancesTable } from './schema.js';
 
 export type InstanceStatus = 'starting' | 'running' | 'hibernated' | 'stopped' | 'error';
 
@@ -50,36 +52,7 @@ export interface InstanceRecord {
   updatedAt: string;
 }
 
-interface Row {
-  id: string;
-  owner: string;
-  name: string;
-  image: string;
-  status: InstanceStatus;
-  layers: string;
-  base_layer: number;
-  agent_layer: string;
-  env: string;
-  limits: string;
-  metadata: string;
-  pid: number | null;
-  pid_start: string | null;
-  source_instance_id: string | null;
-  source_checkpoint_id: string | null;
-  max_checkpoints: number | null;
-  head_checkpoint_id: string | null;
-  hibernation_id: string | null;
-  idle_timeout_s: number | null;
-  address: string | null;
-  egress: string | null;
-  image_ref: string | null;
-  workdir: string | null;
-  expires_at: string | null;
-  on_expiry: 'delete' | 'hibernate' | null;
-  error: string | null;
-  created_at: string;
-  updated_at: string;
-}
+type Row = Selectable<InstancesTable>;
 
 const fromRow = (r: Row): InstanceRecord => ({
   id: r.id,
@@ -124,104 +97,111 @@ export interface Page<T> {
   nextCursor: string | null;
 }
 
+const toRow = (rec: InstanceRecord): Row => ({
+  id: rec.id,
+  owner: rec.owner,
+  name: rec.name,
+  image: rec.image,
+  status: rec.status,
+  layers: JSON.stringify(rec.layers),
+  base_layer: rec.baseLayer ? 1 : 0,
+  agent_layer: rec.agentLayer,
+  env: JSON.stringify(rec.env),
+  limits: JSON.stringify(rec.limits),
+  metadata: JSON.stringify(rec.metadata),
+  pid: rec.pid,
+  pid_start: rec.pidStart,
+  source_instance_id: rec.sourceInstanceId,
+  source_checkpoint_id: rec.sourceCheckpointId,
+  max_checkpoints: rec.maxCheckpoints,
+  head_checkpoint_id: rec.headCheckpointId,
+  hibernation_id: rec.hibernationId,
+  idle_timeout_s: rec.idleTimeoutS,
+  address: rec.address,
+  egress: JSON.stringify(rec.egress),
+  image_ref: rec.imageRef,
+  workdir: rec.workdir,
+  expires_at: rec.expiresAt,
+  on_expiry: rec.onExpiry,
+  error: rec.error,
+  created_at: rec.createdAt,
+  updated_at: rec.updatedAt,
+});
+
 export class InstanceStore {
   constructor(private readonly db: Db) {}
 
-  insert(rec: InstanceRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO instances (id, owner, name, image, status, layers, base_layer, agent_layer, env, limits, metadata,
-           pid, pid_start, source_instance_id, source_checkpoint_id, max_checkpoints, head_checkpoint_id, hibernation_id, idle_timeout_s,
-           address, egress, image_ref, workdir, expires_at, on_expiry, error, created_at, updated_at)
-         VALUES (@id, @owner, @name, @image, @status, @layers, @baseLayer, @agentLayer, @env, @limits, @metadata,
-           @pid, @pidStart, @sourceInstanceId, @sourceCheckpointId, @maxCheckpoints, @headCheckpointId, @hibernationId, @idleTimeoutS,
-           @address, @egress, @imageRef, @workdir, @expiresAt, @onExpiry, @error, @createdAt, @updatedAt)`,
-      )
-      .run({
-        ...rec,
-        egress: JSON.stringify(rec.egress),
-        layers: JSON.stringify(rec.layers),
-        baseLayer: rec.baseLayer ? 1 : 0,
-        env: JSON.stringify(rec.env),
-        limits: JSON.stringify(rec.limits),
-        metadata: JSON.stringify(rec.metadata),
-      });
+  async insert(rec: InstanceRecord): Promise<void> {
+    await this.db.insertInto('instances').values(toRow(rec)).execute();
   }
 
-  get(id: string): InstanceRecord | undefined {
-    const row = this.db.prepare('SELECT * FROM instances WHERE id = ?').get(id) as Row | undefined;
+  async get(id: string): Promise<InstanceRecord | undefined> {
+    const row = await this.db.selectFrom('instances').selectAll().where('id', '=', id).executeTakeFirst();
     return row && fromRow(row);
   }
 
-  all(): InstanceRecord[] {
-    return (this.db.prepare('SELECT * FROM instances').all() as Row[]).map(fromRow);
+  async all(): Promise<InstanceRecord[]> {
+    return (await this.db.selectFrom('instances').selectAll().execute()).map(fromRow);
   }
 
   /** Every address in use on the sandboxes' network. */
-  addresses(): string[] {
-    return this.db.prepare('SELECT address FROM instances WHERE address IS NOT NULL').pluck().all() as string[];
+  async addresses(): Promise<string[]> {
+    const rows = await this.db.selectFrom('instances').select('address').where('address', 'is not', null).execute();
+    return rows.map((r) => r.address!);
   }
 
   /** Instances whose lifetime ended before `now` and that are still there to end. */
-  expired(now: string): InstanceRecord[] {
-    return (this.db.prepare("SELECT * FROM instances WHERE expires_at IS NOT NULL AND expires_at <= ? AND status IN ('running', 'stopped', 'hibernated', 'error')").all(now) as Row[]).map(fromRow);
+  async expired(now: string): Promise<InstanceRecord[]> {
+    const rows = await this.db
+      .selectFrom('instances')
+      .selectAll()
+      .where('expires_at', 'is not', null)
+      .where('expires_at', '<=', now)
+      .where('status', 'in', ['running', 'stopped', 'hibernated', 'error'])
+      .execute();
+    return rows.map(fromRow);
   }
 
   /** Running instances that hibernate when idle: what the idle monitor watches. */
-  idleCandidates(): InstanceRecord[] {
-    return (this.db.prepare("SELECT * FROM instances WHERE status = 'running' AND idle_timeout_s > 0").all() as Row[]).map(fromRow);
+  async idleCandidates(): Promise<InstanceRecord[]> {
+    const rows = await this.db.selectFrom('instances').selectAll().where('status', '=', 'running').where('idle_timeout_s', '>', 0).execute();
+    return rows.map(fromRow);
   }
 
   /** Newest first; the cursor is the last id of the previous page. */
-  page(owner: string, limit: number, cursor?: string): Page<InstanceRecord> {
-    const after = cursor ? this.get(cursor) : undefined;
-    const rows = (
-      after
-        ? this.db
-            .prepare(
-              `SELECT * FROM instances WHERE owner = ? AND (created_at < ? OR (created_at = ? AND id < ?))
-               ORDER BY created_at DESC, id DESC LIMIT ?`,
-            )
-            .all(owner, after.createdAt, after.createdAt, after.id, limit + 1)
-        : this.db
-            .prepare('SELECT * FROM instances WHERE owner = ? ORDER BY created_at DESC, id DESC LIMIT ?')
-            .all(owner, limit + 1)
-    ) as Row[];
+  async page(owner: string, limit: number, cursor?: string): Promise<Page<InstanceRecord>> {
+    const after = cursor ? await this.get(cursor) : undefined;
+    let q = this.db.selectFrom('instances').selectAll().where('owner', '=', owner);
+    if (after) {
+      q = q.where((eb) =>
+        eb.or([eb('created_at', '<', after.createdAt), eb.and([eb('created_at', '=', after.createdAt), eb('id', '<', after.id)])]),
+      );
+    }
+    const rows = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(limit + 1).execute();
     const items = rows.slice(0, limit).map(fromRow);
     return { items, nextCursor: rows.length > limit ? items[items.length - 1]!.id : null };
   }
 
-  update(id: string, patch: Partial<Omit<InstanceRecord, 'id' | 'owner' | 'createdAt'>>): InstanceRecord {
-    const cur = this.get(id);
+  async update(id: string, patch: Partial<Omit<InstanceRecord, 'id' | 'owner' | 'createdAt'>>): Promise<InstanceRecord> {
+    const cur = await this.get(id);
     if (!cur) throw new Error(`instance ${id} vanished from the store`);
     const next: InstanceRecord = { ...cur, ...patch, updatedAt: new Date().toISOString() };
-    this.db
-      .prepare(
-        `UPDATE instances SET name=@name, image=@image, status=@status, layers=@layers, base_layer=@baseLayer, agent_layer=@agentLayer,
-           env=@env, limits=@limits, metadata=@metadata, pid=@pid, pid_start=@pidStart,
-           max_checkpoints=@maxCheckpoints, head_checkpoint_id=@headCheckpointId, hibernation_id=@hibernationId,
-           idle_timeout_s=@idleTimeoutS, address=@address, egress=@egress, image_ref=@imageRef, workdir=@workdir, expires_at=@expiresAt, on_expiry=@onExpiry, error=@error, updated_at=@updatedAt WHERE id=@id`,
-      )
-      .run({
-        ...next,
-        egress: JSON.stringify(next.egress),
-        layers: JSON.stringify(next.layers),
-        baseLayer: next.baseLayer ? 1 : 0,
-        env: JSON.stringify(next.env),
-        limits: JSON.stringify(next.limits),
-        metadata: JSON.stringify(next.metadata),
-      });
+    const { id: _id, owner: _owner, created_at: _created, source_instance_id: _si, source_checkpoint_id: _sc, ...changed } = toRow(next);
+    await this.db.updateTable('instances').set(changed).where('id', '=', id).execute();
     return next;
   }
 
   /** How many of the owner's instances stand on the image (by its own name or a built one's). */
-  countOnImage(owner: string | null, image: string): number {
-    return owner === null
-      ? (this.db.prepare('SELECT COUNT(*) FROM instances WHERE image = ? OR image_ref = ?').pluck().get(image, image) as number)
-      : (this.db.prepare('SELECT COUNT(*) FROM instances WHERE owner = ? AND image_ref = ?').pluck().get(owner, image) as number);
+  async countOnImage(owner: string | null, image: string): Promise<number> {
+    const row = await this.db
+      .selectFrom('instances')
+      .select((eb) => eb.fn.countAll().as('n'))
+      .where((eb) => (owner === null ? eb.or([eb('image', '=', image), eb('image_ref', '=', image)]) : eb.and([eb('owner', '=', owner), eb('image_ref', '=', image)])))
+      .executeTakeFirstOrThrow();
+    return Number(row.n);
   }
 
-  delete(id: string): void {
-    this.db.prepare('DELETE FROM instances WHERE id = ?').run(id);
+  async delete(id: string): Promise<void> {
+    await this.db.deleteFrom('instances').where('id', '=', id).execute();
   }
 }

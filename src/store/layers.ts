@@ -1,4 +1,4 @@
-import type { Db } from './db.js';
+import { atomically, type Db } from './db.js';
 
 /** Reference counts of frozen layers. A holder is `instance:<id>` or `checkpoint:<id>`; a layer
  * with no holder is garbage and its directory may be deleted. */
@@ -7,62 +7,76 @@ export class LayerStore {
 
   /** Records a layer before its directory exists: `pendingFor` names the instance whose upper
    * is about to be frozen into it, so that a crash in between can be told apart at start. */
-  add(id: string, pendingFor?: string): void {
-    this.db
-      .prepare('INSERT OR IGNORE INTO layers (id, created_at, pending_instance_id) VALUES (?, ?, ?)')
-      .run(id, new Date().toISOString(), pendingFor ?? null);
+  async add(id: string, pendingFor?: string): Promise<void> {
+    await this.db
+      .insertInto('layers')
+      .values({ id, created_at: new Date().toISOString(), synced: 0, pending_instance_id: pendingFor ?? null })
+      .onConflict((oc) => oc.column('id').doNothing())
+      .execute();
   }
 
   /** Forgets a layer that was never frozen (its checkpoint failed). */
-  remove(id: string): void {
-    this.db.prepare('DELETE FROM layers WHERE id = ?').run(id);
+  async remove(id: string): Promise<void> {
+    await this.db.deleteFrom('layers').where('id', '=', id).execute();
   }
 
-  settle(id: string): void {
-    this.db.prepare('UPDATE layers SET pending_instance_id = NULL WHERE id = ?').run(id);
+  async settle(id: string): Promise<void> {
+    await this.db.updateTable('layers').set({ pending_instance_id: null }).where('id', '=', id).execute();
   }
 
-  pending(): { id: string; instanceId: string }[] {
-    return this.db
-      .prepare('SELECT id, pending_instance_id AS instanceId FROM layers WHERE pending_instance_id IS NOT NULL')
-      .all() as { id: string; instanceId: string }[];
+  async pending(): Promise<{ id: string; instanceId: string }[]> {
+    const rows = await this.db.selectFrom('layers').select(['id', 'pending_instance_id']).where('pending_instance_id', 'is not', null).execute();
+    return rows.map((r) => ({ id: r.id, instanceId: r.pending_instance_id! }));
   }
 
-  markSynced(id: string): void {
-    this.db.prepare('UPDATE layers SET synced = 1 WHERE id = ?').run(id);
+  async markSynced(id: string): Promise<void> {
+    await this.db.updateTable('layers').set({ synced: 1 }).where('id', '=', id).execute();
   }
 
   /** Replaces the layers a holder stands on. */
-  setRefs(holder: string, layers: readonly string[]): void {
-    this.db.transaction(() => {
-      this.db.prepare('DELETE FROM layer_refs WHERE holder = ?').run(holder);
-      const ins = this.db.prepare('INSERT OR IGNORE INTO layer_refs (layer_id, holder) VALUES (?, ?)');
-      for (const l of layers) ins.run(l, holder);
-    })();
+  async setRefs(holder: string, layers: readonly string[]): Promise<void> {
+    await atomically(this.db, async (trx) => {
+      await trx.deleteFrom('layer_refs').where('holder', '=', holder).execute();
+      if (layers.length === 0) return;
+      await trx
+        .insertInto('layer_refs')
+        .values([...new Set(layers)].map((layer_id) => ({ layer_id, holder })))
+        .onConflict((oc) => oc.columns(['layer_id', 'holder']).doNothing())
+        .execute();
+    });
   }
 
-  dropHolder(holder: string): void {
-    this.db.prepare('DELETE FROM layer_refs WHERE holder = ?').run(holder);
+  async dropHolder(holder: string): Promise<void> {
+    await this.db.deleteFrom('layer_refs').where('holder', '=', holder).execute();
   }
 
-  holders(layerId: string): string[] {
-    return this.db.prepare('SELECT holder FROM layer_refs WHERE layer_id = ?').pluck().all(layerId) as string[];
+  async holders(layerId: string): Promise<string[]> {
+    const rows = await this.db.selectFrom('layer_refs').select('holder').where('layer_id', '=', layerId).execute();
+    return rows.map((r) => r.holder);
+  }
+
+  /** Layers some holder stands on. */
+  async referenced(): Promise<string[]> {
+    const rows = await this.db.selectFrom('layer_refs').select('layer_id').distinct().execute();
+    return rows.map((r) => r.layer_id);
   }
 
   /** Layers nothing stands on; removed from the table, to be deleted from disk by the caller. */
-  takeUnreferenced(): string[] {
-    return this.db.transaction(() => {
-      const ids = this.db
-        .prepare('SELECT id FROM layers WHERE pending_instance_id IS NULL AND id NOT IN (SELECT layer_id FROM layer_refs)')
-        .pluck()
-        .all() as string[];
-      const del = this.db.prepare('DELETE FROM layers WHERE id = ?');
-      for (const id of ids) del.run(id);
+  async takeUnreferenced(): Promise<string[]> {
+    return atomically(this.db, async (trx) => {
+      const rows = await trx
+        .selectFrom('layers')
+        .select('id')
+        .where('pending_instance_id', 'is', null)
+        .where('id', 'not in', trx.selectFrom('layer_refs').select('layer_id'))
+        .execute();
+      const ids = rows.map((r) => r.id);
+      if (ids.length > 0) await trx.deleteFrom('layers').where('id', 'in', ids).execute();
       return ids;
-    })();
+    });
   }
 
-  all(): string[] {
-    return this.db.prepare('SELECT id FROM layers').pluck().all() as string[];
+  async all(): Promise<string[]> {
+    return (await this.db.selectFrom('layers').select('id').execute()).map((r) => r.id);
   }
 }

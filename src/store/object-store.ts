@@ -1,7 +1,7 @@
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { Readable } from 'node:stream';
-import { DeleteObjectCommand, GetObjectCommand, ListObjectsV2Command, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
+import { CreateBucketCommand, DeleteObjectCommand, GetObjectCommand, HeadBucketCommand, ListObjectsV2Command, PutObjectCommand, S3Client, S3ServiceException } from '@aws-sdk/client-s3';
 
 export interface ObjectStoreConfig {
   endpoint: string;
@@ -32,6 +32,17 @@ export class ObjectStore {
       credentials: { accessKeyId: cfg.accessKeyId, secretAccessKey: cfg.secretAccessKey },
       requestHandler: { requestTimeout: REQUEST_TIMEOUT_MS },
     });
+  }
+
+  /** Makes the bucket if it is not there (a fresh MinIO, a test's server); one that exists but
+   * is not ours to reach fails here, at start, rather than at the first upload. */
+  async ensureBucket(): Promise<void> {
+    try {
+      await this.s3.send(new HeadBucketCommand({ Bucket: this.cfg.bucket }));
+    } catch (err) {
+      if (!(err instanceof S3ServiceException) || err.$metadata.httpStatusCode !== 404) throw err;
+      await this.s3.send(new CreateBucketCommand({ Bucket: this.cfg.bucket }));
+    }
   }
 
   private key(name: string): string {

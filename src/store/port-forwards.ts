@@ -1,4 +1,6 @@
+import type { Selectable } from 'kysely';
 import type { Db } from './db.js';
+import type { Tables } from './schema.js';
 
 export interface PortForwardRecord {
   id: string;
@@ -11,16 +13,7 @@ export interface PortForwardRecord {
   createdAt: string;
 }
 
-interface Row {
-  id: string;
-  instance_id: string;
-  owner: string;
-  guest_port: number;
-  host_port: number;
-  protocol: 'tcp';
-  label: string | null;
-  created_at: string;
-}
+type Row = Selectable<Tables['port_forwards']>;
 
 const fromRow = (r: Row): PortForwardRecord => ({
   id: r.id,
@@ -36,33 +29,40 @@ const fromRow = (r: Row): PortForwardRecord => ({
 export class PortForwardStore {
   constructor(private readonly db: Db) {}
 
-  insert(f: PortForwardRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO port_forwards (id, instance_id, owner, guest_port, host_port, protocol, label, created_at)
-         VALUES (@id, @instanceId, @owner, @guestPort, @hostPort, @protocol, @label, @createdAt)`,
-      )
-      .run(f);
+  async insert(f: PortForwardRecord): Promise<void> {
+    await this.db
+      .insertInto('port_forwards')
+      .values({
+        id: f.id,
+        instance_id: f.instanceId,
+        owner: f.owner,
+        guest_port: f.guestPort,
+        host_port: f.hostPort,
+        protocol: f.protocol,
+        label: f.label,
+        created_at: f.createdAt,
+      })
+      .execute();
   }
 
-  get(id: string): PortForwardRecord | undefined {
-    const row = this.db.prepare('SELECT * FROM port_forwards WHERE id = ?').get(id) as Row | undefined;
+  async get(id: string): Promise<PortForwardRecord | undefined> {
+    const row = await this.db.selectFrom('port_forwards').selectAll().where('id', '=', id).executeTakeFirst();
     return row && fromRow(row);
   }
 
-  forInstance(instanceId: string): PortForwardRecord[] {
-    return (this.db.prepare('SELECT * FROM port_forwards WHERE instance_id = ? ORDER BY created_at, id').all(instanceId) as Row[]).map(fromRow);
+  async forInstance(instanceId: string): Promise<PortForwardRecord[]> {
+    return (await this.db.selectFrom('port_forwards').selectAll().where('instance_id', '=', instanceId).orderBy('created_at').orderBy('id').execute()).map(fromRow);
   }
 
-  all(): PortForwardRecord[] {
-    return (this.db.prepare('SELECT * FROM port_forwards ORDER BY created_at, id').all() as Row[]).map(fromRow);
+  async all(): Promise<PortForwardRecord[]> {
+    return (await this.db.selectFrom('port_forwards').selectAll().orderBy('created_at').orderBy('id').execute()).map(fromRow);
   }
 
-  remove(id: string): void {
-    this.db.prepare('DELETE FROM port_forwards WHERE id = ?').run(id);
+  async remove(id: string): Promise<void> {
+    await this.db.deleteFrom('port_forwards').where('id', '=', id).execute();
   }
 
-  removeAllOf(instanceId: string): void {
-    this.db.prepare('DELETE FROM port_forwards WHERE instance_id = ?').run(instanceId);
+  async removeAllOf(instanceId: string): Promise<void> {
+    await this.db.deleteFrom('port_forwards').where('instance_id', '=', instanceId).execute();
   }
 }

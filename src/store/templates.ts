@@ -1,4 +1,6 @@
+import type { Selectable } from 'kysely';
 import type { Db } from './db.js';
+import type { Tables } from './schema.js';
 
 export type TemplateStatus = 'building' | 'ready' | 'failed';
 
@@ -17,17 +19,7 @@ export interface TemplateRecord {
   createdAt: string;
 }
 
-interface Row {
-  owner: string;
-  name: string;
-  instance_id: string | null;
-  checkpoint_id: string | null;
-  source: string;
-  start_command: string | null;
-  status: TemplateStatus;
-  error: string | null;
-  created_at: string;
-}
+type Row = Selectable<Tables['templates']>;
 
 const fromRow = (r: Row): TemplateRecord => ({
   owner: r.owner,
@@ -48,39 +40,50 @@ export const templateOwner = (owner: string) => `~template:${owner}`;
 export class TemplateStore {
   constructor(private readonly db: Db) {}
 
-  get(owner: string, name: string): TemplateRecord | undefined {
-    const row = this.db.prepare('SELECT * FROM templates WHERE owner = ? AND name = ?').get(owner, name) as Row | undefined;
+  async get(owner: string, name: string): Promise<TemplateRecord | undefined> {
+    const row = await this.db.selectFrom('templates').selectAll().where('owner', '=', owner).where('name', '=', name).executeTakeFirst();
     return row && fromRow(row);
   }
 
-  list(owner: string): TemplateRecord[] {
-    return (this.db.prepare('SELECT * FROM templates WHERE owner = ? ORDER BY name').all(owner) as Row[]).map(fromRow);
+  async list(owner: string): Promise<TemplateRecord[]> {
+    return (await this.db.selectFrom('templates').selectAll().where('owner', '=', owner).orderBy('name').execute()).map(fromRow);
   }
 
-  all(): TemplateRecord[] {
-    return (this.db.prepare('SELECT * FROM templates').all() as Row[]).map(fromRow);
+  async all(): Promise<TemplateRecord[]> {
+    return (await this.db.selectFrom('templates').selectAll().execute()).map(fromRow);
   }
 
-  insert(t: TemplateRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO templates (owner, name, instance_id, checkpoint_id, source, start_command, status, error, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-      )
-      .run(t.owner, t.name, t.instanceId, t.checkpointId, t.source, t.startCommand, t.status, t.error, t.createdAt);
+  async insert(t: TemplateRecord): Promise<void> {
+    await this.db
+      .insertInto('templates')
+      .values({
+        owner: t.owner,
+        name: t.name,
+        instance_id: t.instanceId,
+        checkpoint_id: t.checkpointId,
+        source: t.source,
+        start_command: t.startCommand,
+        status: t.status,
+        error: t.error,
+        created_at: t.createdAt,
+      })
+      .execute();
   }
 
-  update(owner: string, name: string, patch: Partial<Pick<TemplateRecord, 'instanceId' | 'checkpointId' | 'status' | 'error'>>): TemplateRecord {
-    const cur = this.get(owner, name);
+  async update(owner: string, name: string, patch: Partial<Pick<TemplateRecord, 'instanceId' | 'checkpointId' | 'status' | 'error'>>): Promise<TemplateRecord> {
+    const cur = await this.get(owner, name);
     if (!cur) throw new Error(`template ${owner}/${name} vanished from the store`);
     const next = { ...cur, ...patch };
-    this.db
-      .prepare('UPDATE templates SET instance_id = ?, checkpoint_id = ?, status = ?, error = ? WHERE owner = ? AND name = ?')
-      .run(next.instanceId, next.checkpointId, next.status, next.error, owner, name);
+    await this.db
+      .updateTable('templates')
+      .set({ instance_id: next.instanceId, checkpoint_id: next.checkpointId, status: next.status, error: next.error })
+      .where('owner', '=', owner)
+      .where('name', '=', name)
+      .execute();
     return next;
   }
 
-  delete(owner: string, name: string): void {
-    this.db.prepare('DELETE FROM templates WHERE owner = ? AND name = ?').run(owner, name);
+  async delete(owner: string, name: string): Promise<void> {
+    await this.db.deleteFrom('templates').where('owner', '=', owner).where('name', '=', name).execute();
   }
 }

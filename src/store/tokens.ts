@@ -1,6 +1,8 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import type { Selectable } from 'kysely';
 import type { Db } from './db.js';
 import { newId } from './ids.js';
+import type { Tables } from './schema.js';
 
 export interface TokenRecord {
   id: string;
@@ -11,17 +13,7 @@ export interface TokenRecord {
   revokedAt: string | null;
 }
 
-interface TokenRow {
-  id: string;
-  owner: string;
-  name: string;
-  secret_hash: Buffer;
-  created_at: string;
-  last_used_at: string | null;
-  revoked_at: string | null;
-}
-
-const toRecord = (r: TokenRow): TokenRecord => ({
+const toRecord = (r: Selectable<Tables['tokens']>): TokenRecord => ({
   id: r.id,
   owner: r.owner,
   name: r.name,
@@ -37,46 +29,46 @@ const hash = (secret: string): Buffer => createHash('sha256').update(secret).dig
 export class TokenStore {
   constructor(private readonly db: Db) {}
 
-  create(owner: string, name: string): { token: string; record: TokenRecord } {
+  async create(owner: string, name: string): Promise<{ token: string; record: TokenRecord }> {
     const id = newId('tok', 12);
     const secret = randomBytes(24).toString('base64url');
-    const now = new Date().toISOString();
-    this.db
-      .prepare('INSERT INTO tokens (id, owner, name, secret_hash, created_at) VALUES (?, ?, ?, ?, ?)')
-      .run(id, owner, name, hash(secret), now);
-    return { token: `fpk_${id}.${secret}`, record: this.get(id)! };
+    const row = { id, owner, name, secret_hash: hash(secret), created_at: new Date().toISOString(), last_used_at: null, revoked_at: null };
+    await this.db.insertInto('tokens').values(row).execute();
+    return { token: `fpk_${id}.${secret}`, record: toRecord(row) };
   }
 
-  get(id: string): TokenRecord | undefined {
-    const row = this.db.prepare('SELECT * FROM tokens WHERE id = ?').get(id) as TokenRow | undefined;
+  async get(id: string): Promise<TokenRecord | undefined> {
+    const row = await this.db.selectFrom('tokens').selectAll().where('id', '=', id).executeTakeFirst();
     return row && toRecord(row);
   }
 
-  list(): TokenRecord[] {
-    return (this.db.prepare('SELECT * FROM tokens ORDER BY created_at').all() as TokenRow[]).map(toRecord);
+  async list(): Promise<TokenRecord[]> {
+    return (await this.db.selectFrom('tokens').selectAll().orderBy('created_at').execute()).map(toRecord);
   }
 
-  countActive(): number {
-    return this.db.prepare('SELECT COUNT(*) FROM tokens WHERE revoked_at IS NULL').pluck().get() as number;
+  async countActive(): Promise<number> {
+    const row = await this.db.selectFrom('tokens').select((eb) => eb.fn.countAll().as('n')).where('revoked_at', 'is', null).executeTakeFirstOrThrow();
+    return Number(row.n);
   }
 
-  revoke(id: string): boolean {
-    const r = this.db
-      .prepare('UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL')
-      .run(new Date().toISOString(), id);
-    return r.changes > 0;
+  async revoke(id: string): Promise<boolean> {
+    const r = await this.db
+      .updateTable('tokens')
+      .set({ revoked_at: new Date().toISOString() })
+      .where('id', '=', id)
+      .where('revoked_at', 'is', null)
+      .executeTakeFirst();
+    return r.numUpdatedRows > 0n;
   }
 
   /** The owner of a valid token, or undefined. */
-  verify(token: string): TokenRecord | undefined {
+  async verify(token: string): Promise<TokenRecord | undefined> {
     const m = /^fpk_(tok_[0-9a-z]+)\.([A-Za-z0-9_-]+)$/.exec(token);
     const probe = hash(m ? m[2]! : token);
-    const row = m
-      ? (this.db.prepare('SELECT * FROM tokens WHERE id = ?').get(m[1]) as TokenRow | undefined)
-      : undefined;
+    const row = m ? await this.db.selectFrom('tokens').selectAll().where('id', '=', m[1]!).executeTakeFirst() : undefined;
     // Compare even when no row matched, so that timing does not tell ids apart.
     const stored = row?.secret_hash ?? Buffer.alloc(32);
-    const equal = timingSafeEqual(stored, probe);
+    const equal = stored.length === probe.length && timingSafeEqual(stored, probe);
     if (!row || !equal || row.revoked_at) return undefined;
     return toRecord(row);
   }

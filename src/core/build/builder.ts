@@ -47,7 +47,7 @@ export interface DockerfileBuild {
 const MAX_CONTEXT_BYTES = 2 * 1024 ** 3;
 
 /** Resolves a FROM that is not an image: a template's files. */
-export type FromResolver = (owner: string, name: string) => ResolvedImage | undefined;
+export type FromResolver = (owner: string, name: string) => Promise<ResolvedImage | undefined>;
 
 const STEP_TIMEOUT_MS = 30 * 60_000;
 const OUTPUT_TAIL = 8192;
@@ -89,12 +89,12 @@ export class BuildService {
    * unless an image, an instance or a checkpoint stands on them. Answers how many went.
    */
   async prune(before: Date, owner?: string): Promise<number> {
-    const stale = this.store.images.staleCache(before.toISOString(), owner);
+    const stale = await this.store.images.staleCache(before.toISOString(), owner);
     for (const { owner: o, key } of stale) {
-      this.store.db.transaction(() => {
-        this.store.layers.dropHolder(cacheHolder(o, key));
-        this.store.images.dropCache(o, key);
-      })();
+      await this.store.transaction(async (tx) => {
+        await tx.layers.dropHolder(cacheHolder(o, key));
+        await tx.images.dropCache(o, key);
+      });
     }
     if (stale.length) await this.instances.collectLayers();
     return stale.length;
@@ -103,7 +103,7 @@ export class BuildService {
   /** After a restart: the sandboxes of builds the stop cut short go (their finished steps
    * stay in the cache). */
   async recover(): Promise<void> {
-    for (const rec of this.store.instances.all()) {
+    for (const rec of await this.store.instances.all()) {
       if (rec.owner.startsWith(buildOwner(''))) await this.instances.discard(rec.id);
     }
   }
@@ -115,9 +115,9 @@ export class BuildService {
   async buildManifest(owner: string, manifest: ImageManifest, baseImage: string, onLog?: (l: BuildLogLine) => void): Promise<{ image: ImageView; cached: boolean }> {
     const key = createHash('sha256').update(JSON.stringify({ base: manifest.base, steps: manifest.steps })).digest('hex');
     const name = `oc-${key.slice(0, 40)}`;
-    if (this.store.images.get(owner, name)) {
+    if (await this.store.images.get(owner, name)) {
       onLog?.({ step: 0, total: 0, type: 'cached', message: `image ${name} is cached` });
-      return { image: this.catalog.get(owner, name), cached: true };
+      return { image: await this.catalog.get(owner, name), cached: true };
     }
     const base = manifest.base === 'base' ? baseImage : manifest.base;
     const image = await this.build(owner, { name, plan: manifestPlan(manifest, base), memoryMb: manifest.builderMemoryMB }, onLog);
@@ -144,7 +144,7 @@ export class BuildService {
     const total = plan.steps.length;
     let from: ResolvedImage;
     try {
-      from = this.fromTemplate(owner, plan.from) ?? this.catalog.resolve(owner, plan.from);
+      from = (await this.fromTemplate(owner, plan.from)) ?? (await this.catalog.resolve(owner, plan.from));
     } catch {
       throw new DockerfileError(`FROM ${plan.from}: no such image or template`, plan.fromLine);
     }
@@ -162,7 +162,7 @@ export class BuildService {
           continue;
         }
         const config = step.kind === 'workdir' ? { ...state.config, workdir: posix.resolve(state.config.workdir ?? '/', step.path) } : state.config;
-        const hit = this.store.images.cached(owner, key);
+        const hit = await this.store.images.cached(owner, key);
         if (hit) {
           onLog({ step: n, total, type: 'cached', message: ' ---> cached' });
           state = { layers: hit.layers, config, key };
@@ -172,13 +172,14 @@ export class BuildService {
         await this.runStep(owner, builder, step, state.config, roots, req.context, (message) => onLog({ step: n, total, type: 'output', message }));
         builder.layers = await this.instances.commit(builder.id);
         builder.running = false;
-        this.store.db.transaction(() => {
-          this.store.images.cache(owner, key, builder!.layers, config);
-          this.store.layers.setRefs(cacheHolder(owner, key), builder!.layers);
-        })();
+        const layers = builder.layers;
+        await this.store.transaction(async (tx) => {
+          await tx.images.cache(owner, key, layers, config);
+          await tx.layers.setRefs(cacheHolder(owner, key), layers);
+        });
         state = { layers: builder.layers, config, key };
       }
-      this.catalog.put({ owner, name: req.name, base: from.base, layers: state.layers, config: state.config, buildKey: state.key, createdAt: new Date().toISOString() });
+      await this.catalog.put({ owner, name: req.name, base: from.base, layers: state.layers, config: state.config, buildKey: state.key, createdAt: new Date().toISOString() });
       this.log.info({ owner, image: req.name, steps: total, ms: Math.round(performance.now() - started) }, 'image built');
       onLog({ step: total, total, type: 'done', message: `Built ${req.name} in ${Math.round(performance.now() - started)} ms` });
       return this.catalog.get(owner, req.name);

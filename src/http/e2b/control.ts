@@ -71,8 +71,8 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       metadata: r.metadata,
       state: r.status === 'hibernated' ? 'paused' : 'running',
     });
-    const lifetime = (owner: string, id: string, seconds: number | undefined, autoPause: boolean | undefined) =>
-      fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), autoPause ? 'hibernate' : 'delete');
+    const lifetime = async (owner: string, id: string, seconds: number | undefined, autoPause: boolean | undefined) =>
+      await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), autoPause ? 'hibernate' : 'delete');
     /** E2B's commands start in its user's home: made once, for any image. */
     const home = async (owner: string, id: string) => {
       await fp.commands.exec(owner, id, { command: ['mkdir', '-p', E2B_HOME] });
@@ -90,7 +90,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       };
       // A template forkpoint ships is made for the owner the first time one is asked for.
       if (fp.bundled.has(name)) await fp.bundled.ensure(owner, name);
-      const isTemplate = fp.templates.list(owner).some((t) => t.name === name);
+      const isTemplate = (await fp.templates.list(owner)).some((t) => t.name === name);
       let rec: InstanceRecord;
       try {
         rec = isTemplate ? await fp.templates.instantiate(owner, name, input) : await fp.instances.create(owner, { ...input, image: name });
@@ -106,23 +106,23 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       app.post(path, { schema: { ...hidden, body: NewSandbox } }, async (req, reply) => reply.code(201).send(sandbox(await create(req.owner, req.body))));
     }
 
-    app.get('/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req) => listed(req.owner, req.query).items.filter((r) => r.state === 'running'));
+    app.get('/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req) => (await listed(req.owner, req.query)).items.filter((r) => r.state === 'running'));
 
     app.get('/v2/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req, reply) => {
-      const page = listed(req.owner, req.query);
+      const page = await listed(req.owner, req.query);
       if (page.next) reply.header('x-next-token', page.next);
       return page.items;
     });
 
     /** The owner's instances as E2B lists them, filtered by metadata (`k=v&k2=v2`) and state,
      * newest first, a page at a time (the token is the last id of the previous page). */
-    function listed(owner: string, q: z.infer<typeof ListQuery>) {
+    async function listed(owner: string, q: z.infer<typeof ListQuery>) {
       const want = new URLSearchParams(q.metadata ?? '');
       const states = q.state ? q.state.split(',') : ['running', 'paused'];
       const all = [] as ReturnType<typeof detail>[];
       let cursor: string | undefined;
       do {
-        const page = fp.instances.list(owner, 500, cursor);
+        const page = await fp.instances.list(owner, 500, cursor);
         for (const r of page.items) {
           if (r.status !== 'running' && r.status !== 'hibernated') continue;
           if ([...want].some(([k, v]) => r.metadata[k] !== v)) continue;
@@ -136,7 +136,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return { items, next: start + q.limit < all.length ? items.at(-1)?.sandboxID : undefined };
     }
 
-    app.get('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req) => detail(fp.instances.get(req.owner, req.params.sandboxID)));
+    app.get('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req) => detail(await fp.instances.get(req.owner, req.params.sandboxID)));
 
     app.delete('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req, reply) => {
       await fp.deleteInstance(req.owner, req.params.sandboxID);
@@ -144,23 +144,23 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.post('/sandboxes/:sandboxID/timeout', { schema: { ...hidden, params: IdParams, body: Timeout } }, async (req, reply) => {
-      const r = fp.instances.get(req.owner, req.params.sandboxID);
-      lifetime(req.owner, r.id, req.body.timeout, r.onExpiry === 'hibernate');
+      const r = await fp.instances.get(req.owner, req.params.sandboxID);
+      await lifetime(req.owner, r.id, req.body.timeout, r.onExpiry === 'hibernate');
       return reply.code(204).send();
     });
 
     app.post('/sandboxes/:sandboxID/pause', { schema: { ...hidden, params: IdParams, body: z.object({ memory: z.boolean().optional() }).passthrough().optional() } }, async (req, reply) => {
-      const r = fp.instances.get(req.owner, req.params.sandboxID);
+      const r = await fp.instances.get(req.owner, req.params.sandboxID);
       if (r.status === 'hibernated') return e2bError(reply, 409, `sandbox ${r.id} is already paused`);
       await fp.instances.hibernate(req.owner, r.id);
-      fp.instances.setExpiry(req.owner, r.id, null);
+      await fp.instances.setExpiry(req.owner, r.id, null);
       return reply.code(204).send();
     });
 
     const resume = async (owner: string, id: string, timeout: number | undefined, reply: FastifyReply) => {
-      const before = fp.instances.get(owner, id);
+      const before = await fp.instances.get(owner, id);
       if (before.status === 'hibernated') await fp.instances.wake(owner, id);
-      const r = lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
+      const r = await lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
       return reply.code(before.status === 'hibernated' ? 201 : 200).send(sandbox(r));
     };
     for (const path of ['/sandboxes/:sandboxID/connect', '/v2/sandboxes/:sandboxID/connect']) {
@@ -170,10 +170,10 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/sandboxes/:sandboxID/snapshots', { schema: { ...hidden, params: IdParams, body: z.object({ name: z.string().max(63).optional() }).passthrough().optional() } }, async (req, reply) => {
       const id = req.params.sandboxID;
-      fp.instances.get(req.owner, id);
+      await fp.instances.get(req.owner, id);
       const made = await fp.checkpoints.create(req.owner, id, { label: 'e2b snapshot', memory: true, retention: { mode: 'delete_oldest' } });
       await made.done;
-      const c = fp.checkpoints.get(req.owner, id, made.checkpoint.id);
+      const c = await fp.checkpoints.get(req.owner, id, made.checkpoint.id);
       if (c.status !== 'ready') return e2bError(reply, 500, `the snapshot failed: ${c.error ?? 'no reason given'}`);
       const name = req.body?.name ?? `snap-${c.id.replace(/^ckpt_/, '')}`;
       const t = await fp.templates.create(req.owner, { name, fromCheckpoint: c.id });
@@ -181,16 +181,17 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.get('/snapshots', { schema: { ...hidden, querystring: z.object({ sandboxID: z.string().optional() }).passthrough() } }, async (req) =>
-      fp.templates.list(req.owner).filter((t) => t.status === 'ready').map((t) => ({ snapshotID: t.name, names: [t.name] })),
+      (await fp.templates.list(req.owner)).filter((t) => t.status === 'ready').map((t) => ({ snapshotID: t.name, names: [t.name] })),
     );
 
     app.post('/sandboxes/:sandboxID/fork', { schema: { ...hidden, params: IdParams, body: z.object({ timeout: z.number().int().min(0).optional(), count: z.number().int().min(1).max(100).optional() }).optional() } }, async (req, reply) => {
       const forks = await fp.checkpoints.fork(req.owner, req.params.sandboxID, { count: req.body?.count ?? 1 });
-      return reply.code(201).send(forks.map((f) => ({ sandbox: sandbox(lifetime(req.owner, f.id, req.body?.timeout, false)) })));
+      const lived = await Promise.all(forks.map((f) => lifetime(req.owner, f.id, req.body?.timeout, false)));
+      return reply.code(201).send(lived.map((r) => ({ sandbox: sandbox(r) })));
     });
 
     app.get('/sandboxes/:sandboxID/metrics', { schema: { ...hidden, params: IdParams } }, async (req) => {
-      fp.instances.get(req.owner, req.params.sandboxID);
+      await fp.instances.get(req.owner, req.params.sandboxID);
       return [];
     });
   };

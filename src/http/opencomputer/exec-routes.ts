@@ -76,7 +76,9 @@ export const execSessionRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/sandboxes/:id/exec/:sessionId', {
       websocket: true,
-      preHandler: async (req) => void fp.executions.find(req.owner, req.params.id, req.params.sessionId),
+      preHandler: async (req) => {
+        await fp.executions.find(req.owner, req.params.id, req.params.sessionId);
+      },
       schema: {
         operationId: 'ocAttachExecSession',
         tags,
@@ -175,7 +177,9 @@ export const execSessionRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/sandboxes/:id/pty/:sessionId', {
       websocket: true,
-      preHandler: async (req) => void fp.executions.find(req.owner, req.params.id, req.params.sessionId),
+      preHandler: async (req) => {
+        await fp.executions.find(req.owner, req.params.id, req.params.sessionId);
+      },
       schema: {
         operationId: 'ocAttachPty',
         tags,

@@ -68,11 +68,11 @@ export const ocImageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/snapshots', {
       schema: { operationId: 'ocListSnapshots', tags, summary: 'List snapshots', description: 'Every template of the owner.', response: { 200: ok('The snapshots', z.array(SnapshotInfo)), ...errors } },
-    }, async (req) => fp.templates.list(req.owner).map((t) => snapshotView(t)));
+    }, async (req) => (await fp.templates.list(req.owner)).map((t) => snapshotView(t)));
 
     app.get('/snapshots/:name', {
       schema: { operationId: 'ocGetSnapshot', tags, summary: 'Get a snapshot', description: 'By name.', params: NameParams, response: { 200: ok('The snapshot', SnapshotInfo), ...errors } },
-    }, async (req) => snapshotView(fp.templates.get(req.owner, req.params.name)));
+    }, async (req) => snapshotView(await fp.templates.get(req.owner, req.params.name)));
 
     app.delete('/snapshots/:name', {
       schema: { operationId: 'ocDeleteSnapshot', tags, summary: 'Delete a snapshot', description: 'Sandboxes started from it go on.', params: NameParams, response: { 204: noContent('Deleted'), ...errors } },
@@ -101,12 +101,12 @@ export const ocImageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/templates/:name', {
       schema: { operationId: 'ocGetTemplate', tags, summary: 'Get a template', description: 'By name.', params: NameParams, response: { 200: ok('The template', TemplateInfo), ...errors } },
-    }, async (req) => templateInfo(fp.catalog.get(req.owner, req.params.name)));
+    }, async (req) => templateInfo(await fp.catalog.get(req.owner, req.params.name)));
 
     app.delete('/templates/:name', {
       schema: { operationId: 'ocDeleteTemplate', tags, summary: 'Delete a template', description: 'Refused while sandboxes stand on it.', params: NameParams, response: { 204: noContent('Deleted'), ...errors } },
     }, async (req, reply) => {
-      fp.catalog.delete(req.owner, req.params.name);
+      await fp.catalog.delete(req.owner, req.params.name);
       await fp.instances.collectLayers();
       return reply.code(204).send(null);
     });

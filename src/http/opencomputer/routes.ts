@@ -63,7 +63,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const create = async (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) => {
         // A snapshot, or a template of that name, starts from its checkpoint; an image manifest
         // is built (or found built) first; otherwise templateID is an image.
-        const template = b.snapshot ?? (b.templateID && fp.templates.list(req.owner).some((t) => t.name === b.templateID) ? b.templateID : undefined);
+        const template = b.snapshot ?? (b.templateID && (await fp.templates.list(req.owner)).some((t) => t.name === b.templateID) ? b.templateID : undefined);
         if (template) return fp.templates.instantiate(req.owner, template, input);
         if (b.image) {
           const built = await fp.builds.buildManifest(req.owner, b.image, fp.config.manifestBaseImage, onLog);
@@ -77,11 +77,11 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/sandboxes', {
       schema: { operationId: 'ocListSandboxes', tags, summary: 'List sandboxes', description: 'Every sandbox of the token\'s owner, newest first.', response: { 200: ok('The sandboxes', z.array(SandboxData)), ...errors } },
-    }, async (req) => fp.instances.list(req.owner, 500).items.map(sandboxView));
+    }, async (req) => (await fp.instances.list(req.owner, 500)).items.map(sandboxView));
 
     app.get('/sandboxes/:id', {
       schema: { operationId: 'ocGetSandbox', tags, summary: 'Get a sandbox', description: 'Its status (`running`, `hibernated`, `creating`, `error`) and settings.', params: SandboxParams, response: { 200: ok('The sandbox', SandboxData), ...errors } },
-    }, async (req) => sandboxView(fp.instances.get(req.owner, req.params.id)));
+    }, async (req) => sandboxView(await fp.instances.get(req.owner, req.params.id)));
 
     app.delete('/sandboxes/:id', {
       schema: { operationId: 'ocKillSandbox', tags, summary: 'Kill a sandbox', description: 'Deletes the sandbox, its disk and its checkpoints; sandboxes made from its checkpoints keep running.', params: SandboxParams, response: { 204: noContent('Gone'), ...errors } },
@@ -99,7 +99,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => {
       const rec = await fp.instances.start(req.owner, req.params.id);
       const timeout = req.body?.timeout;
-      return sandboxView(timeout === undefined ? rec : fp.instances.setIdleTimeout(req.owner, rec.id, timeout));
+      return sandboxView(timeout === undefined ? rec : await fp.instances.setIdleTimeout(req.owner, rec.id, timeout));
     });
 
     app.get('/sandboxes/:id/allowed-hosts', {
@@ -112,14 +112,14 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('The allowlist', AllowedHosts), ...errors },
       },
     }, async (req) => {
-      const r = fp.instances.get(req.owner, req.params.id);
+      const r = await fp.instances.get(req.owner, req.params.id);
       return { sandboxID: r.id, egressAllowlist: r.egress.egress === 'deny' ? r.egress.allow : [], perSecretAllowedHosts: {} };
     });
 
     app.post('/sandboxes/:id/timeout', {
       schema: { operationId: 'ocSetTimeout', tags, summary: 'Set the idle timeout', description: 'Seconds without activity (no call, no attached client) after which the sandbox hibernates by itself; 0: never.', params: SandboxParams, body: TimeoutBody, response: { 204: noContent('Set'), ...errors } },
     }, async (req, reply) => {
-      fp.instances.setIdleTimeout(req.owner, req.params.id, req.body.timeout);
+      await fp.instances.setIdleTimeout(req.owner, req.params.id, req.body.timeout);
       return reply.code(204).send(null);
     });
 
@@ -152,7 +152,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/sandboxes/:id/checkpoints', {
       schema: { operationId: 'ocListCheckpoints', tags, summary: 'List checkpoints', description: 'The sandbox\'s checkpoints, newest first.', params: SandboxParams, response: { 200: ok('The checkpoints', z.array(CheckpointInfo)), ...errors } },
-    }, async (req) => fp.checkpoints.list(req.owner, req.params.id, 500).items.map(checkpointView));
+    }, async (req) => (await fp.checkpoints.list(req.owner, req.params.id, 500)).items.map(checkpointView));
 
     app.post('/sandboxes/:id/checkpoints/:checkpointId/restore', {
       schema: {
@@ -181,10 +181,10 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 201: ok('The new sandbox', SandboxData), ...errors },
       },
     }, async (req, reply) => {
-      const c = fp.checkpoints.find(req.owner, req.params.checkpointId);
+      const c = await fp.checkpoints.find(req.owner, req.params.checkpointId);
       const [rec] = await fp.checkpoints.fork(req.owner, c.instanceId, { checkpointId: c.id, env: req.body.envs });
       const timeout = req.body.timeout;
-      return reply.code(201).send(sandboxView(timeout ? fp.instances.setIdleTimeout(req.owner, rec!.id, timeout) : rec!));
+      return reply.code(201).send(sandboxView(timeout ? await fp.instances.setIdleTimeout(req.owner, rec!.id, timeout) : rec!));
     });
 
     await app.register(execSessionRoutes(fp));

@@ -13,7 +13,7 @@ const WAIT_MS = 120_000;
 
 export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
-    const checkpointView = (c: CheckpointRecord) => baseView(c, fp.durable.state(c.id));
+    const checkpointView = async (c: CheckpointRecord) => baseView(c, await fp.durable.state(c.id));
     const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r.id));
     const tags = ['checkpoints'];
     app.post('/instances/:id/checkpoints', {
@@ -38,8 +38,8 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const b = req.body ?? {};
       const { checkpoint } = await fp.checkpoints.create(req.owner, req.params.id, { label: b.label, memory: b.memory, retention: b.retention });
-      if (!req.query.wait) return reply.code(202).send(checkpointView(checkpoint));
-      return reply.code(200).send(checkpointView(await fp.checkpoints.wait(req.owner, req.params.id, checkpoint.id, WAIT_MS)));
+      if (!req.query.wait) return reply.code(202).send(await checkpointView(checkpoint));
+      return reply.code(200).send(await checkpointView(await fp.checkpoints.wait(req.owner, req.params.id, checkpoint.id, WAIT_MS)));
     });
 
     app.get('/instances/:id/checkpoints', {
@@ -53,8 +53,8 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('A page of checkpoints', CheckpointPage), ...errorResponses },
       },
     }, async (req) => {
-      const page = fp.checkpoints.list(req.owner, req.params.id, req.query.limit, req.query.cursor);
-      return { items: page.items.map((c) => checkpointView(c)), next_cursor: page.nextCursor };
+      const page = await fp.checkpoints.list(req.owner, req.params.id, req.query.limit, req.query.cursor);
+      return { items: await Promise.all(page.items.map((c) => checkpointView(c))), next_cursor: page.nextCursor };
     });
 
     app.get('/instances/:id/checkpoints/:checkpoint_id', {
@@ -70,7 +70,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => {
       const c = req.query.wait
         ? await fp.checkpoints.wait(req.owner, req.params.id, req.params.checkpoint_id, WAIT_MS)
-        : fp.checkpoints.get(req.owner, req.params.id, req.params.checkpoint_id);
+        : await fp.checkpoints.get(req.owner, req.params.id, req.params.checkpoint_id);
       return checkpointView(c);
     });
 

@@ -26,7 +26,7 @@ export const eventRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: { description: 'The events', content: { 'text/event-stream': { schema: z.string().describe('Server-Sent Events') } } }, ...errorResponses },
       },
     }, async (req, reply) => {
-      fp.instances.get(req.owner, req.params.id);
+      await fp.instances.get(req.owner, req.params.id);
       const last = Number(req.headers['last-event-id']);
       const sse = new SseStream(req, reply, req.query.heartbeat_ms);
       const unfollow = fp.events.follow(req.params.id, Number.isSafeInteger(last) ? last : undefined, (e) => {

@@ -59,7 +59,7 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/images/:name', {
       schema: { operationId: 'getImage', tags, summary: 'Get an image', description: 'Its kind, base, layers and configuration.', params: ImageNameParams, response: { 200: ok('The image', Image), ...errorResponses } },
-    }, async (req) => imageView(fp.catalog.get(req.owner, req.params.name)));
+    }, async (req) => imageView(await fp.catalog.get(req.owner, req.params.name)));
 
     app.post('/images', {
       schema: {
@@ -112,7 +112,7 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     app.delete('/images/:name', {
       schema: { operationId: 'deleteImage', tags, summary: 'Delete a built image', description: 'Refused (409) while instances stand on it, and for system images. Its layers go once nothing else holds them.', params: ImageNameParams, response: { 204: noContent('Deleted'), ...errorResponses } },
     }, async (req, reply) => {
-      fp.catalog.delete(req.owner, req.params.name);
+      await fp.catalog.delete(req.owner, req.params.name);
       await fp.instances.collectLayers();
       return reply.code(204).send(null);
     });
@@ -135,11 +135,11 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/templates', {
       schema: { operationId: 'listTemplates', tags: ttags, summary: 'List templates', description: 'Yours, by name.', response: { 200: ok('The templates', TemplateList), ...errorResponses } },
-    }, async (req) => ({ templates: fp.templates.list(req.owner).map(templateView) }));
+    }, async (req) => ({ templates: (await fp.templates.list(req.owner)).map(templateView) }));
 
     app.get('/templates/:name', {
       schema: { operationId: 'getTemplate', tags: ttags, summary: 'Get a template', description: 'Its status and source.', params: ImageNameParams, response: { 200: ok('The template', Template), ...errorResponses } },
-    }, async (req) => templateView(fp.templates.get(req.owner, req.params.name)));
+    }, async (req) => templateView(await fp.templates.get(req.owner, req.params.name)));
 
     app.delete('/templates/:name', {
       schema: { operationId: 'deleteTemplate', tags: ttags, summary: 'Delete a template', description: 'Instances made from it go on (they hold their own layers).', params: ImageNameParams, response: { 204: noContent('Deleted'), ...errorResponses } },

@@ -46,7 +46,7 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('A page of instances', InstancePage), ...errorResponses },
       },
     }, async (req) => {
-      const page = fp.instances.list(req.owner, req.query.limit, req.query.cursor);
+      const page = await fp.instances.list(req.owner, req.query.limit, req.query.cursor);
       return { items: page.items.map(instanceView), next_cursor: page.nextCursor };
     });
 
@@ -59,7 +59,7 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         params: IdParams,
         response: { 200: ok('The instance', Instance), ...errorResponses },
       },
-    }, async (req) => instanceView(fp.instances.get(req.owner, req.params.id)));
+    }, async (req) => instanceView(await fp.instances.get(req.owner, req.params.id)));
 
     app.patch('/instances/:id', {
       schema: {
@@ -73,9 +73,9 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req) => {
       const { name, metadata, idle_timeout_s: idle, network } = req.body;
-      if (idle !== undefined) fp.instances.setIdleTimeout(req.owner, req.params.id, idle);
+      if (idle !== undefined) await fp.instances.setIdleTimeout(req.owner, req.params.id, idle);
       if (network) await fp.instances.setEgress(req.owner, req.params.id, network);
-      return instanceView(fp.instances.update(req.owner, req.params.id, { name, metadata }));
+      return instanceView(await fp.instances.update(req.owner, req.params.id, { name, metadata }));
     });
 
     app.delete('/instances/:id', {

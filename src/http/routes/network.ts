@@ -39,12 +39,12 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/instances/:id/port-forwards', {
       schema: { operationId: 'listPortForwards', tags, summary: 'List port forwards', description: 'The instance\'s forwards, oldest first.', params: IdParams, response: { 200: ok('The forwards', PortForwardList), ...errorResponses } },
-    }, async (req) => ({ port_forwards: fp.ports.list(req.owner, req.params.id).map(forwardView) }));
+    }, async (req) => ({ port_forwards: (await fp.ports.list(req.owner, req.params.id)).map(forwardView) }));
 
     app.delete('/instances/:id/port-forwards/:forward_id', {
       schema: { operationId: 'deletePortForward', tags, summary: 'Remove a port forward', description: 'Its listener closes; connections through it end.', params: PortForwardParams, response: { 204: noContent('Removed'), ...errorResponses } },
     }, async (req, reply) => {
-      fp.ports.delete(req.owner, req.params.id, req.params.forward_id);
+      await fp.ports.delete(req.owner, req.params.id, req.params.forward_id);
       return reply.code(204).send(null);
     });
 
@@ -63,7 +63,7 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req) => {
       const { id, port } = req.params;
-      fp.instances.get(req.owner, id);
+      await fp.instances.get(req.owner, id);
       const { token, expiresAt } = fp.previews.sign(req.owner, id, port, req.body?.ttl_s ?? 3600);
       return { url: `${previewPath(fp, req.headers.host, id, port)}?${PREVIEW_PARAM}=${token}`, expires_at: expiresAt.toISOString() };
     });

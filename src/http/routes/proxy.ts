@@ -69,10 +69,10 @@ export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
       const fromQuery = url.searchParams.get(PREVIEW_PARAM);
       url.searchParams.delete(PREVIEW_PARAM);
       const token = tokenOf(req);
-      let owner = token ? fp.ownerOfToken(token) : undefined;
+      let owner = token ? await fp.ownerOfToken(token) : undefined;
       // E2B's SDKs reach a port inside with the sandbox's own access token (for that sandbox).
       const access = req.headers['x-access-token'];
-      if (!owner && typeof access === 'string' && req.headers['e2b-sandbox-id'] === id) owner = fp.ownerOfSandbox(id, access);
+      if (!owner && typeof access === 'string' && req.headers['e2b-sandbox-id'] === id) owner = await fp.ownerOfSandbox(id, access);
       if (!owner) {
         const signed = fromQuery ?? cookie(req, PREVIEW_PARAM);
         owner = signed ? fp.previews.verify(signed, id, port) : undefined;

@@ -41,7 +41,9 @@ export const terminalRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.get('/instances/:id/pty/:pty_id', {
       websocket: true,
-      preHandler: async (req) => void fp.executions.find(req.owner, req.params.id, req.params.pty_id),
+      preHandler: async (req) => {
+        await fp.executions.find(req.owner, req.params.id, req.params.pty_id);
+      },
       schema: {
         operationId: 'attachPty',
         tags,
