@@ -20,7 +20,8 @@ node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0
 
 # System tools: a C compiler with static glibc and libseccomp for the agent, util-linux, tar,
 # apt's download, mkfs.ext4 and losetup for disk limits, nft for sandboxes' networks; with --test, also what the test suite
-# drives (Java, for the OpenAPI 3.0 client generator).
+# drives (Java, for the OpenAPI 3.0 client generator; a PostgreSQL server, which the store tests
+# start as a throwaway cluster; kubectl, which renders the Kubernetes manifests).
 for_tests=0
 [ "${1:-}" = "--test" ] && for_tests=1
 missing=()
@@ -34,6 +35,8 @@ command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
 [ $for_tests = 0 ] || command -v java >/dev/null || missing+=(default-jre-headless)
+[ $for_tests = 0 ] || compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || missing+=(postgresql)
+[ $for_tests = 0 ] || command -v kubectl >/dev/null || missing+=(kubernetes-client)
 command -v tar >/dev/null || missing+=(tar)
 command -v python3 >/dev/null || missing+=(python3)
 command -v g++ >/dev/null || missing+=(g++)
@@ -67,6 +70,9 @@ if [ ! -f dist/cli.js ] || newer "$stamps/build" src tsconfig.json package.json;
 fi
 
 bash deploy/criu.sh
+# A container image build (deploy/Containerfile) leaves the images to the node it runs on:
+# FORKPOINT_SETUP_IMAGES=0 stops here.
+[ "${FORKPOINT_SETUP_IMAGES:-1}" = 0 ] && exit 0
 mkdir -p "$prefix/images"
 bash deploy/image.sh "$prefix/images/default"
 # Debian stable (apt, curl, git, python3, Node.js), from Debian's archive: about a minute, once.
