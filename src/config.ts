@@ -10,6 +10,15 @@ export const configSchema = z.object({
     .string()
     .regex(/^postgres(ql)?:\/\//, 'a postgres:// or postgresql:// URL')
     .optional(),
+  /** This node's name among the nodes sharing the store (default: one made at its first start
+   * and kept in the data directory). */
+  nodeId: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, '1-63 lowercase letters, digits or dashes').optional(),
+  /** Where the other nodes reach this one (default: http://<host>:<port> as it listens). */
+  nodeUrl: z.string().url().optional(),
+  /** How often the node says it lives, and after how long without a word it counts as gone
+   * (its instances become `lost`). */
+  nodeHeartbeatS: z.coerce.number().positive().max(3600).default(5),
+  nodeDeadAfterS: z.coerce.number().positive().max(86400).default(30),
   host: z.string().min(1).default('127.0.0.1'),
   port: z.coerce.number().int().min(0).max(65535).default(7878),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -85,6 +94,10 @@ export type ConfigInput = z.input<typeof configSchema>;
 const envNames: Record<keyof Config, string> = {
   dataDir: 'FORKPOINT_DATA_DIR',
   databaseUrl: 'FORKPOINT_DATABASE_URL',
+  nodeId: 'FORKPOINT_NODE_ID',
+  nodeUrl: 'FORKPOINT_NODE_URL',
+  nodeHeartbeatS: 'FORKPOINT_NODE_HEARTBEAT_S',
+  nodeDeadAfterS: 'FORKPOINT_NODE_DEAD_AFTER_S',
   host: 'FORKPOINT_HOST',
   port: 'FORKPOINT_PORT',
   logLevel: 'FORKPOINT_LOG_LEVEL',

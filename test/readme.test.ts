@@ -32,7 +32,7 @@ function transcript(readme: string): { steps: Step[]; from: number; to: number }
   return { steps, from, to };
 }
 
-const VOLATILE = new Set(['created_at', 'updated_at', 'ready_at', 'duration_ms', 'pause_ms', 'delta_bytes', 'memory_bytes', 'version', 'address', 'sent_bytes', 'received_bytes']);
+const VOLATILE = new Set(['created_at', 'updated_at', 'ready_at', 'duration_ms', 'pause_ms', 'delta_bytes', 'memory_bytes', 'version', 'address', 'sent_bytes', 'received_bytes', 'node']);
 
 /** Output with what differs from run to run replaced: ids, times, durations, sizes. */
 function normalize(text: string): unknown {

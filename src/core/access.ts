@@ -86,6 +86,7 @@ export class SandboxAccess {
     try {
       const now = Date.now();
       for (const rec of await this.store.instances.idleCandidates()) {
+        if (!this.instances.isLocal(rec)) continue;
         const last = this.lastUse.get(rec.id);
         if (last === undefined) {
           this.lastUse.set(rec.id, now); // first seen (a restart): idle from now on

@@ -31,6 +31,8 @@ export interface CheckpointObserver {
   ready(id: string): void;
   removed(id: string): void;
   needed(id: string): Promise<void>;
+  /** Whether the checkpoint is in the object store (another node can restore it). */
+  durable(id: string): Promise<boolean>;
 }
 
 /** Forks made for someone else than the source's owner (a template's instances): their owner
@@ -67,7 +69,7 @@ export class CheckpointService {
   private readonly pins = new Map<string, { count: number; waiters: (() => void)[] }>();
 
   /** Told when a checkpoint is ready and when one is gone (durable checkpoints follow). */
-  private observer: CheckpointObserver = { ready: () => {}, removed: () => {}, needed: async () => {} };
+  private observer: CheckpointObserver = { ready: () => {}, removed: () => {}, needed: async () => {}, durable: async () => false };
 
   observe(o: CheckpointObserver): void {
     this.observer = o;
@@ -381,6 +383,40 @@ export class CheckpointService {
     });
   }
 
+  /**
+   * Brings an instance whose node stopped answering back on this node, from its newest durable
+   * checkpoint: its files as they were then, and with a memory checkpoint its processes. What it
+   * did after that checkpoint is gone with its node.
+   */
+  async recoverLost(owner: string, id: string): Promise<InstanceRecord> {
+    const inst = await this.instances.get(owner, id);
+    if (inst.status !== 'lost') throw new ConflictError(`instance ${id} is ${inst.status}, not lost`, { status: inst.status });
+    const ready = (await this.store.checkpoints.forInstance(id)).filter((c) => c.status === 'ready').reverse();
+    let from: CheckpointRecord | undefined;
+    for (const c of ready) if (await this.observer.durable(c.id)) {
+      from = c;
+      break;
+    }
+    if (!from) throw new ConflictError(`instance ${id} has no durable checkpoint to recover from`, { instance: id });
+    const c = from;
+    await this.observer.needed(c.id);
+    await requireRoom(this.engine);
+    return this.locks.run(id, async () => {
+      const rec = await this.instances.claimLost(id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
+      try {
+        await this.instances.admit(rec);
+        const spec = this.instances.spec(rec);
+        const sb = c.memory ? await this.engine.restore(spec, c.id, { setHostname: false, connections: 'close' }) : await this.engine.boot(spec, { freshUpper: true });
+        const running = await this.instances.running(id, sb);
+        this.log.info({ instance: id, checkpoint: c.id }, 'lost instance recovered on this node');
+        return running;
+      } catch (err) {
+        await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the recovery failed: ${(err as Error).message}` });
+        throw this.instances.engineFailure(err);
+      }
+    });
+  }
+
   /** New instances from a checkpoint (or from the current state, through an implicit one). The
    * checkpoint is pinned from the moment it is chosen until the forks run: deleting it meanwhile
    * answers 409, deleting its instance waits for them. */
@@ -508,6 +544,7 @@ export class CheckpointService {
   async recover(): Promise<void> {
     for (const p of await this.store.layers.pending()) {
       const inst = await this.store.instances.get(p.instanceId);
+      if (inst && !this.instances.isLocal(inst)) continue; // another node's, to settle at its start
       if (inst && this.engine.recoverFrozenLayer(p.id, inst.id) && !inst.layers.includes(p.id)) {
         const layers = [p.id, ...inst.layers];
         await this.store.layers.setRefs(`instance:${inst.id}`, layers);
@@ -517,6 +554,8 @@ export class CheckpointService {
       await this.store.layers.settle(p.id);
     }
     for (const c of await this.store.checkpoints.withStatus('processing')) {
+      const inst = await this.store.instances.get(c.instanceId);
+      if (inst && !this.instances.isLocal(inst)) continue;
       await this.fail(c, 'the server stopped while the checkpoint was being taken');
     }
     await this.instances.collectLayers();

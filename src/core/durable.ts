@@ -70,6 +70,8 @@ export class DurableCheckpoints {
     const objects = this.objects!;
     const c = await this.store.checkpoints.get(id);
     if (!c || c.status !== 'ready' || (await this.store.durable.get(id))) return;
+    // Another node's checkpoint: that node uploads it.
+    if (!c.layers.every((l) => this.engine.hasLayer(l))) return;
     let uploaded = 0;
     const layers: DurableManifest['layers'] = [];
     for (const layerId of c.layers) {

@@ -25,6 +25,7 @@ import { PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
 import { InstanceService } from './instances.js';
 import { JobQueue, KeyedLock } from './jobs.js';
+import { Cluster, nodeIdOf } from './cluster.js';
 
 export interface HealthReport {
   ok: boolean;
@@ -71,6 +72,8 @@ export class Forkpoint {
   readonly durable: DurableCheckpoints;
   /** Instances with a lifetime end when it is over. */
   readonly expiry: ExpiryService;
+  /** The nodes sharing the store, and where each instance is. */
+  readonly cluster: Cluster;
   private previewLinks: PreviewLinks | undefined;
   private readonly jobs: JobQueue;
 
@@ -79,6 +82,7 @@ export class Forkpoint {
     readonly log: Logger,
     readonly version: string,
     store: Store,
+    nodeId: string,
     engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {},
   ) {
     this.engine = new Engine({
@@ -97,7 +101,8 @@ export class Forkpoint {
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
     this.catalog = new ImageCatalog(this.store, this.images);
-    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log);
+    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId);
+    this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log);
     this.access = new SandboxAccess(this.instances, this.store, log);
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
@@ -113,6 +118,7 @@ export class Forkpoint {
       ready: (id) => this.durable.schedule(id),
       removed: (id) => void this.durable.forget(id).catch((err: unknown) => log.warn({ err, checkpoint: id }, 'could not forget a durable checkpoint')),
       needed: (id) => this.durable.ensureLocal(id),
+      durable: async (id) => (await this.durable.state(id)).durable,
     });
     this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);
     this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.layout.contexts, log);
@@ -121,9 +127,10 @@ export class Forkpoint {
 
   static async open(config: Config, log: Logger, version: string, engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
+    const nodeId = await nodeIdOf(config.nodeId, new DataLayout(config.dataDir).nodeIdFile);
     const store = await openConfiguredStore(config, log);
     try {
-      return new Forkpoint(config, log, version, store, engineOverrides);
+      return new Forkpoint(config, log, version, store, nodeId, engineOverrides);
     } catch (err) {
       await store.close();
       throw err;
@@ -144,6 +151,7 @@ export class Forkpoint {
 
   private async startParts(): Promise<void> {
     await this.engine.init();
+    await this.store.instances.adoptUnplaced(this.cluster.nodeId);
     await this.instances.initNetwork();
     for (const f of await this.images.seedFrom(this.config.imageSeedDir)) {
       this.log.warn({ image: f.name, error: f.error }, 'a set-up image could not be copied into the data directory; it is not available');
@@ -166,6 +174,7 @@ export class Forkpoint {
   /** Ends an instance whose lifetime is over, as it asked: hibernated (a running one; it lives
    * on, with no lifetime, until woken) or deleted. */
   private async expire(rec: InstanceRecord): Promise<void> {
+    if (!this.instances.isLocal(rec)) return; // its own node ends it
     if (rec.onExpiry === 'hibernate' && (rec.status === 'running' || rec.status === 'hibernated')) {
       if (rec.status === 'running') await this.instances.hibernate(rec.owner, rec.id);
       await this.instances.setExpiry(rec.owner, rec.id, null);
@@ -208,7 +217,14 @@ export class Forkpoint {
 
   /** Stops serving once queued jobs are done; sandboxes keep running and are re-adopted by
    * the next start. */
+  /** Joins the nodes sharing the store, reachable at `url` (unless the configuration says
+   * where): called once the server listens. */
+  async join(url: string): Promise<void> {
+    await this.cluster.join(this.config.nodeUrl ?? url);
+  }
+
   async close(): Promise<void> {
+    await this.cluster.leave();
     this.access.stopIdleMonitor();
     this.expiry.stop();
     await this.durable.idle();
@@ -219,7 +235,7 @@ export class Forkpoint {
     await this.checkpoints.idle();
     await this.engine.shutdown();
     // With no instance left, nothing of this server stays on the host's network.
-    if (this.config.networking === 'on' && (await this.store.instances.all()).length === 0) {
+    if (this.config.networking === 'on' && (await this.instances.local()).length === 0) {
       await this.engine.network.destroy().catch((err: unknown) => this.log.warn({ err }, 'could not remove the sandboxes\' network'));
     }
     await this.store.close();
@@ -253,14 +269,14 @@ export class Forkpoint {
   async destroyAll(): Promise<void> {
     await this.jobs.drain();
     await this.checkpoints.idle();
-    for (const rec of await this.store.instances.all()) await this.deleteInstance(rec.owner, rec.id);
+    for (const rec of await this.instances.local()) await this.deleteInstance(rec.owner, rec.id);
     // Nothing of this server's is left on the host's network either.
     if (this.config.networking === 'on') await this.engine.network.destroy();
   }
 
   /** Stops every sandbox and unmounts every disk: for tests and `serve --stop-on-exit`. */
   async stopAll(): Promise<void> {
-    for (const rec of await this.store.instances.all()) {
+    for (const rec of await this.instances.local()) {
       if (this.engine.sandbox(rec.id) || (await this.engine.isMounted(rec.id))) {
         await this.engine.stop(rec.id).catch(() => {});
         await this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });

@@ -59,7 +59,18 @@ export class InstanceService {
     private readonly config: Config,
     private readonly events: EventBus,
     private readonly log: Logger,
+    /** The node this server is: instances it makes are its, and only its are its to run. */
+    readonly nodeId: string,
   ) {}
+
+  /** The instances whose disk and processes are on this node. */
+  local(): Promise<InstanceRecord[]> {
+    return this.store.instances.forNode(this.nodeId);
+  }
+
+  isLocal(rec: InstanceRecord): boolean {
+    return rec.node === null || rec.node === this.nodeId;
+  }
 
   private get networking(): boolean {
     return this.config.networking === 'on';
@@ -161,6 +172,7 @@ export class InstanceService {
       createdAt: now,
       updatedAt: now,
       ...from,
+      node: this.nodeId,
     };
     await this.store.transaction(async (tx) => {
       // A fresh address for every new instance, forks included (a fork is a new machine).
@@ -169,6 +181,20 @@ export class InstanceService {
       await tx.layers.setRefs(`instance:${rec.id}`, rec.layers);
     });
     return rec;
+  }
+
+  /**
+   * Takes a lost instance for this node, standing on `from` (a durable checkpoint's chain,
+   * fetched here): a new address on this node's network, no memory image of its old node. Only
+   * one node wins a race for it; the others get 409.
+   */
+  async claimLost(id: string, from: Pick<InstanceRecord, 'layers' | 'baseLayer' | 'agentLayer' | 'headCheckpointId'>): Promise<InstanceRecord> {
+    if (!(await this.store.instances.claimLost(id, this.nodeId))) throw new ConflictError(`instance ${id} is not lost (any more)`);
+    return this.store.transaction(async (tx) => {
+      const address = this.networking ? this.engine.network.allocate(new Set(await tx.instances.addresses())).address : null;
+      await tx.layers.setRefs(`instance:${id}`, from.layers);
+      return tx.instances.update(id, { ...from, address, hibernationId: null, pid: null, pidStart: null, error: null });
+    });
   }
 
   /** Puts a new instance's egress policy in force, before it boots. */
@@ -194,13 +220,13 @@ export class InstanceService {
   async initNetwork(): Promise<void> {
     if (!this.networking) return;
     const used = new Set(await this.store.instances.addresses());
-    for (const rec of await this.store.instances.all()) {
+    for (const rec of await this.local()) {
       if (rec.address) continue;
       const { address } = this.engine.network.allocate(used);
       used.add(address);
       await this.store.instances.update(rec.id, { address });
     }
-    await this.engine.network.init((await this.store.instances.all()).map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
+    await this.engine.network.init((await this.local()).map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
   }
 
   async create(owner: string, input: CreateInstance, image?: ResolvedImage): Promise<InstanceRecord> {
@@ -440,13 +466,19 @@ export class InstanceService {
    * being created or forked is adopted if its sandbox came up, and is an `error` otherwise. */
   async recover(): Promise<void> {
     const known = new Set<string>();
-    for (const rec of await this.store.instances.all()) {
+    for (const rec of await this.local()) {
       known.add(rec.id);
+      // A node back after the others marked its instances lost: they are its, as they were.
+      const wasLost = rec.status === 'lost';
+      if (wasLost) {
+        rec.status = rec.hibernationId ? 'hibernated' : rec.pid ? 'running' : 'stopped';
+        if (rec.status !== 'running') await this.store.instances.update(rec.id, { status: rec.status });
+      }
       if (rec.status !== 'running' && rec.status !== 'starting') continue;
       const launched = rec.status === 'starting' ? await this.engine.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
       const sb = launched ? await this.engine.adopt(this.spec(rec), launched.pid, launched.startTime) : undefined;
       if (sb) {
-        if (rec.status === 'starting') await this.running(rec.id, sb);
+        if (rec.status === 'starting' || wasLost) await this.running(rec.id, sb);
         this.log.info({ instance: rec.id, pid: sb.pid }, 're-adopted running sandbox');
         continue;
       }

@@ -80,6 +80,8 @@ export class PortService {
    * logged and left closed. */
   async restore(): Promise<void> {
     for (const f of await this.store.portForwards.all()) {
+      const inst = await this.store.instances.get(f.instanceId);
+      if (inst && !this.instances.isLocal(inst)) continue;
       await this.listen(f.id, f.hostPort).catch((err: unknown) => this.log.warn({ err, forward: f.id, port: f.hostPort }, 'port forward could not listen again'));
     }
   }

@@ -118,7 +118,9 @@ export class TemplateService {
   async recover(): Promise<void> {
     for (const t of await this.store.templates.all()) {
       if (t.status !== 'building') continue;
-      if (t.instanceId && (await this.store.instances.get(t.instanceId))) {
+      const inst = t.instanceId ? await this.store.instances.get(t.instanceId) : undefined;
+      if (inst && !this.instances.isLocal(inst)) continue; // being made on another node
+      if (t.instanceId && inst) {
         await this.instances.delete(templateOwner(t.owner), t.instanceId, (id) => this.checkpoints.deleteAllOf(id)).catch((err: unknown) => this.log.warn({ err }, 'could not remove a cut-short template\'s instance'));
       }
       await this.store.templates.delete(t.owner, t.name);

@@ -11,6 +11,9 @@ export class DataLayout {
   get initialTokenFile(): string {
     return join(this.root, 'initial-token');
   }
+  get nodeIdFile(): string {
+    return join(this.root, 'node-id');
+  }
   get previewSecretFile(): string {
     return join(this.root, 'preview-secret');
   }

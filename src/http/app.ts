@@ -5,7 +5,9 @@ import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod
 import type { Logger } from 'pino';
 import type { Forkpoint } from '../core/forkpoint.js';
 import websocket from '@fastify/websocket';
+import replyFrom from '@fastify/reply-from';
 import { installAuth, redactUrl } from './auth.js';
+import { installClusterRouting } from './cluster-routing.js';
 import { e2bFace, e2bPortRoute } from './e2b/index.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installErrorHandling } from './errors.js';
@@ -57,6 +59,9 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // own hooks come first: they close the socket of an upgrade that was answered, not upgraded.
   await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });
   installAuth(app, (token) => opts.forkpoint.ownerOfToken(token), (id, token) => opts.forkpoint.ownerOfSandbox(id, token));
+  // Streams to other nodes and to ports inside instances; no deadline on bodies (streams).
+  await app.register(replyFrom, { undici: { headersTimeout: 60_000, bodyTimeout: 0 } });
+  installClusterRouting(app, opts.forkpoint);
   app.addHook('preClose', async () => closeStreams(app.server));
   // The plugin leaves WebSocket routes out of the document; ours are part of the contract.
   app.addHook('onRoute', (route) => {

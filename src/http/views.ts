@@ -23,6 +23,7 @@ export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receiv
   source_instance_id: r.sourceInstanceId,
   source_checkpoint_id: r.sourceCheckpointId,
   error: r.error,
+  node: r.node,
   created_at: r.createdAt,
   updated_at: r.updatedAt,
 });

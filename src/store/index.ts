@@ -5,6 +5,7 @@ import { ExecutionStore } from './executions.js';
 import { ImageStore } from './images.js';
 import { InstanceStore } from './instances.js';
 import { LayerStore } from './layers.js';
+import { NodeStore } from './nodes.js';
 import { PortForwardStore } from './port-forwards.js';
 import { TemplateStore } from './templates.js';
 import { TokenStore } from './tokens.js';
@@ -20,6 +21,7 @@ export interface Store {
   images: ImageStore;
   durable: DurableStore;
   templates: TemplateStore;
+  nodes: NodeStore;
   /** Runs `fn` with a store whose every call is one transaction (or the one this store is in).
    * Inside, only `tx` may be used: the embedded database has one connection, which the
    * transaction holds until it ends. */
@@ -45,6 +47,7 @@ function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>): Store
     images: new ImageStore(db),
     durable: new DurableStore(db),
     templates: new TemplateStore(db),
+    nodes: new NodeStore(db),
     transaction: (fn) => (db.isTransaction ? fn(store) : db.transaction().execute((trx) => fn(storeOn(trx, dialect, close)))),
     close,
   };

@@ -1,8 +1,10 @@
 import type { Selectable } from 'kysely';
-import type { Db } from './db.js';
+import { atomically, type Db } from './db.js';
 import type { InstancesTable } from './schema.js';
 
-export type InstanceStatus = 'starting' | 'running' | 'hibernated' | 'stopped' | 'error';
+/** `lost`: its node stopped answering; `recover` brings it back on another from its newest
+ * durable checkpoint. */
+export type InstanceStatus = 'starting' | 'running' | 'hibernated' | 'stopped' | 'error' | 'lost';
 
 export interface Limits {
   memoryMb: number;
@@ -50,6 +52,8 @@ export interface InstanceRecord {
   error: string | null;
   createdAt: string;
   updatedAt: string;
+  /** The node its disk and processes are on (null: from before nodes; the start adopts it). */
+  node: string | null;
 }
 
 type Row = Selectable<InstancesTable>;
@@ -83,6 +87,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   error: r.error,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
+  node: r.node,
 });
 
 /** Where an instance may open connections to (the engine's EgressPolicy, as stored). */
@@ -126,6 +131,7 @@ const toRow = (rec: InstanceRecord): Row => ({
   error: rec.error,
   created_at: rec.createdAt,
   updated_at: rec.updatedAt,
+  node: rec.node,
 });
 
 export class InstanceStore {
@@ -142,6 +148,41 @@ export class InstanceStore {
 
   async all(): Promise<InstanceRecord[]> {
     return (await this.db.selectFrom('instances').selectAll().execute()).map(fromRow);
+  }
+
+  /** The instances whose disk and processes are on the node. */
+  async forNode(node: string): Promise<InstanceRecord[]> {
+    return (await this.db.selectFrom('instances').selectAll().where('node', '=', node).execute()).map(fromRow);
+  }
+
+  /** Instances from before nodes belong to the one server there was: the first node to start. */
+  async adoptUnplaced(node: string): Promise<void> {
+    await this.db.updateTable('instances').set({ node }).where('node', 'is', null).execute();
+  }
+
+  /** The instances of nodes that stopped answering become `lost`; answers their ids. */
+  async markLost(nodes: string[]): Promise<string[]> {
+    if (nodes.length === 0) return [];
+    return atomically(this.db, async (trx) => {
+      const rows = await trx.selectFrom('instances').select('id').where('node', 'in', nodes).where('status', '!=', 'lost').execute();
+      if (rows.length === 0) return [];
+      const now = new Date().toISOString();
+      // pid and pid_start stay: a node that comes back re-adopts what still runs.
+      await trx.updateTable('instances').set({ status: 'lost', updated_at: now }).where('node', 'in', nodes).where('status', '!=', 'lost').execute();
+      return rows.map((r) => r.id);
+    });
+  }
+
+  /** Takes a lost instance for `node`, as `starting`; false if it is not lost (any more: another
+   * node took it first). */
+  async claimLost(id: string, node: string): Promise<boolean> {
+    const r = await this.db
+      .updateTable('instances')
+      .set({ node, status: 'starting', updated_at: new Date().toISOString() })
+      .where('id', '=', id)
+      .where('status', '=', 'lost')
+      .executeTakeFirst();
+    return r.numUpdatedRows > 0n;
   }
 
   /** Every address in use on the sandboxes' network. */

@@ -221,4 +221,15 @@ export const migrations: readonly Migration[] = [
       -- the blob a frozen layer packed into (layers never change: packed once)
       CREATE TABLE layer_blobs (layer_id TEXT PRIMARY KEY, sha TEXT NOT NULL);`,
   },
+  {
+    version: 12,
+    name: 'nodes',
+    sql: `
+      -- the servers sharing this store: where each is reached, and when it last said it lives
+      CREATE TABLE nodes (id TEXT PRIMARY KEY, url TEXT NOT NULL, started_at TEXT NOT NULL, heartbeat_at TEXT NOT NULL);
+      -- the node whose disk and processes the instance is on (null: from before nodes, the one
+      -- server there was)
+      ALTER TABLE instances ADD COLUMN node TEXT;
+      CREATE INDEX instances_node ON instances (node);`,
+  },
 ];

@@ -56,6 +56,7 @@ export interface Tables {
   durable_blobs: { sha: string; bytes: number; created_at: string };
   durable_refs: { checkpoint_id: string; sha: string };
   layer_blobs: { layer_id: string; sha: string };
+  nodes: { id: string; url: string; started_at: string; heartbeat_at: string };
 }
 
 export interface InstancesTable {
@@ -63,7 +64,7 @@ export interface InstancesTable {
   owner: string;
   name: string;
   image: string;
-  status: 'starting' | 'running' | 'hibernated' | 'stopped' | 'error';
+  status: 'starting' | 'running' | 'hibernated' | 'stopped' | 'error' | 'lost';
   layers: string;
   base_layer: number;
   agent_layer: string;
@@ -87,6 +88,7 @@ export interface InstancesTable {
   error: string | null;
   created_at: string;
   updated_at: string;
+  node: string | null;
 }
 
 export interface CheckpointsTable {

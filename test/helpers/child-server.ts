@@ -14,9 +14,9 @@ export class ChildServer {
     readonly token: string,
   ) {}
 
-  static async start(dataDir: string, token?: string): Promise<ChildServer> {
+  static async start(dataDir: string, token?: string, env: Record<string, string> = {}): Promise<ChildServer> {
     const proc = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--log-level', 'warn'], {
-      env: { ...process.env, FORKPOINT_DATA_DIR: dataDir, FORKPOINT_NETWORK_CIDR: subnetFor(dataDir) },
+      env: { ...process.env, FORKPOINT_DATA_DIR: dataDir, FORKPOINT_NETWORK_CIDR: subnetFor(dataDir), ...env },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const lines = createInterface({ input: proc.stdout! });

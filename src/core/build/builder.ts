@@ -104,7 +104,7 @@ export class BuildService {
    * stay in the cache). */
   async recover(): Promise<void> {
     for (const rec of await this.store.instances.all()) {
-      if (rec.owner.startsWith(buildOwner(''))) await this.instances.discard(rec.id);
+      if (rec.owner.startsWith(buildOwner('')) && this.instances.isLocal(rec)) await this.instances.discard(rec.id);
     }
   }
 

@@ -103,7 +103,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     };
 
     for (const path of ['/sandboxes', '/v2/sandboxes']) {
-      app.post(path, { schema: { ...hidden, body: NewSandbox } }, async (req, reply) => reply.code(201).send(sandbox(await create(req.owner, req.body))));
+      app.post(path, { config: { placement: 'new' }, schema: { ...hidden, body: NewSandbox } }, async (req, reply) => reply.code(201).send(sandbox(await create(req.owner, req.body))));
     }
 
     app.get('/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req) => (await listed(req.owner, req.query)).items.filter((r) => r.state === 'running'));

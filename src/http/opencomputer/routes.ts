@@ -14,7 +14,7 @@ import { execSessionRoutes } from './exec-routes.js';
 import { ocImageRoutes } from './image-routes.js';
 import { streamBuild, wantsEvents } from '../streams/build-sse.js';
 
-const STATUS: Record<InstanceRecord['status'], string> = { starting: 'creating', running: 'running', hibernated: 'hibernated', stopped: 'stopped', error: 'error' };
+const STATUS: Record<InstanceRecord['status'], string> = { starting: 'creating', running: 'running', hibernated: 'hibernated', stopped: 'stopped', error: 'error', lost: 'error' };
 
 const sandboxView = (r: InstanceRecord) => ({
   sandboxID: r.id,
@@ -51,6 +51,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     const errors = ocErrorResponses;
 
     app.post('/sandboxes', {
+      config: { placement: 'new' },
       schema: { operationId: 'ocCreateSandbox', tags, summary: 'Create a sandbox', description: 'Boots a sandbox on `templateID` (an image; `base` or none: the default image) with `envs`, `memoryMB` and `cpuCount`; answers once it runs.', body: CreateSandboxBody, response: { 201: ok('The sandbox, running', SandboxData), ...errors } },
     }, async (req, reply) => {
       const b = req.body;

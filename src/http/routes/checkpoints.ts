@@ -103,6 +103,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => instanceView(await fp.checkpoints.rollback(req.owner, req.params.id, req.body.checkpoint_id)));
 
     app.post('/instances/:id/fork', {
+      config: { placement: 'fork' },
       schema: {
         operationId: 'forkInstance',
         tags,

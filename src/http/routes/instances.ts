@@ -4,7 +4,7 @@ import type { Forkpoint } from '../../core/forkpoint.js';
 import { InvalidRequestError } from '../../core/errors.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import {
-  CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
+  CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, NodeList, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
 } from '../schemas/index.js';
 import { instanceView as viewOf } from '../views.js';
 
@@ -16,6 +16,7 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r.id));
     const tags = ['instances'];
     app.post('/instances', {
+      config: { placement: 'new' },
       schema: {
         operationId: 'createInstance',
         tags,
@@ -35,6 +36,32 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const rec = b.template ? await fp.templates.instantiate(req.owner, b.template, input) : await fp.instances.create(req.owner, input);
       return reply.code(201).send(instanceView(rec));
     });
+
+    app.post('/instances/:id/recover', {
+      config: { placement: 'here' },
+      schema: {
+        operationId: 'recoverInstance',
+        tags,
+        summary: 'Bring a lost instance back on this node',
+        description:
+          'For an instance whose node stopped answering (`lost`): restores it on the node this call reaches from its newest durable checkpoint (files, and with a memory checkpoint its processes). ' +
+          'What it did after that checkpoint is gone with its node. 409 if it is not lost or has no durable checkpoint.',
+        params: IdParams,
+        response: { 200: ok('The instance, running on this node', Instance), ...errorResponses },
+      },
+    }, async (req) => instanceView(await fp.checkpoints.recoverLost(req.owner, req.params.id)));
+
+    app.get('/nodes', {
+      schema: {
+        operationId: 'listNodes',
+        tags,
+        summary: 'The nodes sharing this store',
+        description: 'Each with where it is reached, its last heartbeat, whether it counts as live, and how many instances it runs. One node with the embedded store.',
+        response: { 200: ok('The nodes', NodeList), ...errorResponses },
+      },
+    }, async () => ({
+      nodes: (await fp.cluster.nodes()).map((n) => ({ id: n.id, url: n.url, started_at: n.startedAt, heartbeat_at: n.heartbeatAt, live: n.live, load: n.load, self: n.self })),
+    }));
 
     app.get('/instances', {
       schema: {

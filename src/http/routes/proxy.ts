@@ -1,4 +1,3 @@
-import replyFrom from '@fastify/reply-from';
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import { WebSocket } from 'ws';
 import { UnauthenticatedError } from '../../core/errors.js';
@@ -55,7 +54,6 @@ interface Target {
  */
 export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
   async (app) => {
-    await app.register(replyFrom, { undici: { headersTimeout: 60_000, bodyTimeout: 0 } });
     // Bodies go through as they are, streamed.
     app.removeAllContentTypeParsers();
     app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));

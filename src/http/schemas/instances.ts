@@ -76,12 +76,32 @@ export const Limits = z
   })
   .meta({ id: 'Limits' });
 
+export const NodeList = z
+  .object({
+    nodes: z.array(
+      z
+        .object({
+          id: z.string(),
+          url: z.string().describe('where the other nodes reach it'),
+          started_at: z.string(),
+          heartbeat_at: z.string(),
+          live: z.boolean().describe('heard from within FORKPOINT_NODE_DEAD_AFTER_S'),
+          load: z.number().int().describe('instances running on it'),
+          self: z.boolean().describe('the node that answered'),
+        })
+        .meta({ id: 'Node' }),
+    ),
+  })
+  .meta({ id: 'NodeList' });
+
 export const Instance = z
   .object({
     id: z.string(),
     name: z.string(),
     image: z.string(),
-    status: z.enum(['starting', 'running', 'hibernated', 'stopped', 'error']).describe('`hibernated`: its memory and processes are in an image and its RAM is freed; any call on it wakes it'),
+    status: z
+      .enum(['starting', 'running', 'hibernated', 'stopped', 'error', 'lost'])
+      .describe('`hibernated`: its memory and processes are in an image and its RAM is freed; any call on it wakes it. `lost`: its node stopped answering; `POST /instances/{id}/recover` brings it back on another node from its newest durable checkpoint'),
     env: z.record(z.string(), z.string()),
     limits: Limits,
     metadata: z.record(z.string(), z.string()),
@@ -101,6 +121,7 @@ export const Instance = z
     source_instance_id: z.string().nullable().describe('for a fork: the instance it was forked from'),
     source_checkpoint_id: z.string().nullable().describe('for a fork: the checkpoint it was forked from'),
     error: z.string().nullable().describe('why the instance is in `error`'),
+    node: z.string().nullable().describe('the node its disk and processes are on (any node answers calls for it)'),
     created_at: z.string(),
     updated_at: z.string(),
   })
@@ -122,6 +143,7 @@ export const Instance = z
         source_instance_id: null,
         source_checkpoint_id: null,
         error: null,
+        node: 'node-3f2a9c1e7b4d',
         created_at: '2026-11-22T08:00:00.000Z',
         updated_at: '2026-11-22T08:00:00.000Z',
       },

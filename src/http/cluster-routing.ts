@@ -1,0 +1,116 @@
+import { connect } from 'node:net';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Forkpoint } from '../core/forkpoint.js';
+import { sendError } from './errors.js';
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /**
+     * Which node runs the call. Unset: a call naming an instance runs on the instance's node
+     * (forwarded there if that is another). `here`: on the node it reached, whatever the
+     * instance (recoveries). `new`: a creation, on the node running fewest instances. `fork`:
+     * here when the body names a durable checkpoint (its data comes from the object store),
+     * else on the instance's node.
+     */
+    placement?: 'here' | 'new' | 'fork';
+  }
+}
+
+/** Set on a forwarded call: the node it reaches runs it, whatever it would decide itself. */
+const FORWARDED = 'x-forkpoint-forwarded-by';
+const TUNNEL_CONNECT_MS = 10_000;
+/** What a lost instance still answers anywhere: its view, its deletion. */
+const ON_LOST = new Set(['GET', 'HEAD', 'DELETE']);
+
+const instanceIdOf = (req: FastifyRequest): string | undefined => {
+  const params = req.params as Record<string, unknown> | undefined;
+  const id = params?.id ?? params?.sandboxID ?? req.sandboxId;
+  return typeof id === 'string' ? id : undefined;
+};
+
+/**
+ * Any node answers any call: one for an instance on another node goes on to that node, bodies
+ * and answers streamed, WebSocket upgrades tunnelled; a creation goes to the node running
+ * fewest. Runs after authentication: the token is checked here and again there (one store).
+ */
+export function installClusterRouting(app: FastifyInstance, fp: Forkpoint): void {
+  app.addHook('onRequest', async (req, reply) => {
+    const placement = req.routeOptions.config?.placement;
+    // Public routes naming an instance (its ports, by preview link) go on too: the node there
+    // checks the link.
+    if (placement === 'here' || placement === 'fork') return;
+    // Anyone can send the header: it only stops a second forward, never makes a node act on an
+    // instance that is not its own.
+    const forwarded = req.headers[FORWARDED] !== undefined;
+    if (placement === 'new') {
+      if (forwarded) return;
+      const to = await fp.cluster.placeNew();
+      return to.kind === 'node' ? forward(req, reply, fp, to.node.url) : undefined;
+    }
+    return route(req, reply, fp, forwarded);
+  });
+  // A fork's node depends on its body: decided once it is parsed.
+  app.addHook('preHandler', async (req, reply) => {
+    if (req.routeOptions.config?.placement !== 'fork') return;
+    const checkpoint = (req.body as { checkpoint_id?: unknown } | undefined)?.checkpoint_id;
+    if (typeof checkpoint === 'string' && (await fp.durable.state(checkpoint)).durable) return;
+    return route(req, reply, fp, req.headers[FORWARDED] !== undefined);
+  });
+}
+
+/** Sends a call naming an instance on to the instance's node, if that is another. */
+async function route(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, forwarded: boolean): Promise<FastifyReply | undefined> {
+  const id = instanceIdOf(req);
+  if (!id) return undefined;
+  const where = await fp.cluster.locate(id);
+  if (where.kind === 'lost' && !ON_LOST.has(req.method)) {
+    return sendError(reply, 'CONFLICT', `instance ${id} is lost: its node stopped answering; POST /instances/${id}/recover brings it back from its newest durable checkpoint`, { node: where.node });
+  }
+  if (where.kind !== 'node') return undefined;
+  if (forwarded) return sendError(reply, 'CONFLICT', `instance ${id} is on node ${where.node.id}, not this one`, { node: where.node.id });
+  return forward(req, reply, fp, where.node.url);
+}
+
+function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: string): FastifyReply | undefined {
+  if (req.headers.upgrade?.toLowerCase() === 'websocket') {
+    tunnel(req, reply, fp, base);
+    return reply;
+  }
+  // Not parsed yet (or a stream already): the body goes on as it came.
+  if (req.body === undefined && req.method !== 'GET' && req.method !== 'HEAD') req.body = req.raw;
+  return reply.from(base + req.url, {
+    rewriteRequestHeaders: (_r, headers) => ({ ...headers, [FORWARDED]: fp.cluster.nodeId }),
+    onError: (_r, { error }) => void sendError(reply, 'UNAVAILABLE', `the instance's node did not answer: ${error.message}`),
+  });
+}
+
+/** A WebSocket upgrade for an instance on another node: the upgrade request goes on as it came,
+ * and from then on the two sockets are joined. */
+function tunnel(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: string): void {
+  reply.hijack();
+  const client = req.raw.socket;
+  const url = new URL(base);
+  const upstream = connect({ host: url.hostname, port: Number(url.port || 80), timeout: TUNNEL_CONNECT_MS });
+  const close = () => {
+    client.destroy();
+    upstream.destroy();
+  };
+  upstream.once('timeout', close);
+  upstream.once('connect', () => {
+    upstream.setTimeout(0);
+    const head = [`${req.raw.method} ${req.raw.url} HTTP/1.1`];
+    for (let i = 0; i < req.raw.rawHeaders.length; i += 2) {
+      const name = req.raw.rawHeaders[i]!;
+      if (name.toLowerCase() === 'host' || name.toLowerCase() === FORWARDED) continue;
+      head.push(`${name}: ${req.raw.rawHeaders[i + 1]}`);
+    }
+    head.push(`Host: ${url.host}`, `${FORWARDED}: ${fp.cluster.nodeId}`, '', '');
+    upstream.write(head.join('\r\n'));
+    upstream.pipe(client);
+    client.pipe(upstream);
+  });
+  upstream.on('error', close);
+  client.on('error', close);
+  client.once('close', close);
+  upstream.once('close', close);
+}

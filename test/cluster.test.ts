@@ -1,0 +1,200 @@
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import S3rver from 's3rver';
+import { WebSocket } from 'ws';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ObjectStore } from '../src/store/object-store.js';
+import { ChildServer } from './helpers/child-server.js';
+import { TestPostgres } from './helpers/postgres.js';
+import { openSse } from './helpers/sse.js';
+import { sleep, until } from './helpers/wait.js';
+
+// Two forkpoint nodes on this machine (separate processes, data directories, ports and
+// sandbox networks) sharing a real PostgreSQL and a real S3-API server (s3rver), both started
+// here on loopback or a socket in a temporary directory.
+let postgres: TestPostgres;
+let s3: S3rver;
+let bucket: ObjectStore;
+const dirs: string[] = [];
+let env: Record<string, string>;
+let a: ChildServer;
+let b: ChildServer;
+let dirA: string;
+let dirB: string;
+
+const tmp = async (prefix: string) => {
+  const d = await mkdtemp(join(tmpdir(), prefix));
+  dirs.push(d);
+  return d;
+};
+
+beforeAll(async () => {
+  postgres = await TestPostgres.start();
+  const s3dir = await tmp('forkpoint-s3-');
+  s3 = new S3rver({ address: '127.0.0.1', port: 0, directory: s3dir, silent: true });
+  const { port } = (await s3.run()) as { port: number };
+  const endpoint = `http://127.0.0.1:${port}`;
+  // No bucket yet: the first node makes it.
+  bucket = new ObjectStore({ endpoint, bucket: 'cluster', region: 'us-east-1', accessKeyId: 'S3RVER', secretAccessKey: 'S3RVER', prefix: 'forkpoint/' });
+  env = {
+    FORKPOINT_DATABASE_URL: await postgres.database('cluster'),
+    FORKPOINT_S3_ENDPOINT: endpoint,
+    FORKPOINT_S3_BUCKET: 'cluster',
+    FORKPOINT_S3_ACCESS_KEY_ID: 'S3RVER',
+    FORKPOINT_S3_SECRET_ACCESS_KEY: 'S3RVER',
+    FORKPOINT_NODE_HEARTBEAT_S: '0.5',
+    FORKPOINT_NODE_DEAD_AFTER_S: '3',
+  };
+  dirA = await tmp('forkpoint-node-a-');
+  dirB = await tmp('forkpoint-node-b-');
+  a = await ChildServer.start(dirA, undefined, { ...env, FORKPOINT_NODE_ID: 'node-a' });
+  b = await ChildServer.start(dirB, a.token, { ...env, FORKPOINT_NODE_ID: 'node-b' });
+}, 120_000);
+
+afterAll(async () => {
+  // Whatever is left goes through the API (the calls find each instance's node); a node that
+  // was killed is started again so that it removes what it left running.
+  const ended = (n: ChildServer) => n.proc.exitCode !== null || n.proc.signalCode !== null;
+  if (a && ended(a)) a = await ChildServer.start(dirA, b.token, { ...env, FORKPOINT_NODE_ID: 'node-a' }).catch(() => a);
+  const live = [a, b].filter((n) => n && !ended(n));
+  for (const node of live.slice(0, 1)) {
+    const list = (await node.api('GET', '/instances?limit=100')).body as { items: { id: string }[] };
+    for (const i of list.items ?? []) await node.api('DELETE', `/instances/${i.id}`);
+  }
+  for (const n of live) await n.stop();
+  bucket?.close();
+  await s3?.close();
+  await postgres?.stop();
+  for (const d of dirs) await rm(d, { recursive: true, force: true });
+}, 120_000);
+
+const exec = async (node: ChildServer, id: string, command: string) => {
+  const r = await node.api('POST', `/instances/${id}/exec`, { command });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return r.body as { exit_code: number; stdout: string };
+};
+const counter = async (node: ChildServer, id: string) => Number((await exec(node, id, 'cat /tmp/count')).stdout.trim());
+const durable = async (node: ChildServer, id: string, ckpt: string) => {
+  let c: { durable: boolean; uploaded_bytes: number } | undefined;
+  await until('the checkpoint durable', async () => {
+    c = (await node.api('GET', `/instances/${id}/checkpoints/${ckpt}`)).body;
+    return c!.durable;
+  }, 60_000);
+  return c!;
+};
+const entries = async (dir: string) => (await readdir(dir).catch(() => [] as string[])).filter((e) => !e.startsWith('.'));
+
+describe('a cluster of two nodes sharing PostgreSQL and an object store', () => {
+  let inst: { id: string };
+  let ckpt: { id: string };
+  let blobsAfterFirst: number;
+
+  it('both nodes register and see each other live', async () => {
+    for (const n of [a, b]) {
+      const nodes = (await n.api('GET', '/nodes')).body.nodes as { id: string; live: boolean; self: boolean }[];
+      expect(nodes.map((x) => [x.id, x.live])).toEqual([['node-a', true], ['node-b', true]]);
+      expect(nodes.find((x) => x.self)!.id).toBe(n === a ? 'node-a' : 'node-b');
+    }
+  });
+
+  it('create on A, checkpoint with memory, durable; fork on B carries files and a running counter, fetched from the object store', async () => {
+    const made = await a.api('POST', '/instances', { name: 'origin' });
+    expect(made.status).toBe(201);
+    inst = made.body;
+    expect(made.body.node).toBe('node-a');
+    // A creation goes to the node running fewest: asked of A (running one), made on B.
+    const placed = await a.api('POST', '/instances', { name: 'placed' });
+    expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);
+    expect((await a.api('DELETE', `/instances/${placed.body.id}`)).status).toBe(204);
+    await exec(a, inst.id, 'echo carried > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
+    await until('the counter counting', async () => (await counter(a, inst.id)) > 3);
+    const c = await a.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true });
+    expect(c.body.status).toBe('ready');
+    ckpt = c.body;
+    const d = await durable(a, inst.id, ckpt.id);
+    expect(d.uploaded_bytes).toBeGreaterThan(0);
+    const atCheckpoint = await counter(a, inst.id);
+    blobsAfterFirst = (await bucket.list()).filter((k) => k.startsWith('blobs/')).length;
+
+    // Node B has nothing of it: no layer, no memory image.
+    expect(await entries(join(dirB, 'layers'))).toEqual([]);
+    expect(await entries(join(dirB, 'checkpoints'))).toEqual([]);
+
+    const fork = await b.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ckpt.id, name: 'far-fork' });
+    expect(fork.status, JSON.stringify(fork.body)).toBe(201);
+    expect(fork.body.node).toBe('node-b');
+    expect((await exec(b, fork.body.id, 'cat /root/file')).stdout).toBe('carried\n');
+    const first = await counter(b, fork.body.id);
+    expect(first).toBeGreaterThan(3);
+    await sleep(300);
+    expect(await counter(b, fork.body.id)).toBeGreaterThan(first); // the process runs on
+    expect(first).toBeLessThanOrEqual(atCheckpoint + 100);
+    expect((await entries(join(dirB, 'layers'))).length).toBeGreaterThan(0);
+  });
+
+  it('every call works from either node: views, lists, exec, checkpoints, event streams and WebSocket terminals', async () => {
+    for (const n of [a, b]) {
+      const v = await n.api('GET', `/instances/${inst.id}`);
+      expect([v.status, v.body.node]).toEqual([200, 'node-a']);
+      expect((await exec(n, inst.id, 'cat /root/file')).stdout).toBe('carried\n');
+      const list = (await n.api('GET', '/instances')).body.items as { name: string; node: string }[];
+      expect(list.map((i) => [i.name, i.node]).sort()).toEqual([['far-fork', 'node-b'], ['origin', 'node-a']]);
+      const cps = await n.api('GET', `/instances/${inst.id}/checkpoints`);
+      expect(cps.body.items.map((x: { id: string }) => x.id)).toContain(ckpt.id);
+    }
+    await exec(b, inst.id, 'echo written through B > /root/from-b');
+    expect((await exec(a, inst.id, 'cat /root/from-b')).stdout).toBe('written through B\n');
+
+    // Streams through B: Server-Sent Events as they happen, and a terminal over WebSocket.
+    const sse = await openSse(`${b.url}/instances/${inst.id}/exec/stream`, { method: 'POST', headers: { authorization: `Bearer ${b.token}`, 'content-type': 'application/json' }, body: { command: 'echo one; sleep 0.5; echo two' } });
+    expect(sse.status).toBe(200);
+    const events = [(await sse.next())!, ...(await sse.rest(10_000))];
+    expect(events.map((e) => e.event)).toEqual(['start', 'stdout', 'stdout', 'exit']);
+    expect(events[2]!.at - events[1]!.at).toBeGreaterThan(300); // streamed, not buffered whole
+    const pty = await b.api('POST', `/instances/${inst.id}/pty`, { rows: 20, cols: 70 });
+    expect(pty.status).toBe(201);
+    const ws = new WebSocket(`${b.url.replace('http', 'ws')}/instances/${inst.id}/pty/${pty.body.id}`, { headers: { authorization: `Bearer ${b.token}` } });
+    let text = '';
+    ws.on('message', (d: Buffer) => (text += d.toString('utf8')));
+    ws.on('error', () => {});
+    await new Promise<void>((resolve, reject) => {
+      ws.once('open', () => resolve());
+      ws.once('unexpected-response', (_q, r) => reject(new Error(`upgrade refused: ${r.statusCode}`)));
+    });
+    ws.send('stty size; echo on-""node-$(cat /root/file)\n');
+    await until('the terminal answers', () => /20 70/.test(text) && /on-node-carried/.test(text));
+    ws.close();
+    expect((await b.api('DELETE', `/instances/${inst.id}/pty/${pty.body.id}`)).status).toBe(204);
+  });
+
+  it('node A stops hard: its instance becomes lost, and recover brings it back on B from its durable checkpoint', async () => {
+    await a.stop('SIGKILL');
+    await until('the instance lost', async () => (await b.api('GET', `/instances/${inst.id}`)).body.status === 'lost', 20_000);
+    const refused = await b.api('POST', `/instances/${inst.id}/exec`, { command: 'true' });
+    expect(refused.status).toBe(409);
+    const back = await b.api('POST', `/instances/${inst.id}/recover`);
+    expect(back.status, JSON.stringify(back.body)).toBe(200);
+    expect([back.body.status, back.body.node, back.body.head_checkpoint_id]).toEqual(['running', 'node-b', ckpt.id]);
+    expect((await exec(b, inst.id, 'cat /root/file')).stdout).toBe('carried\n');
+    expect((await exec(b, inst.id, 'cat /root/from-b 2>/dev/null || echo gone')).stdout).toBe('gone\n'); // after the checkpoint: gone with A
+    const first = await counter(b, inst.id);
+    await sleep(300);
+    expect(await counter(b, inst.id)).toBeGreaterThan(first);
+    expect((await b.api('POST', `/instances/${inst.id}/recover`)).status).toBe(409); // not lost any more
+  });
+
+  it('blobs shared by two checkpoints are uploaded once; deleting both leaves the bucket empty after collection', async () => {
+    // The recovered instance stands on the first checkpoint's layers: a files-only checkpoint of
+    // it uploads its own new layer and nothing else (the layers' blobs are there already).
+    const c2 = (await b.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: false })).body;
+    const d2 = await durable(b, inst.id, c2.id);
+    const blobs = (await bucket.list()).filter((k) => k.startsWith('blobs/')).length;
+    expect(blobs).toBe(blobsAfterFirst + 1);
+    expect(d2.uploaded_bytes).toBeLessThan((await durable(b, inst.id, ckpt.id)).uploaded_bytes);
+    for (const id of [ckpt.id, c2.id]) expect((await b.api('DELETE', `/instances/${inst.id}/checkpoints/${id}`)).status).toBe(204);
+    const forks = (await b.api('GET', '/instances')).body.items as { id: string; name: string }[];
+    for (const f of forks) expect((await b.api('DELETE', `/instances/${f.id}`)).status).toBe(204);
+    await until('the bucket empty', async () => (await bucket.list()).length === 0, 30_000);
+  });
+});
