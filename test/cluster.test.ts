@@ -2,6 +2,7 @@ import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import S3rver from 's3rver';
+import { request } from 'undici';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ObjectStore } from '../src/store/object-store.js';
@@ -133,7 +134,7 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect((await entries(join(dirB, 'layers'))).length).toBeGreaterThan(0);
   });
 
-  it('every call works from either node: views, lists, exec, checkpoints, event streams and WebSocket terminals', async () => {
+  it('every call works from either node: views, lists, exec, checkpoints, E2B access tokens, event streams and WebSocket terminals', async () => {
     for (const n of [a, b]) {
       const v = await n.api('GET', `/instances/${inst.id}`);
       expect([v.status, v.body.node]).toEqual([200, 'node-a']);
@@ -145,6 +146,12 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     }
     await exec(b, inst.id, 'echo written through B > /root/from-b');
     expect((await exec(a, inst.id, 'cat /root/from-b')).stdout).toBe('written through B\n');
+
+    // E2B's envd calls carry the sandbox's own access token, made on A: B accepts it too.
+    const connected = await a.api('POST', `/sandboxes/${inst.id}/connect`, { timeout: 3600 });
+    expect(connected.status, JSON.stringify(connected.body)).toBeLessThan(300);
+    const envd = await request(`${b.url}/files?path=/root/file`, { headers: { 'e2b-sandbox-id': inst.id, 'x-access-token': connected.body.envdAccessToken } });
+    expect([envd.statusCode, await envd.body.text()]).toEqual([200, 'carried\n']);
 
     // Streams through B: Server-Sent Events as they happen, and a terminal over WebSocket.
     const sse = await openSse(`${b.url}/instances/${inst.id}/exec/stream`, { method: 'POST', headers: { authorization: `Bearer ${b.token}`, 'content-type': 'application/json' }, body: { command: 'echo one; sleep 0.5; echo two' } });

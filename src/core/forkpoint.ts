@@ -165,7 +165,7 @@ export class Forkpoint {
     await this.builds.prune(new Date(Date.now() - BUILD_CACHE_DAYS * 86400_000));
     await this.templates.recover();
     await this.durable.recover();
-    this.previewLinks = await PreviewLinks.open(this.layout.previewSecretFile);
+    this.previewLinks = await PreviewLinks.open(this.layout.previewSecretFile, (proposed) => this.store.nodes.sharedSecret('preview', proposed));
     await this.ports.restore();
     this.access.startIdleMonitor();
     this.expiry.start();

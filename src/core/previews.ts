@@ -1,22 +1,24 @@
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { readFile, writeFile } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 
 /** The longest a preview link may live. */
 export const MAX_PREVIEW_TTL_S = 7 * 86400;
 
 /**
  * Preview links: a browser cannot send the API token as a header, so a link to an instance's
- * port carries a signature of (owner, instance, port, expiry) made with a secret of this
- * server's. It opens that port of that instance until it expires, and nothing else.
+ * port carries a signature of (owner, instance, port, expiry) made with a secret all nodes
+ * share. It opens that port of that instance until it expires, and nothing else.
  */
 export class PreviewLinks {
   private constructor(private readonly secret: Buffer) {}
 
-  /** The server's secret, made on first start and kept in a 0600 file. */
-  static async open(file: string): Promise<PreviewLinks> {
-    if (!existsSync(file)) await writeFile(file, randomBytes(32).toString('hex'), { mode: 0o600, flag: 'wx' }).catch(() => {});
-    return new PreviewLinks(Buffer.from((await readFile(file, 'utf8')).trim(), 'hex'));
+  /** The secret every node shares (`share` answers the store's, proposing this one's): a
+   * server's own from before nodes (its 0600 file) if it is the first, else a new one. */
+  static async open(file: string, share: (proposed: string) => Promise<string>): Promise<PreviewLinks> {
+    const own = existsSync(file) ? (await readFile(file, 'utf8')).trim() : '';
+    const secret = await share(/^[0-9a-f]{64}$/.test(own) ? own : randomBytes(32).toString('hex'));
+    return new PreviewLinks(Buffer.from(secret, 'hex'));
   }
 
   private mac(owner: string, id: string, port: number, expires: number): string {

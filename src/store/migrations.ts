@@ -232,4 +232,12 @@ export const migrations: readonly Migration[] = [
       ALTER TABLE instances ADD COLUMN node TEXT;
       CREATE INDEX instances_node ON instances (node);`,
   },
+  {
+    version: 13,
+    name: 'shared secrets',
+    sql: `
+      -- secrets every node must hold the same (the key preview links and sandboxes' access
+      -- tokens are signed with): the first node's, made or brought from its data directory
+      CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, created_at TEXT NOT NULL);`,
+  },
 ];

@@ -31,6 +31,17 @@ export class NodeStore {
     return rows.map((r) => ({ id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at }));
   }
 
+  /** The secret of that name all nodes share: `proposed` if none is there yet (the first node
+   * to ask sets it), else the one that is. */
+  async sharedSecret(name: string, proposed: string): Promise<string> {
+    await this.db
+      .insertInto('secrets')
+      .values({ name, value: proposed, created_at: new Date().toISOString() })
+      .onConflict((oc) => oc.column('name').doNothing())
+      .execute();
+    return (await this.db.selectFrom('secrets').select('value').where('name', '=', name).executeTakeFirstOrThrow()).value;
+  }
+
   /** How many instances each node holds that use its memory (running or starting). */
   async load(): Promise<Map<string, number>> {
     const rows = await this.db

@@ -57,6 +57,7 @@ export interface Tables {
   durable_refs: { checkpoint_id: string; sha: string };
   layer_blobs: { layer_id: string; sha: string };
   nodes: { id: string; url: string; started_at: string; heartbeat_at: string };
+  secrets: { name: string; value: string; created_at: string };
 }
 
 export interface InstancesTable {
