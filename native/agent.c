@@ -263,158 +263,31 @@ static void subscribe(struct proc *p, struct conn *c) {
   p->subs[0] = c; /* the newest client wins a full list */
 }
 
-static const char *path_lookup(const char *file, char *const env[], char *out, size_t outsz) {
-  if (strchr(file, '/')) return file;
-  const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-  for (int i = 0; env[i]; i++)
-    if (!strncmp(env[i], "PATH=", 5)) path = env[i] + 5;
-  while (*path) {
-    const char *end = strchrnul(path, ':');
-    snprintf(out, outsz, "%.*s/%s", (int)(end - path), path, file);
-    if (access(out, X_OK) == 0) return out;
-    path = *end ? end + 1 : end;
-  }
-  return file;
-}
-
-static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
-
 static void do_spawn(struct conn *c, struct fp_header *h, char *pl) {
   if (proc_by_id(h->id)) return send_error(c, h->id, EEXIST, "process id in use");
-  if (h->len < 8) return send_error(c, h->id, EINVAL, "short spawn");
-  uint16_t rows, cols, argc, envc;
-  memcpy(&rows, pl, 2), memcpy(&cols, pl + 2, 2), memcpy(&argc, pl + 4, 2), memcpy(&envc, pl + 6, 2);
-  if (argc == 0 || argc > 4096 || envc > 4096) return send_error(c, h->id, EINVAL, "bad argc/envc");
-  char **strs = calloc((size_t)argc + envc + 3, sizeof(char *));
-  if (!strs) return send_error(c, h->id, ENOMEM, "no memory");
-  char *cur = pl + 8, *end = pl + h->len;
-  int need = 1 + argc + envc;
-  for (int i = 0; i < need; i++) {
-    char *z = memchr(cur, 0, (size_t)(end - cur));
-    if (!z) {
-      free(strs);
-      return send_error(c, h->id, EINVAL, "unterminated string");
-    }
-    strs[i] = cur;
-    cur = z + 1;
-  }
-  char *cwd = strs[0];
-  char **argv = strs + 1; /* argv[argc] is NULL from calloc... */
-  char **envp = calloc((size_t)envc + 1, sizeof(char *));
-  char **argvz = calloc((size_t)argc + 1, sizeof(char *));
-  if (!envp || !argvz) {
-    free(strs), free(envp), free(argvz);
-    return send_error(c, h->id, ENOMEM, "no memory");
-  }
-  for (int i = 0; i < argc; i++) argvz[i] = argv[i];
-  for (int i = 0; i < envc; i++) envp[i] = strs[1 + argc + i];
-
+  struct spawn_request r;
+  const char *why = NULL;
+  int err = spawn_parse(h, pl, &r, &why);
+  if (err) return send_error(c, h->id, err, why);
   struct proc *p = proc_alloc();
   if (!p) {
-    free(strs), free(envp), free(argvz);
+    spawn_request_free(&r);
     return send_error(c, h->id, EAGAIN, "process table full");
   }
-  int pty = -1, slave = -1, inp[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, errpipe[2];
-  int use_pty = h->flags & FP_SPAWN_PTY;
-  if (use_pty) {
-    pty = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-    if (pty < 0 || grantpt(pty) < 0 || unlockpt(pty) < 0) goto fail_errno;
-    slave = open(ptsname(pty), O_RDWR | O_NOCTTY | O_CLOEXEC);
-    if (slave < 0) goto fail_errno;
-    struct winsize ws = {.ws_row = rows ? rows : 24, .ws_col = cols ? cols : 80};
-    ioctl(pty, TIOCSWINSZ, &ws);
-    if (h->flags & FP_SPAWN_NOECHO) {
-      struct termios t;
-      tcgetattr(slave, &t);
-      t.c_lflag &= ~(tcflag_t)(ECHO | ECHOE | ECHOK | ECHONL);
-      tcsetattr(slave, TCSANOW, &t);
-    }
-  } else if (pipe2(inp, O_CLOEXEC) < 0 || pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
-    goto fail_errno;
-  }
-  if (pipe2(errpipe, O_CLOEXEC) < 0) goto fail_errno;
-
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(errpipe[0]), close(errpipe[1]);
-    goto fail_errno;
-  }
-  if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    signal(SIGPIPE, SIG_DFL);
-    setsid();
-    int oom = open("/proc/self/oom_score_adj", O_WRONLY);
-    if (oom >= 0) {
-      if (write(oom, "0", 1) < 0) {}
-      close(oom);
-    }
-    if (use_pty) {
-      ioctl(slave, TIOCSCTTY, 0);
-      dup2(slave, 0), dup2(slave, 1), dup2(slave, 2);
-    } else {
-      dup2(inp[0], 0), dup2(outp[1], 1), dup2(errp[1], 2);
-    }
-    if (cwd[0] && chdir(cwd) < 0) {
-      int e = errno;
-      if (write(errpipe[1], &e, sizeof(e))) {}
-      _exit(127);
-    }
-    char pathbuf[4096];
-    execve(path_lookup(argvz[0], envp, pathbuf, sizeof(pathbuf)), argvz, envp);
-    int e = errno;
-    if (write(errpipe[1], &e, sizeof(e))) {}
-    _exit(127);
-  }
-  close(errpipe[1]);
-  int child_err = 0;
-  ssize_t r;
-  while ((r = read(errpipe[0], &child_err, sizeof(child_err))) < 0 && errno == EINTR) {}
-  close(errpipe[0]);
-  if (r == sizeof(child_err)) {
-    /* exec failed: the child exits 127 and is reaped later as an unknown pid */
-    if (pty >= 0) close(pty), close(slave);
-    else close(inp[0]), close(inp[1]), close(outp[0]), close(outp[1]), close(errp[0]), close(errp[1]);
-    free(strs), free(envp), free(argvz);
-    char msg[256];
-    snprintf(msg, sizeof(msg), "%s: %s", child_err == ENOENT && argvz ? "cannot start" : "cannot start",
-             strerror(child_err));
-    return send_error(c, h->id, child_err, msg);
-  }
+  struct spawned s;
+  char msg[256];
+  err = spawn_start(&r, &s, msg, sizeof(msg));
+  spawn_request_free(&r);
+  if (err) return send_error(c, h->id, err, msg);
   p->id = h->id;
-  p->pid = pid;
-  p->pty = pty;
-  p->pty_slave = slave;
-  p->in_fd = p->out_fd = p->err_fd = -1;
-  if (pty >= 0) {
-    set_nonblock(pty);
-  } else {
-    close(inp[0]), close(outp[1]), close(errp[1]);
-    p->in_fd = inp[1], p->out_fd = outp[0], p->err_fd = errp[0];
-    set_nonblock(p->out_fd), set_nonblock(p->err_fd);
-  }
-  snprintf(p->cmd, sizeof(p->cmd), "%s", argvz[0]);
-  for (int i = 0; i < (int)strlen(p->cmd); i++)
-    if (p->cmd[i] == '\t' || p->cmd[i] == '\n') p->cmd[i] = ' ';
+  p->pid = s.pid;
+  p->pty = s.pty;
+  p->pty_slave = s.pty_slave;
+  p->in_fd = s.in_fd, p->out_fd = s.out_fd, p->err_fd = s.err_fd;
+  memcpy(p->cmd, s.cmd, sizeof(p->cmd));
   subscribe(p, c);
-  int32_t pid32 = pid;
+  int32_t pid32 = s.pid;
   send_frame(c, FP_T_SPAWNED, 0, p->id, &pid32, 4);
-  free(strs), free(envp), free(argvz);
-  return;
-
-fail_errno: {
-  int e = errno;
-  if (pty >= 0) close(pty);
-  if (slave >= 0) close(slave);
-  for (int i = 0; i < 2; i++) {
-    if (inp[i] >= 0) close(inp[i]);
-    if (outp[i] >= 0) close(outp[i]);
-    if (errp[i] >= 0) close(errp[i]);
-  }
-  free(strs), free(envp), free(argvz);
-  send_error(c, h->id, e, strerror(e));
-}
 }
 
 static void do_stdin(struct conn *c, struct fp_header *h, char *pl) {

@@ -2,6 +2,7 @@
 #ifndef FP_AGENT_H
 #define FP_AGENT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "protocol.h"
 
@@ -17,6 +18,24 @@ void send_frame(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const 
 void send_frame2(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const void *a, uint32_t alen,
                  const void *b, uint32_t blen);
 void send_error(struct conn *c, uint32_t id, int err, const char *msg);
+
+/* agent_spawn.c: a spawn frame's request, checked, and the process it starts */
+struct spawn_request {
+  uint16_t rows, cols;
+  int pty, noecho;
+  char *cwd;
+  char **argv, **envp; /* NULL-terminated, pointing into the frame */
+  char **strs;
+};
+struct spawned {
+  int pid;
+  int pty, pty_slave;  /* master and slave, or -1 */
+  int in_fd, out_fd, err_fd;
+  char cmd[96];
+};
+int spawn_parse(const struct fp_header *h, char *pl, struct spawn_request *r, const char **why);
+int spawn_start(const struct spawn_request *r, struct spawned *s, char *msg, size_t msgsz);
+void spawn_request_free(struct spawn_request *r);
 
 /* agent_files.c: file operations, run inside the sandbox's root for the host */
 void do_write_file(struct conn *c, struct fp_header *h, char *pl);
