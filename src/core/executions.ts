@@ -31,6 +31,9 @@ export interface StartExecution {
   /** Keeps the whole output (up to this many bytes per stream) for `result`, instead of
    * what the sandbox's scrollback still holds. */
   collectBytes?: number | undefined;
+  /** Everything the command prints, as it comes, from its first byte on (an attach made after
+   * the start may find the scrollback's beginning gone already). */
+  onOutput?: ((stream: 1 | 2, data: Uint8Array) => void) | undefined;
 }
 
 /** An execution as callers see it: the record, with the agent's word on its state. */
@@ -85,6 +88,7 @@ interface Watch {
   orphanTimer: NodeJS.Timeout | undefined;
   maxRunAfterDisconnectMs: number | undefined;
   collected: { stdout: Output; stderr: Output } | undefined;
+  onOutput: ((stream: 1 | 2, data: Uint8Array) => void) | undefined;
   ended: boolean;
   expiry: NodeJS.Timeout | undefined;
   /** exec.started was emitted; an exit seen before (a quick command) waits for it. */
@@ -145,6 +149,7 @@ export class ExecutionService {
         orphanTimer: undefined,
         maxRunAfterDisconnectMs: input.maxRunAfterDisconnectMs,
         collected: input.collectBytes ? { stdout: new Output(input.collectBytes, this.spillDir), stderr: new Output(input.collectBytes, this.spillDir) } : undefined,
+        onOutput: input.onOutput,
         ended: false,
         expiry: undefined,
         announced: false,
@@ -191,6 +196,7 @@ export class ExecutionService {
     return {
       onOutput: (stream, _offset, data) => {
         if (w.collected) (stream === 1 ? w.collected.stdout : w.collected.stderr).push(data);
+        w.onOutput?.(stream === 1 ? 1 : 2, data);
       },
       onExit: (code, signal) => {
         const end = { exitCode: signal ? 128 + signal : code, signal: signal || null, timedOut: w.timedOut, endedAt: new Date().toISOString() };

@@ -50,6 +50,7 @@ const MAX_CONTEXT_BYTES = 2 * 1024 ** 3;
 export type FromResolver = (owner: string, name: string) => Promise<ResolvedImage | undefined>;
 
 const STEP_TIMEOUT_MS = 30 * 60_000;
+const STEP_KILL_MARGIN_MS = 30_000;
 const OUTPUT_TAIL = 8192;
 /** The longest line of a step's output the log carries whole. */
 const MAX_LOG_LINE = 16 << 10;
@@ -284,22 +285,16 @@ export class BuildService {
       for (const l of lines) print(l);
     };
     const decoder = new TextDecoder();
-    const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, timeoutMs: STEP_TIMEOUT_MS });
-    const ended = await new Promise<{ code: number | null; reason?: string }>((resolve, reject) => {
-      this.executions
-        .attach(o, b.id, state.record.id, [0, 0], {
-          output: (_stream, _offset, data) => emit(decoder.decode(data, { stream: true })),
-          replayed: () => {},
-          exit: (code) => resolve({ code }),
-          lost: (reason) => resolve({ code: null, reason }),
-        })
-        .catch(reject);
-    });
+    // The output is heard from the start on: all of it reaches the log, however fast it comes.
+    const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, timeoutMs: STEP_TIMEOUT_MS, onOutput: (_stream, data) => emit(decoder.decode(data, { stream: true })) });
+    // The step's own timeout kills it; the margin is for the kill to be seen.
+    const final = await this.executions.wait(o, b.id, state.record.id, STEP_TIMEOUT_MS + STEP_KILL_MARGIN_MS).catch(() => undefined);
+    emit(decoder.decode());
     if (partial) print(partial);
-    const final = await this.executions.get(o, b.id, state.record.id).catch(() => undefined);
-    if (ended.code === 0) return;
-    const why = final?.timedOut ? 'timed out' : ended.code === null ? `ended without an exit (${ended.reason ?? 'lost'})` : `exited with code ${ended.code}`;
-    throw new BuildStepError(`${step.line ? `line ${step.line}: ` : ''}${step.text.slice(0, 200)}: ${why}`, { line: step.line, step: step.text, exit_code: ended.code, output: tail });
+    const code = final && !final.running ? final.exitCode : null;
+    if (code === 0) return;
+    const why = final?.timedOut ? 'timed out' : code === null ? 'ended without an exit (the sandbox was lost)' : `exited with code ${code}`;
+    throw new BuildStepError(`${step.line ? `line ${step.line}: ` : ''}${step.text.slice(0, 200)}: ${why}`, { line: step.line, step: step.text, exit_code: code, output: tail });
   }
 }
 
