@@ -191,7 +191,7 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect((await b.api('POST', `/instances/${inst.id}/recover`)).status).toBe(409); // not lost any more
   });
 
-  it('blobs shared by two checkpoints are uploaded once; deleting both leaves the bucket empty after collection', async () => {
+  it('blobs shared by two checkpoints are uploaded once; deleting both leaves the bucket empty after collection; a node that comes back drops its copies of what was deleted', async () => {
     // The recovered instance stands on the first checkpoint's layers: a files-only checkpoint of
     // it uploads its own new layer and nothing else (the layers' blobs are there already).
     const c2 = (await b.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: false })).body;
@@ -203,5 +203,13 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     const forks = (await b.api('GET', '/instances')).body.items as { id: string; name: string }[];
     for (const f of forks) expect((await b.api('DELETE', `/instances/${f.id}`)).status).toBe(204);
     await until('the bucket empty', async () => (await bucket.list()).length === 0, 30_000);
+    expect(await entries(join(dirB, 'layers'))).toEqual([]);
+    // Node A comes back: the copies it kept of what B deleted go, and so does the sandbox it
+    // left running of the instance B recovered.
+    expect((await entries(join(dirA, 'layers'))).length).toBeGreaterThan(0);
+    a = await ChildServer.start(dirA, b.token, { ...env, FORKPOINT_NODE_ID: 'node-a' });
+    expect(await entries(join(dirA, 'layers'))).toEqual([]);
+    expect(await entries(join(dirA, 'checkpoints'))).toEqual([]);
+    expect(await entries(join(dirA, 'instances'))).toEqual([]);
   });
 });

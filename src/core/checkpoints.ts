@@ -292,8 +292,11 @@ export class CheckpointService {
     if (!inst || inst.layers.length <= this.squash.after) return;
     const old = inst.layers.slice(this.squash.keep);
     const into = newId('lyr');
-    await this.store.layers.add(into);
-    await this.store.layers.setRefs(`squash:${into}`, [into]); // not garbage while it is being built
+    // Held from the moment it exists: with a shared store, another node collects any time.
+    await this.store.transaction(async (tx) => {
+      await tx.layers.add(into);
+      await tx.layers.setRefs(`squash:${into}`, [into]); // not garbage while it is being built
+    });
     try {
       await this.engine.squash(old, inst.baseLayer ? null : inst.image, into);
       await this.locks.run(instanceId, async () => {
@@ -557,6 +560,10 @@ export class CheckpointService {
       const inst = await this.store.instances.get(c.instanceId);
       if (inst && !this.instances.isLocal(inst)) continue;
       await this.fail(c, 'the server stopped while the checkpoint was being taken');
+    }
+    // Memory images fetched here of checkpoints another node deleted meanwhile.
+    for (const id of await this.engine.localCheckpointImages()) {
+      if (!(await this.store.checkpoints.get(id))) await this.engine.removeCheckpointImages(id);
     }
     await this.instances.collectLayers();
   }

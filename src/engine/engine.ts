@@ -21,6 +21,11 @@ import { packTree, unpackTree } from './pack.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
 import type { RuntimeHealth, SandboxRuntime } from './runtime.js';
+
+// What the core names layers and checkpoints (store/ids.ts); anything else in their directories
+// (a half-written import, a hibernation image) is not for a sweep to touch.
+const LAYER_ID = /^lyr_[0-9a-z]{16}$/;
+const CHECKPOINT_ID = /^ckpt_[0-9a-z]{16}$/;
 import { Network, type SandboxNetwork } from './network/index.js';
 
 export interface EngineOptions {
@@ -621,6 +626,14 @@ export class Engine implements SandboxRuntime {
 
   hasLayer(layerId: string): boolean {
     return existsSync(this.layout.layer(layerId));
+  }
+
+  async localLayers(): Promise<string[]> {
+    return (await readdir(this.layout.layers).catch(() => [] as string[])).filter((n) => LAYER_ID.test(n));
+  }
+
+  async localCheckpointImages(): Promise<string[]> {
+    return (await readdir(this.layout.checkpoints).catch(() => [] as string[])).filter((n) => CHECKPOINT_ID.test(n));
   }
 
   async importLayer(layerId: string, tar: Readable): Promise<void> {

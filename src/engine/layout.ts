@@ -50,8 +50,12 @@ export class DataLayout {
   run(id: string): string {
     return join(this.instance(id), 'run');
   }
+  /** Memory images: checkpoints' and hibernated instances'. */
+  get checkpoints(): string {
+    return join(this.root, 'checkpoints');
+  }
   checkpoint(id: string): string {
-    return join(this.root, 'checkpoints', id);
+    return join(this.checkpoints, id);
   }
   /** Size-limited filesystems of instances with a disk limit (volumes.ts). */
   get volumes(): string {

@@ -72,6 +72,9 @@ export interface SandboxRuntime {
   /** A checkpoint's memory image as a tar. */
   exportCheckpointImages(imagesId: string): Readable;
   hasLayer(layerId: string): boolean;
+  /** The layers and checkpoint memory images on this node's disk, by id. */
+  localLayers(): Promise<string[]>;
+  localCheckpointImages(): Promise<string[]>;
   /** Unpacks a tar made by `exportLayer` as the layer (a node that lacked it). */
   importLayer(layerId: string, tar: Readable): Promise<void>;
   /** Unpacks a tar made by `exportCheckpointImages` as the checkpoint's memory image. */
