@@ -54,19 +54,27 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(async () => {
-  // Whatever is left goes through the API (the calls find each instance's node); a node that
-  // was killed is started again so that it removes what it left running.
+  // Every step on its own: one that fails leaves the others to run.
+  const step = async (what: () => Promise<unknown>) => {
+    await what().catch((err: unknown) => process.stderr.write(`cluster test clean-up: ${String(err)}\n`));
+  };
   const ended = (n: ChildServer) => n.proc.exitCode !== null || n.proc.signalCode !== null;
-  if (a && ended(a)) a = await ChildServer.start(dirA, b.token, { ...env, FORKPOINT_NODE_ID: 'node-a' }).catch(() => a);
+  // Whatever is left goes through the API (each call finds the instance's node); a node that
+  // was killed is started again so that it removes what it left running.
+  if (a && b && ended(a)) await step(async () => (a = await ChildServer.start(dirA, b.token, { ...env, FORKPOINT_NODE_ID: 'node-a' })));
   const live = [a, b].filter((n) => n && !ended(n));
-  for (const node of live.slice(0, 1)) {
-    const list = (await node.api('GET', '/instances?limit=100')).body as { items: { id: string }[] };
-    for (const i of list.items ?? []) await node.api('DELETE', `/instances/${i.id}`);
+  if (live[0]) {
+    await step(async () => {
+      const list = (await live[0]!.api('GET', '/instances?limit=100')).body as { items?: { id: string }[] };
+      for (const i of list.items ?? []) await live[0]!.api('DELETE', `/instances/${i.id}`);
+    });
   }
-  for (const n of live) await n.stop();
+  for (const n of live) await step(() => n.stop());
+  // A node that did not stop is killed: nothing of the test outlives it.
+  for (const n of [a, b]) if (n && !ended(n)) await step(() => n.stop('SIGKILL'));
   bucket?.close();
-  await s3?.close();
-  await postgres?.stop();
+  await step(async () => s3?.close());
+  await step(async () => postgres?.stop());
   for (const d of dirs) await rm(d, { recursive: true, force: true });
 }, 120_000);
 

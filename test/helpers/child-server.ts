@@ -22,6 +22,7 @@ export class ChildServer {
     const lines = createInterface({ input: proc.stdout! });
     let first = token;
     const url = await new Promise<string>((resolve, reject) => {
+      proc.once('error', reject);
       const timer = setTimeout(() => reject(new Error('server did not start')), 30_000);
       proc.once('exit', (code) => reject(new Error(`server exited with ${code}`)));
       lines.on('line', (line) => {
@@ -32,8 +33,15 @@ export class ChildServer {
           resolve(m[1]!);
         }
       });
+    }).catch((err: unknown) => {
+      // A server that did not come up does not stay behind.
+      proc.kill('SIGKILL');
+      throw err;
     });
-    if (!first) throw new Error('no token');
+    if (!first) {
+      proc.kill('SIGKILL');
+      throw new Error('no token');
+    }
     return new ChildServer(proc, url, first);
   }
 

@@ -1,14 +1,16 @@
 /**
  * Fails the run if the suite leaves anything of its own behind: mounts and loop devices of
  * test data directories, sandbox cgroups, temporary directories, firewall tables, gateway
- * addresses, links and test hosts' network namespaces. What existed before the run
+ * addresses, links, test hosts' network namespaces, and servers it started (forkpoint nodes,
+ * throwaway PostgreSQL clusters). What existed before the run
  * (another checkout's, a developer's server) is not counted.
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { execaSync } from 'execa';
 
-const TEMP = /^(forkpoint-|fp-config-|fp-store-)/;
+const TEMP = /^(forkpoint-|fp-config-|fp-store-|fp-pg-)/;
+const CLI = new URL('../../dist/cli.js', import.meta.url).pathname;
 
 function snapshot(): Set<string> {
   const found = new Set<string>();
@@ -41,6 +43,16 @@ function snapshot(): Set<string> {
   }
   for (const name of execaSync('ip', ['netns', 'list'], { reject: false }).stdout.split('\n')) {
     if (name.startsWith('fpt-')) found.add(`netns ${name.split(' ')[0]}`);
+  }
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    let args: string[];
+    try {
+      args = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+    } catch {
+      continue; // gone meanwhile
+    }
+    if (args[1] === CLI && args[2] === 'serve') found.add(`process ${pid} (forkpoint serve)`);
+    if (args.some((a) => a.startsWith(`${tmpdir()}/fp-pg-`)) && args[0]?.endsWith('/postgres')) found.add(`process ${pid} (${args.slice(0, 3).join(' ')})`);
   }
   return found;
 }
