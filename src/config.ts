@@ -2,6 +2,9 @@ import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 
 /** Every setting, with its default. Precedence: flags > FORKPOINT_* environment > file > default. */
+/** A node's name: a DNS name, like a Kubernetes node's. */
+export const NODE_ID = /^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$/;
+
 export const configSchema = z.object({
   dataDir: z.string().min(1).default('/var/lib/forkpoint'),
   /** A PostgreSQL database shared by several nodes (postgres://...); unset: the embedded SQLite
@@ -12,7 +15,7 @@ export const configSchema = z.object({
     .optional(),
   /** This node's name among the nodes sharing the store (default: one made at its first start
    * and kept in the data directory). */
-  nodeId: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, '1-63 lowercase letters, digits or dashes').optional(),
+  nodeId: z.string().regex(NODE_ID, 'a DNS name: up to 253 lowercase letters, digits, dots or dashes').optional(),
   /** Where the other nodes reach this one (default: http://<host>:<port> as it listens). */
   nodeUrl: z.string().url().optional(),
   /** How often the node says it lives, and after how long without a word it counts as gone
@@ -169,5 +172,11 @@ export function loadConfig(sources: ConfigSources = {}): Config {
     const problems = result.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`);
     throw new Error(`invalid configuration: ${problems.join('; ')}`);
   }
-  return result.data;
+  const c = result.data;
+  // Listening on every address, a node cannot tell the others where it is: "any" means
+  // "itself" to them, and calls forwarded there would come back.
+  if (c.databaseUrl && !c.nodeUrl && /^(0\.0\.0\.0|::|\[::\])$/.test(c.host)) {
+    throw new Error(`invalid configuration: nodeUrl: a node sharing a database and listening on ${c.host} needs FORKPOINT_NODE_URL (where the other nodes reach it)`);
+  }
+  return c;
 }

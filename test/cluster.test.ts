@@ -140,6 +140,11 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect(await counter(b, fork.body.id)).toBeGreaterThan(first); // the process runs on
     expect(first).toBeLessThanOrEqual(atCheckpoint + 100);
     expect((await entries(join(dirB, 'layers'))).length).toBeGreaterThan(0);
+    // OpenComputer's fork from a checkpoint, asked of B: made there too.
+    const oc = await b.api('POST', `/api/sandboxes/from-checkpoint/${ckpt.id}`, {});
+    expect(oc.status, JSON.stringify(oc.body)).toBe(201);
+    expect((await b.api('GET', `/instances/${oc.body.sandboxID}`)).body.node).toBe('node-b');
+    expect((await a.api('DELETE', `/api/sandboxes/${oc.body.sandboxID}`)).status).toBeLessThan(300);
   });
 
   it('every call works from either node: views, lists, exec, checkpoints, E2B access tokens, event streams and WebSocket terminals', async () => {

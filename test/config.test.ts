@@ -41,4 +41,14 @@ describe('configuration', () => {
     await writeFile(file, JSON.stringify({ prot: 1 }));
     expect(() => loadConfig({ file, env: {} })).toThrow(/prot/);
   });
+
+  it('a node sharing a database: its name is a DNS name, and listening on every address it must say where it is', () => {
+    const shared = { FORKPOINT_DATABASE_URL: 'postgresql://u@db/forkpoint' };
+    expect(loadConfig({ env: { ...shared, FORKPOINT_NODE_ID: 'worker-1.eu-west.internal' } }).nodeId).toBe('worker-1.eu-west.internal');
+    expect(() => loadConfig({ env: { ...shared, FORKPOINT_NODE_ID: 'Bad_Name' } })).toThrow(/nodeId/);
+    expect(() => loadConfig({ env: { FORKPOINT_DATABASE_URL: 'mysql://x' } })).toThrow(/databaseUrl/);
+    expect(() => loadConfig({ env: { ...shared, FORKPOINT_HOST: '0.0.0.0' } })).toThrow(/FORKPOINT_NODE_URL/);
+    expect(loadConfig({ env: { ...shared, FORKPOINT_HOST: '0.0.0.0', FORKPOINT_NODE_URL: 'http://10.0.0.5:7878' } }).nodeUrl).toBe('http://10.0.0.5:7878');
+    expect(loadConfig({ env: { FORKPOINT_HOST: '0.0.0.0' } }).host).toBe('0.0.0.0'); // one node: nobody to tell
+  });
 });

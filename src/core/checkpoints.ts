@@ -335,6 +335,9 @@ export class CheckpointService {
    * and so does a `processing` record that no job carries any more (it will never finish). */
   private async view(c: CheckpointRecord): Promise<CheckpointRecord> {
     if (c.status !== 'processing') return c;
+    // Another node's job: only that node can tell whether it still runs.
+    const inst = await this.store.instances.get(c.instanceId);
+    if (inst && !this.instances.isLocal(inst)) return c;
     const reason = this.unrecorded.get(c.id) ?? (this.jobs.has(c.id) ? undefined : 'the checkpoint job ended without recording its outcome');
     if (!reason) return c;
     try {

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
+import { NODE_ID } from '../config.js';
 import type { Store } from '../store/index.js';
 import type { NodeRecord } from '../store/nodes.js';
 
@@ -23,7 +24,7 @@ export interface NodeView extends NodeRecord {
 export async function nodeIdOf(configured: string | undefined, file: string): Promise<string> {
   if (configured) return configured;
   const kept = (await readFile(file, 'utf8').catch(() => '')).trim();
-  if (/^[a-z0-9][a-z0-9-]{0,62}$/.test(kept)) return kept;
+  if (NODE_ID.test(kept)) return kept;
   const made = `node-${randomBytes(6).toString('hex')}`;
   await writeFile(file, made + '\n', { mode: 0o600 });
   return made;
@@ -90,6 +91,11 @@ export class Cluster {
     const node = await this.store.nodes.get(rec.node);
     if (!node || !this.isLive(node)) return { kind: 'lost', node: rec.node };
     return { kind: 'node', node };
+  }
+
+  /** The instance a checkpoint is of (whose node has its data), if it exists. */
+  async instanceOfCheckpoint(checkpointId: string): Promise<string | undefined> {
+    return (await this.store.checkpoints.get(checkpointId))?.instanceId;
   }
 
   /** The node a new instance goes to: the live one running fewest, this one on a tie. */

@@ -49,18 +49,22 @@ export function installClusterRouting(app: FastifyInstance, fp: Forkpoint): void
     }
     return route(req, reply, fp, forwarded);
   });
-  // A fork's node depends on its body: decided once it is parsed.
+  // A fork's node depends on its checkpoint (in the body, or the path's): decided once the body
+  // is parsed. One with a durable copy runs here; another on the node that has it.
   app.addHook('preHandler', async (req, reply) => {
     if (req.routeOptions.config?.placement !== 'fork') return;
-    const checkpoint = (req.body as { checkpoint_id?: unknown } | undefined)?.checkpoint_id;
+    const checkpoint = (req.body as { checkpoint_id?: unknown } | undefined)?.checkpoint_id ?? (req.params as { checkpointId?: unknown }).checkpointId;
     if (typeof checkpoint === 'string' && (await fp.durable.state(checkpoint)).durable) return;
-    return route(req, reply, fp, req.headers[FORWARDED] !== undefined);
+    const forwarded = req.headers[FORWARDED] !== undefined;
+    if (instanceIdOf(req) || typeof checkpoint !== 'string') return route(req, reply, fp, forwarded);
+    const instance = await fp.cluster.instanceOfCheckpoint(checkpoint);
+    return instance ? route(req, reply, fp, forwarded, instance) : undefined;
   });
 }
 
-/** Sends a call naming an instance on to the instance's node, if that is another. */
-async function route(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, forwarded: boolean): Promise<FastifyReply | undefined> {
-  const id = instanceIdOf(req);
+/** Sends a call naming an instance (or about one) on to the instance's node, if that is another. */
+async function route(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, forwarded: boolean, about = instanceIdOf(req)): Promise<FastifyReply | undefined> {
+  const id = about;
   if (!id) return undefined;
   const where = await fp.cluster.locate(id);
   if (where.kind === 'lost' && !ON_LOST.has(req.method)) {

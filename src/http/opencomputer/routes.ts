@@ -173,6 +173,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.post('/sandboxes/from-checkpoint/:checkpointId', {
+      config: { placement: 'fork' },
       schema: {
         operationId: 'ocCreateFromCheckpoint',
         tags,
