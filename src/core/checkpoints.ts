@@ -219,7 +219,7 @@ export class CheckpointService {
     } catch (err) {
       // Each step on its own: a full disk may refuse any of them, and none may stop the others.
       await bestEffort(() => this.store.layers.remove(layerId), this.log);
-      await bestEffort(() => this.engine.removeCheckpointImages(c.id), this.log);
+      await bestEffort(() => this.engine.disk.removeCheckpointImages(c.id), this.log);
       if (!this.engine.sandbox(inst.id)) {
         await bestEffort(() => this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message }), this.log);
       }
@@ -230,10 +230,10 @@ export class CheckpointService {
     // would leave the layer out of the chain. Retried while the disk is full.
     await this.persistFrozen(inst.id, c.id, layers, inst.baseLayer, pauseMs, layerId);
     // The instance runs again; what follows only makes the checkpoint durable and measured.
-    if (!c.memory) await this.engine.removeCheckpointImages(c.id);
-    await this.engine.syncLayer(layerId);
-    const deltaBytes = await this.engine.layerBytes(layerId);
-    const memoryBytes = c.memory ? await this.engine.checkpointImageBytes(c.id) : 0;
+    if (!c.memory) await this.engine.disk.removeCheckpointImages(c.id);
+    await this.engine.disk.syncLayer(layerId);
+    const deltaBytes = await this.engine.disk.layerBytes(layerId);
+    const memoryBytes = c.memory ? await this.engine.disk.checkpointImageBytes(c.id) : 0;
     await this.store.layers.markSynced(layerId);
     await this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
     this.observer.ready(c.id);
@@ -500,7 +500,7 @@ export class CheckpointService {
       await tx.layers.dropHolder(`checkpoint:${c.id}`);
       await tx.checkpoints.delete(c.id);
     });
-    this.engine.removeCheckpointImages(c.id).catch((err: unknown) => this.log.warn({ err, checkpoint: c.id }, "could not remove memory images"));
+    this.engine.disk.removeCheckpointImages(c.id).catch((err: unknown) => this.log.warn({ err, checkpoint: c.id }, "could not remove memory images"));
     this.observer.removed(c.id);
   }
 
@@ -551,7 +551,7 @@ export class CheckpointService {
     for (const p of await this.store.layers.pending()) {
       const inst = await this.store.instances.get(p.instanceId);
       if (inst && !this.instances.isLocal(inst)) continue; // another node's, to settle at its start
-      if (inst && this.engine.recoverFrozenLayer(p.id, inst.id) && !inst.layers.includes(p.id)) {
+      if (inst && this.engine.disk.recoverFrozenLayer(p.id, inst.id) && !inst.layers.includes(p.id)) {
         const layers = [p.id, ...inst.layers];
         await this.store.layers.setRefs(`instance:${inst.id}`, layers);
         await this.store.instances.update(inst.id, { layers });
@@ -565,8 +565,8 @@ export class CheckpointService {
       await this.fail(c, 'the server stopped while the checkpoint was being taken');
     }
     // Memory images fetched here of checkpoints another node deleted meanwhile.
-    for (const id of await this.engine.localCheckpointImages()) {
-      if (!(await this.store.checkpoints.get(id))) await this.engine.removeCheckpointImages(id);
+    for (const id of await this.engine.disk.localCheckpointImages()) {
+      if (!(await this.store.checkpoints.get(id))) await this.engine.disk.removeCheckpointImages(id);
     }
     await this.instances.collectLayers();
   }

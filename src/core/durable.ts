@@ -71,14 +71,14 @@ export class DurableCheckpoints {
     const c = await this.store.checkpoints.get(id);
     if (!c || c.status !== 'ready' || (await this.store.durable.get(id))) return;
     // Another node's checkpoint: that node uploads it.
-    if (!c.layers.every((l) => this.engine.hasLayer(l))) return;
+    if (!c.layers.every((l) => this.engine.disk.hasLayer(l))) return;
     let uploaded = 0;
     const layers: DurableManifest['layers'] = [];
     for (const layerId of c.layers) {
       let sha = await this.store.durable.layerBlob(layerId);
       let bytes = 0;
       if (!sha || !(await this.store.durable.hasBlob(sha))) {
-        const blob = await this.putBlob(this.engine.exportLayer(layerId));
+        const blob = await this.putBlob(this.engine.disk.exportLayer(layerId));
         sha = blob.sha;
         bytes = blob.bytes;
         uploaded += blob.uploaded;
@@ -87,8 +87,8 @@ export class DurableCheckpoints {
       layers.push({ id: layerId, blob: sha, bytes });
     }
     let memory: DurableManifest['memory'] = null;
-    if (c.memory && this.engine.hasCheckpointImages(id)) {
-      const blob = await this.putBlob(this.engine.exportCheckpointImages(id));
+    if (c.memory && this.engine.disk.hasCheckpointImages(id)) {
+      const blob = await this.putBlob(this.engine.disk.exportCheckpointImages(id));
       uploaded += blob.uploaded;
       memory = { blob: blob.sha, bytes: blob.bytes };
     }
@@ -137,20 +137,20 @@ export class DurableCheckpoints {
   async ensureLocal(checkpointId: string): Promise<void> {
     const c = await this.store.checkpoints.get(checkpointId);
     if (!c) return;
-    const missingLayers = c.layers.filter((l) => !this.engine.hasLayer(l));
-    const missingMemory = c.memory && !this.engine.hasCheckpointImages(checkpointId);
+    const missingLayers = c.layers.filter((l) => !this.engine.disk.hasLayer(l));
+    const missingMemory = c.memory && !this.engine.disk.hasCheckpointImages(checkpointId);
     if (!missingLayers.length && !missingMemory) return;
     const d = await this.store.durable.get(checkpointId);
     if (!this.objects || !d) throw new UnavailableError(`checkpoint ${checkpointId} has lost data on this node and no durable copy`, { checkpoint: checkpointId });
     for (const layerId of missingLayers) {
       const part = d.manifest.layers.find((l) => l.id === layerId);
       if (!part) throw new UnavailableError(`the durable copy of checkpoint ${checkpointId} lacks layer ${layerId}`);
-      await this.engine.importLayer(layerId, gunzipped(await this.objects.get(`blobs/${part.blob}`)));
+      await this.engine.disk.importLayer(layerId, gunzipped(await this.objects.get(`blobs/${part.blob}`)));
       this.log.info({ checkpoint: checkpointId, layer: layerId }, 'layer fetched from the object store');
     }
     if (missingMemory) {
       if (!d.manifest.memory) throw new UnavailableError(`the durable copy of checkpoint ${checkpointId} has no memory image`);
-      await this.engine.importCheckpointImages(checkpointId, gunzipped(await this.objects.get(`blobs/${d.manifest.memory.blob}`)));
+      await this.engine.disk.importCheckpointImages(checkpointId, gunzipped(await this.objects.get(`blobs/${d.manifest.memory.blob}`)));
       this.log.info({ checkpoint: checkpointId }, 'memory image fetched from the object store');
     }
   }

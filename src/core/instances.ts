@@ -299,7 +299,7 @@ export class InstanceService {
         await tx.layers.setRefs(`instance:${id}`, layers);
         await tx.instances.update(id, { layers });
       });
-      await this.engine.syncLayer(layerId);
+      await this.engine.disk.syncLayer(layerId);
       await this.store.layers.markSynced(layerId);
       return layers;
     });
@@ -366,9 +366,9 @@ export class InstanceService {
   /** Deletes layers nothing stands on any more; also this node's copies of layers another node
    * collected (a shared store has one row per layer, and any node may take it). */
   async collectLayers(): Promise<void> {
-    for (const layer of await this.store.layers.takeUnreferenced()) await this.engine.removeLayer(layer);
+    for (const layer of await this.store.layers.takeUnreferenced()) await this.engine.disk.removeLayer(layer);
     const known = new Set(await this.store.layers.all());
-    for (const layer of await this.engine.localLayers()) if (!known.has(layer)) await this.engine.removeLayer(layer);
+    for (const layer of await this.engine.disk.localLayers()) if (!known.has(layer)) await this.engine.disk.removeLayer(layer);
   }
 
   /** The live sandbox of the instance, if it runs (SandboxAccess is how services reach it). */
@@ -418,7 +418,7 @@ export class InstanceService {
         ({ pauseMs } = await this.engine.hibernate(this.spec(rec), layerId, hibernationId));
       } catch (err) {
         await this.store.layers.remove(layerId);
-        await this.engine.removeCheckpointImages(hibernationId);
+        await this.engine.disk.removeCheckpointImages(hibernationId);
         if (!this.engine.sandbox(id)) await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
         throw this.engineFailure(err);
       }
@@ -428,7 +428,7 @@ export class InstanceService {
         await tx.layers.setRefs(`instance:${id}`, layers);
         return tx.instances.update(id, { status: 'hibernated', layers, hibernationId, pid: null, pidStart: null });
       });
-      await this.engine.syncLayer(layerId);
+      await this.engine.disk.syncLayer(layerId);
       await this.store.layers.markSynced(layerId);
       this.events.emit(id, 'instance.hibernated', { pause_ms: pauseMs });
       return next;
@@ -450,7 +450,7 @@ export class InstanceService {
         await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the wake failed: ${(err as Error).message}` });
         throw this.engineFailure(err);
       }
-      await this.engine.removeCheckpointImages(rec.hibernationId);
+      await this.engine.disk.removeCheckpointImages(rec.hibernationId);
       const next = await this.running(id, sb, { hibernationId: null });
       this.events.emit(id, 'instance.woken', { ms: Math.round((performance.now() - t) * 100) / 100 });
       return next;
@@ -460,7 +460,7 @@ export class InstanceService {
   /** A hibernated instance's memory image goes (stop, delete): its files stay in its layers. */
   async dropHibernation(rec: InstanceRecord): Promise<void> {
     if (!rec.hibernationId) return;
-    await this.engine.removeCheckpointImages(rec.hibernationId);
+    await this.engine.disk.removeCheckpointImages(rec.hibernationId);
     await this.store.instances.update(rec.id, { hibernationId: null });
   }
 

@@ -1,7 +1,6 @@
-import { existsSync, lstatSync, mkdirSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, stat, statfs } from 'node:fs/promises';
-import { join, relative, resolve } from 'node:path';
-import type { Readable } from 'node:stream';
+import { mkdirSync } from 'node:fs';
+import { mkdir, readFile, rm, stat, statfs } from 'node:fs/promises';
+import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
@@ -13,19 +12,15 @@ import { DataLayout } from './layout.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { Volumes } from './volumes.js';
+import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
-import { packTree, unpackTree } from './pack.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
 import type { RuntimeHealth, SandboxRuntime } from './runtime.js';
 
-// What the core names layers and checkpoints (store/ids.ts); anything else in their directories
-// (a half-written import, a hibernation image) is not for a sweep to touch.
-const LAYER_ID = /^lyr_[0-9a-z]{16}$/;
-const CHECKPOINT_ID = /^ckpt_[0-9a-z]{16}$/;
 import { Network, type SandboxNetwork } from './network/index.js';
 
 export interface EngineOptions {
@@ -79,6 +74,8 @@ export class Engine implements SandboxRuntime {
   readonly cgroups = new Cgroups();
   readonly network: Network;
   private readonly volumes: Volumes;
+  /** Uppers, layers and memory images on this node's disk. */
+  readonly disk: Disk;
   private readonly mounter: Mounter;
   private readonly live = new Map<string, Sandbox>();
   private readonly restorers = new RestorerPool(() => this.startRestorer());
@@ -87,6 +84,7 @@ export class Engine implements SandboxRuntime {
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
     this.volumes = new Volumes(this.layout.volumes);
+    this.disk = new Disk(this.layout, this.volumes, opts.agentPath);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
     this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, log: opts.logger });
@@ -105,7 +103,7 @@ export class Engine implements SandboxRuntime {
     await this.volumes.mountAll();
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
-    await this.emptyTrash();
+    await this.disk.emptyTrash();
     this.restorers.refill();
   }
 
@@ -132,65 +130,18 @@ export class Engine implements SandboxRuntime {
     await squashLayers({ layout: this.layout, mounter: this.mounter, agentPath: this.opts.agentPath }, layers, image, into);
   }
 
-  /** The instance's upper and work dirs: in its volume when it has a disk limit. */
-  private upperOf(id: string): string {
-    return this.volumes.has(id) ? this.volumes.upper(id) : this.layout.upper(id);
-  }
-
-  private workOf(id: string): string {
-    return this.volumes.has(id) ? this.volumes.work(id) : this.layout.work(id);
-  }
-
-  /** Makes (or mounts) the instance's volume, when it has a disk limit. Before any pause. */
-  private async ensureVolume(spec: SandboxSpec): Promise<void> {
-    if (spec.diskMb) await this.volumes.create(spec.id, spec.diskMb);
-  }
-
-  /** Readies the instance's disk directories; the helper that starts the sandbox mounts them
-   * (in place of what is mounted there now). Synchronous: a handful of quick syscalls on the
-   * path of every restore, not worth a trip each through the thread pool. */
-  private prepareDisk(spec: SandboxSpec, freshUpper: boolean): void {
-    const l = this.layout;
-    const upper = this.upperOf(spec.id);
-    const work = this.workOf(spec.id);
-    if (freshUpper) this.discard(upper);
-    mkdirSync(upper, { recursive: true });
-    this.discard(work);
-    for (const dir of [work, l.merged(spec.id), l.run(spec.id)]) mkdirSync(dir, { recursive: true });
-  }
-
   private overlay(spec: SandboxSpec, withTarget: boolean): string[] {
     const l = this.layout;
     return Mounter.helperArgs(
       {
         lowers: this.lowers(spec),
-        upper: l.relative(this.upperOf(spec.id)),
-        work: l.relative(this.workOf(spec.id)),
+        upper: l.relative(this.disk.upperOf(spec.id)),
+        work: l.relative(this.disk.workOf(spec.id)),
         target: l.merged(spec.id),
         cwd: l.root,
       },
       withTarget,
     );
-  }
-
-  /** Moves a directory to a trash on its own filesystem (a rename) and deletes it in the
-   * background. */
-  private discard(dir: string): void {
-    if (!existsSync(dir)) return;
-    const volume = this.volumeOf(dir);
-    const dest = join(volume ? this.volumes.trash(volume) : this.layout.trash, `${Date.now()}-${Math.random().toString(36).slice(2)}`);
-    renameSync(dir, dest);
-    void rm(dest, { recursive: true, force: true }).catch(() => {});
-  }
-
-  /** The volume a path lies in, if any. */
-  private volumeOf(path: string): string | undefined {
-    const prefix = this.layout.volumes + '/';
-    return path.startsWith(prefix) ? path.slice(prefix.length).split('/')[0] : undefined;
-  }
-
-  private async emptyTrash(): Promise<void> {
-    for (const e of await readdir(this.layout.trash)) await rm(join(this.layout.trash, e), { recursive: true, force: true });
   }
 
   /** Boots the sandbox under a shim; `fp-agent boot` mounts its disk on the way. */
@@ -294,8 +245,8 @@ export class Engine implements SandboxRuntime {
 
   /** Boots a sandbox on the instance's disk (a fresh upper when `fresh`). */
   async boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<Sandbox> {
-    await this.ensureVolume(spec);
-    this.prepareDisk(spec, opts.freshUpper);
+    await this.disk.ensureVolume(spec);
+    this.disk.prepareDisk(spec, opts.freshUpper);
     try {
       const sb = await this.attach(spec, await this.launchBoot(spec));
       if (spec.network) await sb.call((a) => a.writeFile('/etc/resolv.conf', this.network.resolvConf, 0o644)).catch((err: unknown) => this.log.warn({ err, instance: spec.id }, 'could not write the sandbox\'s resolv.conf'));
@@ -314,11 +265,11 @@ export class Engine implements SandboxRuntime {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
       return this.boot(spec, { freshUpper: true });
     }
-    await this.ensureVolume(spec);
+    await this.disk.ensureVolume(spec);
     const steps = new Steps();
     const restorer = this.restorers.take();
     try {
-      this.prepareDisk(spec, true);
+      this.disk.prepareDisk(spec, true);
       steps.mark('disk');
       const prepared = this.prepareRestore(restorer, spec, images);
       const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
@@ -369,10 +320,10 @@ export class Engine implements SandboxRuntime {
   /** Stops and removes everything of the instance but the frozen layers. */
   async destroy(id: string): Promise<void> {
     await this.stop(id);
-    this.discard(this.layout.instance(id));
+    this.disk.discard(this.layout.instance(id));
     if (this.volumes.has(id)) {
-      this.discard(this.volumes.upper(id));
-      this.discard(this.volumes.work(id));
+      this.disk.discard(this.volumes.upper(id));
+      this.disk.discard(this.volumes.work(id));
       await this.volumes.releaseIfEmpty(id);
     }
   }
@@ -416,7 +367,7 @@ export class Engine implements SandboxRuntime {
       // runs, leaves only what is written in the meantime to the background.
       [imagesFd] = await Promise.all([
         dumper.ready().then(() => dumper.openDir(images)),
-        run(this.opts.agentPath, ['syncfs', this.upperOf(spec.id)]),
+        run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)]),
         prepared,
       ]);
     } catch (err) {
@@ -450,7 +401,7 @@ export class Engine implements SandboxRuntime {
       // The old overlay stays mounted, with no one left using it, until the restorer mounts
       // the new one in its place: renaming its upper away is safe meanwhile.
       try {
-        this.freezeUpper(spec.id, layerId);
+        this.disk.freezeUpper(spec.id, layerId);
         steps.mark('rename');
         // The same moment the dump was of: its connections go on.
         const launched = await this.restoreWith(restorer, next, prepared, { connections: 'restore' });
@@ -484,7 +435,7 @@ export class Engine implements SandboxRuntime {
     const dumper = worker(this.opts.agentPath, this.criu.workerCommand({ netnsOf: sb.pid }), join(this.layout.run(spec.id), 'dump-worker.log'));
     let imagesFd: number;
     try {
-      [imagesFd] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), run(this.opts.agentPath, ['syncfs', this.upperOf(spec.id)])]);
+      [imagesFd] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]);
     } catch (err) {
       dumper.end();
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
@@ -500,7 +451,7 @@ export class Engine implements SandboxRuntime {
         if (isAliveSync(sb.pid, sb.startTime)) return { pid: sb.pid, startTime: sb.startTime, result: undefined };
       } else {
         await waitGone(sb.pid, sb.startTime);
-        this.freezeUpper(spec.id, layerId);
+        this.disk.freezeUpper(spec.id, layerId);
       }
       this.live.delete(spec.id);
       await this.teardown(spec.id);
@@ -513,33 +464,7 @@ export class Engine implements SandboxRuntime {
   /** Freezes the upper of a stopped (unmounted) instance into a layer. */
   async freezeStopped(id: string, layerId: string): Promise<void> {
     if (await isMounted(this.layout.merged(id))) throw new EngineError('NOT_RUNNING', `instance ${id} is mounted`);
-    this.freezeUpper(id, layerId);
-  }
-
-  /** Freezes the upper into a layer by rename. An instance with a volume keeps the layer in
-   * it (a rename cannot leave a filesystem) and `layers/<id>` points there. */
-  private freezeUpper(id: string, layerId: string): void {
-    const l = this.layout;
-    if (this.volumes.has(id)) {
-      const frozen = join(this.volumes.layers(id), layerId);
-      renameSync(this.volumes.upper(id), frozen);
-      symlinkSync(relative(l.layers, frozen), l.layer(layerId));
-    } else {
-      renameSync(l.upper(id), l.layer(layerId));
-    }
-    mkdirSync(this.upperOf(id));
-    this.discard(this.workOf(id));
-    mkdirSync(this.workOf(id));
-  }
-
-  /** Whether a layer frozen just before a crash is there (mending its link into a volume if
-   * the crash came between the rename and the link). */
-  recoverFrozenLayer(layerId: string, instanceId: string): boolean {
-    if (existsSync(this.layout.layer(layerId))) return true;
-    const inVolume = join(this.volumes.layers(instanceId), layerId);
-    if (!this.volumes.has(instanceId) || !existsSync(inVolume)) return false;
-    symlinkSync(relative(this.layout.layers, inVolume), this.layout.layer(layerId));
-    return true;
+    this.disk.freezeUpper(id, layerId);
   }
 
   /**
@@ -557,7 +482,7 @@ export class Engine implements SandboxRuntime {
     if (!sb) {
       return images ? this.restore(spec, images, { setHostname: false, connections: 'close' }) : this.boot(spec, { freshUpper: true });
     }
-    await this.ensureVolume(spec);
+    await this.disk.ensureVolume(spec);
     const steps = new Steps();
     await sb.pause(async () => {
       // A warm CRIU if the pool has one; else it starts while the old sandbox goes.
@@ -567,7 +492,7 @@ export class Engine implements SandboxRuntime {
       const oldGone = killTree(sb.pid, sb.startTime);
       oldGone.catch(() => {});
       try {
-        this.prepareDisk(spec, true);
+        this.disk.prepareDisk(spec, true);
         steps.mark('disk');
         const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { connections: 'close', oldGone }) : await oldGone.then(() => this.launchBoot(spec));
         steps.mark(images ? 'restore' : 'boot');
@@ -581,68 +506,6 @@ export class Engine implements SandboxRuntime {
       }
     }, undefined, { rollback: true }).finally(() => this.restorers.refillSoon());
     return sb;
-  }
-
-  /** Makes a frozen layer durable: its data reaches the disk before the checkpoint is `ready`. */
-  async syncLayer(layerId: string): Promise<void> {
-    await run(this.opts.agentPath, ['syncfs', this.layout.layer(layerId)]);
-  }
-
-  async removeLayer(layerId: string): Promise<void> {
-    const link = this.layout.layer(layerId);
-    const st = lstatSync(link, { throwIfNoEntry: false });
-    if (!st?.isSymbolicLink()) return this.discard(link);
-    // A layer in a volume: it goes from there, and the volume with it once nothing is left.
-    const frozen = resolve(this.layout.layers, readlinkSync(link));
-    const volume = this.volumeOf(frozen);
-    this.discard(frozen);
-    rmSync(link, { force: true });
-    if (volume) await this.volumes.releaseIfEmpty(volume);
-  }
-
-  async removeCheckpointImages(checkpointId: string): Promise<void> {
-    this.discard(this.layout.checkpoint(checkpointId));
-  }
-
-  hasCheckpointImages(checkpointId: string): boolean {
-    return existsSync(this.layout.checkpoint(checkpointId));
-  }
-
-  async checkpointImageBytes(checkpointId: string): Promise<number> {
-    return this.diskUsage(this.layout.checkpoint(checkpointId));
-  }
-
-  async layerBytes(layerId: string): Promise<number> {
-    return this.diskUsage(this.layout.layer(layerId));
-  }
-
-  exportLayer(layerId: string): Readable {
-    return packTree(this.layout.layer(layerId));
-  }
-
-  exportCheckpointImages(checkpointId: string): Readable {
-    return packTree(this.layout.checkpoint(checkpointId));
-  }
-
-  hasLayer(layerId: string): boolean {
-    return existsSync(this.layout.layer(layerId));
-  }
-
-  async localLayers(): Promise<string[]> {
-    return (await readdir(this.layout.layers).catch(() => [] as string[])).filter((n) => LAYER_ID.test(n));
-  }
-
-  async localCheckpointImages(): Promise<string[]> {
-    return (await readdir(this.layout.checkpoints).catch(() => [] as string[])).filter((n) => CHECKPOINT_ID.test(n));
-  }
-
-  async importLayer(layerId: string, tar: Readable): Promise<void> {
-    await unpackTree(tar, this.layout.layer(layerId));
-    await this.syncLayer(layerId);
-  }
-
-  async importCheckpointImages(checkpointId: string, tar: Readable): Promise<void> {
-    await unpackTree(tar, this.layout.checkpoint(checkpointId));
   }
 
   async isMounted(id: string): Promise<boolean> {

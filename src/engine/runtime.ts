@@ -58,8 +58,17 @@ export interface SandboxRuntime {
   freezeRunning(spec: SandboxSpec, layerId: string, imagesId: string, release?: () => void): Promise<FreezeResult>;
   freezeStopped(id: string, layerId: string): Promise<void>;
   hibernate(spec: SandboxSpec, layerId: string, imagesId: string): Promise<{ pauseMs: number }>;
-  recoverFrozenLayer(layerId: string, instanceId: string): boolean;
   squash(layers: string[], image: string | null, into: string): Promise<void>;
+  /** Layers and memory images on this node's disk. */
+  readonly disk: NodeDisk;
+
+  freeBytes(): Promise<number>;
+  memoryInUse(id: string): Promise<number>;
+}
+
+/** Frozen layers and memory images on this node's disk, and their copies in and out. */
+export interface NodeDisk {
+  recoverFrozenLayer(layerId: string, instanceId: string): boolean;
   syncLayer(layerId: string): Promise<void>;
   removeLayer(layerId: string): Promise<void>;
   layerBytes(layerId: string): Promise<number>;
@@ -79,7 +88,4 @@ export interface SandboxRuntime {
   importLayer(layerId: string, tar: Readable): Promise<void>;
   /** Unpacks a tar made by `exportCheckpointImages` as the checkpoint's memory image. */
   importCheckpointImages(imagesId: string, tar: Readable): Promise<void>;
-
-  freeBytes(): Promise<number>;
-  memoryInUse(id: string): Promise<number>;
 }
