@@ -24,6 +24,7 @@ import { TemplateService } from './templates.js';
 import { PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
 import { InstanceService } from './instances.js';
+import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 import { Cluster, nodeIdOf } from './cluster.js';
 
@@ -152,14 +153,15 @@ export class Forkpoint {
   private async startParts(): Promise<void> {
     await this.engine.init();
     await this.store.instances.adoptUnplaced(this.cluster.nodeId);
-    await this.instances.initNetwork();
+    const recovery = new InstanceRecovery(this.instances, this.store, this.engine, this.config.networking === 'on', this.log);
+    await recovery.initNetwork();
     for (const f of await this.images.seedFrom(this.config.imageSeedDir)) {
       this.log.warn({ image: f.name, error: f.error }, 'a set-up image could not be copied into the data directory; it is not available');
     }
     // Contexts of builds a stop cut short.
     await rm(this.layout.contexts, { recursive: true, force: true });
     await this.checkpoints.recover();
-    await this.instances.recover();
+    await recovery.recover();
     await this.builds.recover();
     // Build steps nobody built again for a week: their layers are kept for nothing.
     await this.builds.prune(new Date(Date.now() - BUILD_CACHE_DAYS * 86400_000));

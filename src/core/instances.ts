@@ -215,20 +215,6 @@ export class InstanceService {
     return this.engine.network.counters(id);
   }
 
-  /** The firewall and the DNS with every instance's address and policy in them (at start). An
-   * instance from before networking gets its address here. */
-  async initNetwork(): Promise<void> {
-    if (!this.networking) return;
-    const used = new Set(await this.store.instances.addresses());
-    for (const rec of await this.local()) {
-      if (rec.address) continue;
-      const { address } = this.engine.network.allocate(used);
-      used.add(address);
-      await this.store.instances.update(rec.id, { address });
-    }
-    await this.engine.network.init((await this.local()).map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
-  }
-
   async create(owner: string, input: CreateInstance, image?: ResolvedImage): Promise<InstanceRecord> {
     await requireRoom(this.engine);
     const rec = await this.newRecord(owner, input, undefined, image);
@@ -462,51 +448,6 @@ export class InstanceService {
     if (!rec.hibernationId) return;
     await this.engine.disk.removeCheckpointImages(rec.hibernationId);
     await this.store.instances.update(rec.id, { hibernationId: null });
-  }
-
-  /** After a server restart: re-adopt what still runs, mark the rest stopped, and leave
-   * nothing mounted or running that the store does not know. An instance cut short while it was
-   * being created or forked is adopted if its sandbox came up, and is an `error` otherwise. */
-  async recover(): Promise<void> {
-    const known = new Set<string>();
-    for (const rec of await this.local()) {
-      known.add(rec.id);
-      // A node back after the others marked its instances lost: they are its, as they were.
-      const wasLost = rec.status === 'lost';
-      if (wasLost) {
-        rec.status = rec.hibernationId ? 'hibernated' : rec.pid ? 'running' : 'stopped';
-        if (rec.status !== 'running') await this.store.instances.update(rec.id, { status: rec.status });
-      }
-      if (rec.status !== 'running' && rec.status !== 'starting') continue;
-      const launched = rec.status === 'starting' ? await this.engine.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
-      const sb = launched ? await this.engine.adopt(this.spec(rec), launched.pid, launched.startTime) : undefined;
-      if (sb) {
-        if (rec.status === 'starting' || wasLost) await this.running(rec.id, sb);
-        this.log.info({ instance: rec.id, pid: sb.pid }, 're-adopted running sandbox');
-        continue;
-      }
-      await this.killLeftover(rec.id);
-      await this.engine.stop(rec.id).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'cleanup failed'));
-      if (rec.status === 'starting') {
-        const what = rec.sourceCheckpointId ? `forked from checkpoint ${rec.sourceCheckpointId}` : 'created';
-        await this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: `the server stopped while the instance was being ${what}` });
-        this.log.warn({ instance: rec.id }, 'instance cut short by a server stop; marked error');
-      } else {
-        await this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
-        this.log.info({ instance: rec.id }, 'sandbox did not survive; marked stopped');
-      }
-    }
-    for (const id of await this.engine.mountedInstances()) {
-      if (known.has(id)) continue;
-      await this.killLeftover(id);
-      await this.engine.destroy(id).catch(() => {});
-    }
-  }
-
-  /** A sandbox booted or restored while the server went down has its pid only in run/pid. */
-  private async killLeftover(id: string): Promise<void> {
-    const leftover = await this.engine.leftoverPid(id);
-    if (leftover) await this.engine.killStray(leftover.pid, leftover.startTime);
   }
 
   engineFailure(err: unknown): Error {

@@ -1,0 +1,77 @@
+import type { Logger } from 'pino';
+import type { SandboxRuntime } from '../engine/runtime.js';
+import type { Store } from '../store/index.js';
+import type { InstanceService } from './instances.js';
+
+/**
+ * What a node does with its instances when it starts: the network they had back in force, the
+ * sandboxes that survived the server re-adopted, the rest marked for what they are, and nothing
+ * left mounted or running that the store does not know.
+ */
+export class InstanceRecovery {
+  constructor(
+    private readonly instances: InstanceService,
+    private readonly store: Store,
+    private readonly engine: SandboxRuntime,
+    private readonly networking: boolean,
+    private readonly log: Logger,
+  ) {}
+
+  /** The firewall and the DNS with every instance's address and policy in them. An instance
+   * from before networking gets its address here. */
+  async initNetwork(): Promise<void> {
+    if (!this.networking) return;
+    const used = new Set(await this.store.instances.addresses());
+    for (const rec of await this.instances.local()) {
+      if (rec.address) continue;
+      const { address } = this.engine.network.allocate(used);
+      used.add(address);
+      await this.store.instances.update(rec.id, { address });
+    }
+    await this.engine.network.init((await this.instances.local()).map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
+  }
+
+  /** Re-adopts what still runs and marks the rest stopped. An instance cut short while it was
+   * being created or forked is adopted if its sandbox came up, and is an `error` otherwise. */
+  async recover(): Promise<void> {
+    const known = new Set<string>();
+    for (const rec of await this.instances.local()) {
+      known.add(rec.id);
+      // A node back after the others marked its instances lost: they are its, as they were.
+      const wasLost = rec.status === 'lost';
+      if (wasLost) {
+        rec.status = rec.hibernationId ? 'hibernated' : rec.pid ? 'running' : 'stopped';
+        if (rec.status !== 'running') await this.store.instances.update(rec.id, { status: rec.status });
+      }
+      if (rec.status !== 'running' && rec.status !== 'starting') continue;
+      const launched = rec.status === 'starting' ? await this.engine.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
+      const sb = launched ? await this.engine.adopt(this.instances.spec(rec), launched.pid, launched.startTime) : undefined;
+      if (sb) {
+        if (rec.status === 'starting' || wasLost) await this.instances.running(rec.id, sb);
+        this.log.info({ instance: rec.id, pid: sb.pid }, 're-adopted running sandbox');
+        continue;
+      }
+      await this.killLeftover(rec.id);
+      await this.engine.stop(rec.id).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'cleanup failed'));
+      if (rec.status === 'starting') {
+        const what = rec.sourceCheckpointId ? `forked from checkpoint ${rec.sourceCheckpointId}` : 'created';
+        await this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: `the server stopped while the instance was being ${what}` });
+        this.log.warn({ instance: rec.id }, 'instance cut short by a server stop; marked error');
+      } else {
+        await this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+        this.log.info({ instance: rec.id }, 'sandbox did not survive; marked stopped');
+      }
+    }
+    for (const id of await this.engine.mountedInstances()) {
+      if (known.has(id)) continue;
+      await this.killLeftover(id);
+      await this.engine.destroy(id).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove a sandbox the store does not know'));
+    }
+  }
+
+  /** A sandbox booted or restored while the server went down has its pid only in run/pid. */
+  private async killLeftover(id: string): Promise<void> {
+    const leftover = await this.engine.leftoverPid(id);
+    if (leftover) await this.engine.killStray(leftover.pid, leftover.startTime);
+  }
+}
