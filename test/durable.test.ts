@@ -1,7 +1,8 @@
 import { existsSync } from 'node:fs';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { Readable } from 'node:stream';
 import S3rver from 's3rver';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ObjectStore } from '../src/store/object-store.js';
@@ -101,4 +102,46 @@ describe('durable checkpoints in an S3-compatible object store', () => {
     await s.api('DELETE', `/instances/${inst.id}`);
     await until('the bucket empty', async () => (await bucket.list()).length === 0);
   });
+
+  it('refuses a blob replaced in the bucket (a well-formed tar of another tree): 503, nothing of it kept, and the fork works once the blob is right again', async () => {
+    const inst = await s.instance();
+    await s.exec(inst.id, { command: 'echo kept > /root/file && sleep 1000 &' });
+    const c = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
+    await durable(inst.id, c.id);
+    expect((await s.api('POST', `/instances/${inst.id}/stop`)).status).toBe(200);
+    const rec = (await s.fp.store.checkpoints.get(c.id))!;
+    const layerDir = s.fp.engine.layout.layer(rec.layers[0]!);
+    await rm(layerDir, { recursive: true, force: true });
+    await rm(s.fp.engine.layout.checkpoint(c.id), { recursive: true, force: true });
+
+    // The layer's blob swapped for the memory image's: valid gzip, valid tar, the wrong tree.
+    const manifest = (await s.fp.store.durable.get(c.id))!.manifest;
+    const layerBlob = `blobs/${manifest.layers[0]!.blob}`;
+    const saved = join(s3dir, 'saved-blob');
+    const swapped = join(s3dir, 'swapped-blob');
+    await writeFile(saved, await bytesOf(await bucket.get(layerBlob)));
+    await writeFile(swapped, await bytesOf(await bucket.get(`blobs/${manifest.memory!.blob}`)));
+    await bucket.putFile(layerBlob, swapped);
+
+    const refused = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: c.id });
+    expect(refused.status).toBe(503);
+    expect(refused.body.error.code).toBe('UNAVAILABLE');
+    expect(refused.body.error.message).toContain('hashes to');
+    expect(existsSync(layerDir)).toBe(false);
+    expect(existsSync(`${layerDir}.incoming`)).toBe(false);
+
+    await bucket.putFile(layerBlob, saved);
+    const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: c.id });
+    expect(fork.status).toBe(201);
+    expect((await s.exec(fork.body.id, { command: 'cat /root/file' })).stdout).toBe('kept\n');
+    await s.api('DELETE', `/instances/${fork.body.id}`);
+    await s.api('DELETE', `/instances/${inst.id}`);
+    await until('the bucket empty', async () => (await bucket.list()).length === 0);
+  });
 });
+
+async function bytesOf(r: Readable): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const p of r) parts.push(p as Buffer);
+  return Buffer.concat(parts);
+}

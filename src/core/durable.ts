@@ -145,13 +145,23 @@ export class DurableCheckpoints {
     for (const layerId of missingLayers) {
       const part = d.manifest.layers.find((l) => l.id === layerId);
       if (!part) throw new UnavailableError(`the durable copy of checkpoint ${checkpointId} lacks layer ${layerId}`);
-      await this.engine.disk.importLayer(layerId, gunzipped(await this.objects.get(`blobs/${part.blob}`)));
+      await this.fetch(checkpointId, part.blob, (blob) => this.engine.disk.importLayer(layerId, blob));
       this.log.info({ checkpoint: checkpointId, layer: layerId }, 'layer fetched from the object store');
     }
     if (missingMemory) {
       if (!d.manifest.memory) throw new UnavailableError(`the durable copy of checkpoint ${checkpointId} has no memory image`);
-      await this.engine.disk.importCheckpointImages(checkpointId, gunzipped(await this.objects.get(`blobs/${d.manifest.memory.blob}`)));
+      await this.fetch(checkpointId, d.manifest.memory.blob, (blob) => this.engine.disk.importCheckpointImages(checkpointId, blob));
       this.log.info({ checkpoint: checkpointId }, 'memory image fetched from the object store');
+    }
+  }
+
+  /** Downloads a blob into `unpack`; a download or a blob that fails its hash is the object
+   * store's failure (503, the call can be made again), and the import keeps nothing of it. */
+  private async fetch(checkpointId: string, sha: string, unpack: (blob: Readable) => Promise<void>): Promise<void> {
+    try {
+      await unpack(verifiedGunzip(await this.objects!.get(`blobs/${sha}`), sha));
+    } catch (err) {
+      throw new UnavailableError(`could not fetch checkpoint ${checkpointId}'s data from the object store: ${(err as Error).message}`, { checkpoint: checkpointId, blob: sha }, { cause: err });
     }
   }
 
@@ -189,9 +199,23 @@ export class DurableCheckpoints {
   }
 }
 
-/** A blob's bytes, uncompressed; a failed download fails the stream its reader has. */
-function gunzipped(body: Readable): Readable {
+/** A blob's bytes, uncompressed, checked against the hash it is stored under: a blob damaged
+ * or replaced in the bucket fails the stream at its end (so the unpack that reads it fails and
+ * keeps nothing) instead of restoring what nobody checkpointed. A failed download fails it too. */
+function verifiedGunzip(body: Readable, sha: string): Readable {
+  const hash = createHash('sha256');
+  const checked = new Transform({
+    transform(chunk: Buffer, _enc, cb) {
+      hash.update(chunk);
+      cb(null, chunk);
+    },
+    flush(cb) {
+      const got = hash.digest('hex');
+      cb(got === sha ? null : new Error(`blob ${sha} in the object store hashes to ${got}`));
+    },
+  });
   const out = createGunzip();
   body.on('error', (err) => out.destroy(err));
-  return body.pipe(out);
+  checked.on('error', (err) => out.destroy(err));
+  return body.pipe(checked).pipe(out);
 }

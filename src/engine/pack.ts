@@ -1,7 +1,6 @@
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdir, rename, rm } from 'node:fs/promises';
 import { PassThrough, type Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
 
 /**
  * A directory as a tar stream: names sorted and access/change times left out, so that the same
@@ -29,24 +28,48 @@ export function packTree(dir: string): Readable {
 }
 
 /** Unpacks a tar made by `packTree` into `dest`, which must not exist: into a new directory
- * beside it (so nothing already there can redirect a member), renamed into place once whole. */
+ * beside it (so nothing already there can redirect a member), renamed into place once whole.
+ * The stream is read to its end even when tar stops early (it exits at the end-of-archive mark,
+ * before the record's padding), so that a stream that checks what it carries (a hash, gzip's
+ * CRC) has checked all of it before the tree counts as unpacked. */
 export async function unpackTree(tar: Readable, dest: string): Promise<void> {
-  const tmp = `${dest}.incoming`;
-  await rm(tmp, { recursive: true, force: true });
-  await mkdir(tmp, { recursive: true });
-  try {
-    const child = spawn('tar', ['-x', '-f', '-', '--numeric-owner', '-p', '--xattrs', '--xattrs-include=*', '--acls', '-C', tmp], { stdio: ['pipe', 'ignore', 'pipe'] });
-    let err = '';
-    child.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-2000)));
-    const exited = new Promise<number | null>((resolve, reject) => {
-      child.on('close', resolve);
-      child.on('error', reject);
+  // Listened to before the first await: a stream that fails meanwhile must not fail unheard.
+  let sourceError: unknown = tar.errored ?? undefined;
+  let child: ChildProcess | undefined;
+  const readToEnd = new Promise<void>((resolve, reject) => {
+    tar.once('end', resolve);
+    tar.once('error', (e) => {
+      sourceError = e;
+      // Without the rest of its input, tar would wait for it for ever.
+      child?.kill('SIGKILL');
+      reject(e);
     });
-    await pipeline(tar, child.stdin);
+  });
+  readToEnd.catch(() => {}); // awaited below, after tar's exit
+  const tmp = `${dest}.incoming`;
+  try {
+    await rm(tmp, { recursive: true, force: true });
+    await mkdir(tmp, { recursive: true });
+    if (sourceError) throw sourceError;
+    child = spawn('tar', ['-x', '-f', '-', '--numeric-owner', '-p', '--xattrs', '--xattrs-include=*', '--acls', '-C', tmp], { stdio: ['pipe', 'ignore', 'pipe'] });
+    let err = '';
+    child.stderr!.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-2000)));
+    const running = child;
+    const exited = new Promise<number | null>((resolve, reject) => {
+      running.on('close', resolve);
+      running.on('error', reject);
+    });
+    // tar closing its input early is judged by its exit status, not by the write it cut short.
+    child.stdin!.on('error', () => {});
+    tar.pipe(child.stdin!);
     const code = await exited;
-    if (code !== 0) throw new Error(`unpacking into ${dest} failed (${code}): ${err.trim()}`);
+    tar.unpipe(child.stdin!);
+    if (code !== 0) throw sourceError ?? new Error(`unpacking into ${dest} failed (${code}): ${err.trim()}`);
+    tar.resume();
+    await readToEnd;
     await rename(tmp, dest);
   } catch (e) {
+    tar.destroy();
     await rm(tmp, { recursive: true, force: true });
     throw e;
   }
