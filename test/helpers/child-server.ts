@@ -27,6 +27,8 @@ export class ChildServer {
       proc.once('exit', (code) => reject(new Error(`server exited with ${code}`)));
       lines.on('line', (line) => {
         if (line.startsWith('fpk_')) first = line.trim();
+        // The node's errors are the first thing to read when a test or bench of it fails.
+        if (line.startsWith('{"level":5') || line.startsWith('{"level":6')) process.stderr.write(`[node ${env.FORKPOINT_NODE_ID ?? dataDir}] ${line}\n`);
         const m = /listening on (http:\/\/\S+)/.exec(line);
         if (m) {
           clearTimeout(timer);
