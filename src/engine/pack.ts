@@ -51,19 +51,19 @@ export async function unpackTree(tar: Readable, dest: string): Promise<void> {
     await rm(tmp, { recursive: true, force: true });
     await mkdir(tmp, { recursive: true });
     if (sourceError) throw sourceError;
-    child = spawn('tar', ['-x', '-f', '-', '--numeric-owner', '-p', '--xattrs', '--xattrs-include=*', '--acls', '-C', tmp], { stdio: ['pipe', 'ignore', 'pipe'] });
+    const proc = spawn('tar', ['-x', '-f', '-', '--numeric-owner', '-p', '--xattrs', '--xattrs-include=*', '--acls', '-C', tmp], { stdio: ['pipe', 'ignore', 'pipe'] });
+    child = proc;
     let err = '';
-    child.stderr!.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-2000)));
-    const running = child;
+    proc.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-2000)));
     const exited = new Promise<number | null>((resolve, reject) => {
-      running.on('close', resolve);
-      running.on('error', reject);
+      proc.on('close', resolve);
+      proc.on('error', reject);
     });
     // tar closing its input early is judged by its exit status, not by the write it cut short.
-    child.stdin!.on('error', () => {});
-    tar.pipe(child.stdin!);
+    proc.stdin.on('error', () => {});
+    tar.pipe(proc.stdin);
     const code = await exited;
-    tar.unpipe(child.stdin!);
+    tar.unpipe(proc.stdin);
     if (code !== 0) throw sourceError ?? new Error(`unpacking into ${dest} failed (${code}): ${err.trim()}`);
     tar.resume();
     await readToEnd;
