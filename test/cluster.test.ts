@@ -152,8 +152,11 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
       const v = await n.api('GET', `/instances/${inst.id}`);
       expect([v.status, v.body.node]).toEqual([200, 'node-a']);
       expect((await exec(n, inst.id, 'cat /root/file')).stdout).toBe('carried\n');
-      const list = (await n.api('GET', '/instances')).body.items as { name: string; node: string }[];
+      expect(typeof v.body.network.sent_bytes).toBe('number'); // its node answers a GET
+      const list = (await n.api('GET', '/instances')).body.items as { name: string; node: string; network: { sent_bytes: number | null } }[];
       expect(list.map((i) => [i.name, i.node]).sort()).toEqual([['far-fork', 'node-b'], ['origin', 'node-a']]);
+      // A list shows the counters it has: another node's instance's live in that node's memory.
+      for (const i of list) expect(i.network.sent_bytes === null).toBe(i.node !== (n === a ? 'node-a' : 'node-b'));
       const cps = await n.api('GET', `/instances/${inst.id}/checkpoints`);
       expect(cps.body.items.map((x: { id: string }) => x.id)).toContain(ckpt.id);
     }

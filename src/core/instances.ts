@@ -210,9 +210,10 @@ export class InstanceService {
     return this.store.instances.update(id, { egress });
   }
 
-  /** Bytes the instance sent and received over its network since the server started. */
-  networkCounters(id: string): { sentBytes: number; receivedBytes: number } {
-    return this.engine.network.counters(id);
+  /** Bytes the instance sent and received over its network since its node's server started;
+   * null on another node than the instance's (the counters live in its node's memory). */
+  networkCounters(rec: InstanceRecord): { sentBytes: number; receivedBytes: number } | null {
+    return this.isLocal(rec) ? this.engine.network.counters(rec.id) : null;
   }
 
   async create(owner: string, input: CreateInstance, image?: ResolvedImage): Promise<InstanceRecord> {

@@ -7,8 +7,8 @@ import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord } from '../store/instances.js';
 
 /** Records to the snake_case wire shapes of the Firecase-style face. `net`: the instance's
- * network counters (fp.instances.networkCounters). */
-export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receivedBytes: number } = { sentBytes: 0, receivedBytes: 0 }) => ({
+ * network counters (fp.instances.networkCounters), null where this node does not have them. */
+export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receivedBytes: number } | null) => ({
   id: r.id,
   name: r.name,
   image: r.imageRef ?? r.image,
@@ -18,7 +18,7 @@ export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receiv
   metadata: r.metadata,
   max_checkpoints: r.maxCheckpoints,
   idle_timeout_s: r.idleTimeoutS,
-  network: { address: r.address, egress: r.egress.egress, allow: r.egress.allow, deny: r.egress.deny, sent_bytes: net.sentBytes, received_bytes: net.receivedBytes },
+  network: { address: r.address, egress: r.egress.egress, allow: r.egress.allow, deny: r.egress.deny, sent_bytes: net?.sentBytes ?? null, received_bytes: net?.receivedBytes ?? null },
   head_checkpoint_id: r.headCheckpointId,
   source_instance_id: r.sourceInstanceId,
   source_checkpoint_id: r.sourceCheckpointId,

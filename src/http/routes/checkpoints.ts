@@ -14,7 +14,7 @@ const WAIT_MS = 120_000;
 export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     const checkpointView = async (c: CheckpointRecord) => baseView(c, await fp.durable.state(c.id));
-    const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r.id));
+    const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r));
     const tags = ['checkpoints'];
     app.post('/instances/:id/checkpoints', {
       schema: {

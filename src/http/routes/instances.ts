@@ -13,7 +13,7 @@ const limitsIn = (l: z.infer<typeof CreateInstanceRequest>['limits']) =>
 
 export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
-    const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r.id));
+    const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r));
     const tags = ['instances'];
     app.post('/instances', {
       config: { placement: 'new' },

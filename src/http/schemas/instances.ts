@@ -113,8 +113,8 @@ export const Instance = z
         egress: z.enum(['allow', 'deny']),
         allow: z.array(z.string()),
         deny: z.array(z.string()),
-        sent_bytes: z.number().int().describe('since the server started'),
-        received_bytes: z.number().int(),
+        sent_bytes: z.number().int().nullable().describe("since its node's server started; null in a list answered by another node (GET the instance: its node answers)"),
+        received_bytes: z.number().int().nullable(),
       })
       .meta({ id: 'InstanceNetwork' }),
     head_checkpoint_id: z.string().nullable().describe('the checkpoint the instance stands on (its latest, or the one rolled back to)'),
