@@ -191,6 +191,12 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect((await b.api('DELETE', `/instances/${inst.id}/pty/${pty.body.id}`)).status).toBe(204);
   });
 
+  it('a call its node takes long to answer (a 65 s command, past the minute a forward once waited) is answered through the other node', async () => {
+    const far = ((await a.api('GET', '/instances')).body.items as { id: string; name: string }[]).find((i) => i.name === 'far-fork')!;
+    const r = await a.api('POST', `/instances/${far.id}/exec`, { command: 'sleep 65; echo done', timeout_ms: 120_000 });
+    expect([r.status, r.body.stdout]).toEqual([200, 'done\n']);
+  }, 120_000);
+
   it('node A stops hard: its instance becomes lost, and recover brings it back on B from its durable checkpoint', async () => {
     await a.stop('SIGKILL');
     await until('the instance lost', async () => (await b.api('GET', `/instances/${inst.id}`)).body.status === 'lost', 20_000);

@@ -12,6 +12,10 @@ import { NotFoundError } from './errors.js';
 import type { EventBus } from './events.js';
 import type { InstanceService } from './instances.js';
 
+/** The longest a command run and waited for may take (every face's `timeout` stops here): also
+ * how long a node waits for the answer to such a call it forwarded to another node. */
+export const MAX_EXEC_TIMEOUT_MS = 24 * 3600 * 1000;
+
 export interface ExecInput {
   command: string | string[];
   cwd?: string | undefined;

@@ -3,6 +3,7 @@ import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
 import type { Logger } from 'pino';
+import { MAX_EXEC_TIMEOUT_MS } from '../core/commands.js';
 import type { Forkpoint } from '../core/forkpoint.js';
 import websocket from '@fastify/websocket';
 import replyFrom from '@fastify/reply-from';
@@ -60,7 +61,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });
   installAuth(app, (token) => opts.forkpoint.ownerOfToken(token), (id, token) => opts.forkpoint.ownerOfSandbox(id, token));
   // Streams to other nodes and to ports inside instances; no deadline on bodies (streams).
-  await app.register(replyFrom, { undici: { headersTimeout: 60_000, bodyTimeout: 0 } });
+  // A forwarded call is answered when its node has done it: a command run and waited for may take
+  // its whole timeout. A node that vanishes meanwhile is found by TCP keep-alive (undici's
+  // default); streams (bodyTimeout) may be quiet for as long as their clients keep them open.
+  await app.register(replyFrom, { undici: { headersTimeout: MAX_EXEC_TIMEOUT_MS + 60_000, bodyTimeout: 0 } });
   installClusterRouting(app, opts.forkpoint);
   app.addHook('preClose', async () => closeStreams(app.server));
   // The plugin leaves WebSocket routes out of the document; ours are part of the contract.

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { ImageManifest } from '../../core/build/manifest.js';
+import { MAX_EXEC_TIMEOUT_MS } from '../../core/commands.js';
 
 /** The OpenComputer-compatible face: camelCase, the shapes `@opencomputer/sdk` reads. */
 
@@ -67,7 +68,7 @@ export const RunBody = z
     args: z.array(z.string().max(1 << 16)).max(4096).optional(),
     envs: Envs.optional(),
     cwd: z.string().max(4096).optional(),
-    timeout: z.number().min(0).max(86400).optional().describe('seconds'),
+    timeout: z.number().min(0).max(MAX_EXEC_TIMEOUT_MS / 1000).optional().describe('seconds'),
   })
   .strip()
   .meta({ id: 'OpenComputerRunRequest', examples: [{ cmd: 'echo', args: ['hi'] }] });

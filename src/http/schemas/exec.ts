@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { MAX_EXEC_TIMEOUT_MS } from '../../core/commands.js';
 import { Env, IdParams } from './common.js';
 
 /** Commands, shell sessions and background processes. */
@@ -12,7 +13,7 @@ export const ExecRequest = z
     command: Command,
     cwd: z.string().max(4096).optional(),
     env: Env.optional(),
-    timeout_ms: z.number().int().min(1).max(24 * 3600 * 1000).optional().describe('default 60000; on expiry the whole process group is killed'),
+    timeout_ms: z.number().int().min(1).max(MAX_EXEC_TIMEOUT_MS).optional().describe('default 60000; on expiry the whole process group is killed'),
     stdin: z.string().max(8 << 20).optional(),
     session: z
       .string()
