@@ -151,6 +151,15 @@ describe('files on the Firecase face', () => {
     await new Promise((r) => setTimeout(r, 300));
     const left = await s.exec(id, { command: 'ls -a /data' });
     expect(left.stdout).not.toMatch(/partial/);
+    // The upload's own failure is its client's (INVALID_REQUEST, the cause kept), not a 500.
+    const owner = (await s.fp.store.instances.get(id))!.owner;
+    const cut = async function* () {
+      yield randomBytes(1 << 20);
+      throw Object.assign(new Error('aborted'), { code: 'ECONNRESET' });
+    };
+    const failed = await s.fp.files.writeStream(owner, id, '/data/partial.bin', cut()).catch((e: unknown) => e);
+    expect(failed).toMatchObject({ code: 'INVALID_REQUEST', cause: { code: 'ECONNRESET' } });
+    expect((await s.exec(id, { command: 'ls -a /data' })).stdout).not.toMatch(/partial/);
   });
 });
 

@@ -26,8 +26,8 @@ export class ForkpointError extends Error {
 
 export class InvalidRequestError extends ForkpointError {
   override readonly name = 'InvalidRequestError';
-  constructor(message: string, details?: unknown) {
-    super('INVALID_REQUEST', message, details);
+  constructor(message: string, details?: unknown, options?: ErrorOptions) {
+    super('INVALID_REQUEST', message, details, options);
   }
 }
 

@@ -130,7 +130,7 @@ export class FileService {
       });
     try {
       if (parent) await this.op(owner, id, parent, (a, d) => a.mkdir(d));
-      for await (const chunk of source) {
+      for await (const chunk of uploadOf(source, path)) {
         pending.push(chunk);
         pendingBytes += chunk.length;
         if (pendingBytes >= PIECE) await flush();
@@ -166,5 +166,14 @@ export class FileService {
 
   async mkdir(owner: string, id: string, path: string): Promise<void> {
     await this.op(owner, id, path, (a, p) => a.mkdir(p));
+  }
+}
+
+/** The upload's bytes; its own failure (its client went away) is its client's, not the server's. */
+async function* uploadOf(source: AsyncIterable<Buffer>, path: string): AsyncIterable<Buffer> {
+  try {
+    for await (const chunk of source) yield chunk;
+  } catch (err) {
+    throw new InvalidRequestError(`the upload of ${path} ended before its end: ${(err as Error).message}`, { path }, { cause: err });
   }
 }
