@@ -55,7 +55,6 @@ export class Disk implements NodeDisk {
     for (const dir of [work, l.merged(spec.id), l.run(spec.id)]) mkdirSync(dir, { recursive: true });
   }
 
-
   /** Moves a directory to a trash on its own filesystem (a rename) and deletes it in the
    * background. */
   discard(dir: string): void {
@@ -75,7 +74,6 @@ export class Disk implements NodeDisk {
   async emptyTrash(): Promise<void> {
     for (const e of await readdir(this.layout.trash)) await rm(join(this.layout.trash, e), { recursive: true, force: true });
   }
-
 
   /** Freezes the upper into a layer by rename. An instance with a volume keeps the layer in
    * it (a rename cannot leave a filesystem) and `layers/<id>` points there. */
@@ -102,7 +100,6 @@ export class Disk implements NodeDisk {
     symlinkSync(relative(this.layout.layers, inVolume), this.layout.layer(layerId));
     return true;
   }
-
 
   /** Makes a frozen layer durable: its data reaches the disk before the checkpoint is `ready`. */
   async syncLayer(layerId: string): Promise<void> {

@@ -84,7 +84,9 @@ export interface NodeDisk {
   /** The layers and checkpoint memory images on this node's disk, by id. */
   localLayers(): Promise<string[]>;
   localCheckpointImages(): Promise<string[]>;
-  /** Unpacks a tar made by `exportLayer` as the layer (a node that lacked it). */
+  /** Unpacks a tar made by `exportLayer` as the layer (a node that lacked it). The stream is
+   * read to its end; if it fails (a download, a hash that does not match), so does the import,
+   * and nothing of it is kept. */
   importLayer(layerId: string, tar: Readable): Promise<void>;
   /** Unpacks a tar made by `exportCheckpointImages` as the checkpoint's memory image. */
   importCheckpointImages(imagesId: string, tar: Readable): Promise<void>;
