@@ -7,7 +7,7 @@ import S3rver from 's3rver';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ObjectStore } from '../src/store/object-store.js';
 import { startServer, type TestServer } from './helpers/server.js';
-import { until } from './helpers/wait.js';
+import { sleep, until } from './helpers/wait.js';
 
 // A real S3-API server on loopback (s3rver), started by the test, with a bucket of its own.
 let s3: S3rver;
@@ -135,6 +135,23 @@ describe('durable checkpoints in an S3-compatible object store', () => {
     expect(fork.status).toBe(201);
     expect((await s.exec(fork.body.id, { command: 'cat /root/file' })).stdout).toBe('kept\n');
     await s.api('DELETE', `/instances/${fork.body.id}`);
+    await s.api('DELETE', `/instances/${inst.id}`);
+    await until('the bucket empty', async () => (await bucket.list()).length === 0);
+  });
+
+  it('an upload that fails while the object store is away is tried again, and lands once it is back', async () => {
+    const port = Number(new URL(endpoint).port);
+    await s3.close();
+    const inst = await s.instance();
+    await s.exec(inst.id, { command: 'echo while away > /root/file' });
+    const c = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
+    expect(c.status).toBe('ready');
+    await sleep(3000); // its first upload fails, and so does the first try again
+    expect((await s.api('GET', `/instances/${inst.id}/checkpoints/${c.id}`)).body.durable).toBe(false);
+    s3 = new S3rver({ address: '127.0.0.1', port, directory: s3dir, silent: true });
+    await s3.run();
+    const d = await durable(inst.id, c.id);
+    expect(d.uploaded_bytes).toBeGreaterThan(0);
     await s.api('DELETE', `/instances/${inst.id}`);
     await until('the bucket empty', async () => (await bucket.list()).length === 0);
   });

@@ -12,6 +12,10 @@ import type { Store } from '../store/index.js';
 import type { ObjectStore } from '../store/object-store.js';
 import { UnavailableError } from './errors.js';
 
+/** A failed upload is tried again after this, then twice as long each time, up to RETRY_LAST_MS. */
+const RETRY_FIRST_MS = 2_000;
+const RETRY_LAST_MS = 10 * 60_000;
+
 export interface DurableState {
   durable: boolean;
   /** Bytes this checkpoint added to the object store (blobs it shares were there already). */
@@ -27,7 +31,9 @@ export interface DurableState {
  */
 export class DurableCheckpoints {
   private queue: Promise<void> = Promise.resolve();
-  private readonly waiters = new Map<string, (() => void)[]>();
+  /** Uploads that failed, waiting for their next try: the object store may be back by then. */
+  private readonly retries = new Map<string, NodeJS.Timeout>();
+  private closed = false;
 
   constructor(
     private readonly store: Store,
@@ -47,23 +53,33 @@ export class DurableCheckpoints {
   }
 
   /** Uploads the checkpoint after the ones already queued (one at a time: the disk and the
-   * link are shared with the sandboxes). */
+   * link are shared with the sandboxes). One that fails is tried again later, less and less
+   * often, and at the next start. */
   schedule(checkpointId: string): void {
-    if (!this.objects) return;
+    this.enqueue(checkpointId, 0);
+  }
+
+  private enqueue(checkpointId: string, failures: number): void {
+    if (!this.objects || this.closed) return;
+    clearTimeout(this.retries.get(checkpointId));
+    this.retries.delete(checkpointId);
     this.queue = this.queue
       .then(() => this.upload(checkpointId))
-      .catch((err: unknown) => this.log.warn({ err, checkpoint: checkpointId }, 'upload to the object store failed; tried again at the next start'))
-      .finally(() => this.settle(checkpointId));
+      .catch((err: unknown) => this.retryLater(checkpointId, failures + 1, err));
+  }
+
+  private retryLater(checkpointId: string, failures: number, err: unknown): void {
+    const delayMs = Math.min(RETRY_FIRST_MS * 2 ** (failures - 1), RETRY_LAST_MS);
+    this.log.warn({ err, checkpoint: checkpointId, failures, retryInMs: delayMs }, 'upload to the object store failed; tried again later');
+    if (this.closed) return;
+    const timer = setTimeout(() => this.enqueue(checkpointId, failures), delayMs);
+    timer.unref();
+    this.retries.set(checkpointId, timer);
   }
 
   /** Resolves when the queued uploads are done (tests, shutdown). */
   async idle(): Promise<void> {
     await this.queue;
-  }
-
-  private settle(id: string): void {
-    for (const w of this.waiters.get(id) ?? []) w();
-    this.waiters.delete(id);
   }
 
   private async upload(id: string): Promise<void> {
@@ -195,6 +211,9 @@ export class DurableCheckpoints {
   }
 
   close(): void {
+    this.closed = true;
+    for (const timer of this.retries.values()) clearTimeout(timer);
+    this.retries.clear();
     this.objects?.close();
   }
 }
