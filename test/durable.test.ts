@@ -40,6 +40,17 @@ async function durable(id: string, ckpt: string) {
   return c!;
 }
 
+/** The node loses the checkpoint's own data (its frozen layer and its memory image), the
+ * instance stopped first; answers the layer's directory. */
+async function loseCheckpointData(instanceId: string, checkpointId: string): Promise<string> {
+  expect((await s.api('POST', `/instances/${instanceId}/stop`)).status).toBe(200);
+  const rec = (await s.fp.store.checkpoints.get(checkpointId))!;
+  const layerDir = s.fp.engine.layout.layer(rec.layers[0]!);
+  await rm(layerDir, { recursive: true, force: true });
+  await rm(s.fp.engine.layout.checkpoint(checkpointId), { recursive: true, force: true });
+  return layerDir;
+}
+
 describe('durable checkpoints in an S3-compatible object store', () => {
   it('uploads a ready checkpoint as blobs and a manifest; shared blobs once; deleting both empties the bucket', async () => {
     const inst = await s.instance();
@@ -84,12 +95,7 @@ describe('durable checkpoints in an S3-compatible object store', () => {
     await until('the counter', async () => Number((await s.exec(inst.id, { command: 'cat /tmp/n' })).stdout) >= 5);
     const c = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
     await durable(inst.id, c.id);
-    // The node loses the checkpoint's own data: its frozen layer and its memory image.
-    expect((await s.api('POST', `/instances/${inst.id}/stop`)).status).toBe(200);
-    const rec = (await s.fp.store.checkpoints.get(c.id))!;
-    const layerDir = s.fp.engine.layout.layer(rec.layers[0]!);
-    await rm(layerDir, { recursive: true, force: true });
-    await rm(s.fp.engine.layout.checkpoint(c.id), { recursive: true, force: true });
+    const layerDir = await loseCheckpointData(inst.id, c.id);
 
     const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: c.id });
     expect(fork.status).toBe(201);
@@ -108,11 +114,7 @@ describe('durable checkpoints in an S3-compatible object store', () => {
     await s.exec(inst.id, { command: 'echo kept > /root/file && sleep 1000 &' });
     const c = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
     await durable(inst.id, c.id);
-    expect((await s.api('POST', `/instances/${inst.id}/stop`)).status).toBe(200);
-    const rec = (await s.fp.store.checkpoints.get(c.id))!;
-    const layerDir = s.fp.engine.layout.layer(rec.layers[0]!);
-    await rm(layerDir, { recursive: true, force: true });
-    await rm(s.fp.engine.layout.checkpoint(c.id), { recursive: true, force: true });
+    const layerDir = await loseCheckpointData(inst.id, c.id);
 
     // The layer's blob swapped for the memory image's: valid gzip, valid tar, the wrong tree.
     const manifest = (await s.fp.store.durable.get(c.id))!.manifest;
