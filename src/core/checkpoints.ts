@@ -9,6 +9,7 @@ import type { EventBus } from './events.js';
 import type { ExecutionService } from './executions.js';
 import type { CreateInstance, InstanceService } from './instances.js';
 import type { JobQueue, KeyedLock } from './jobs.js';
+import type { ChainSquasher } from './squash.js';
 import { requireRoom, shortOfRoom } from './space.js';
 
 export interface CreateCheckpoint {
@@ -82,7 +83,7 @@ export class CheckpointService {
     private readonly locks: KeyedLock,
     private readonly jobs: JobQueue,
     private readonly defaultMax: number,
-    private readonly squash: { after: number; keep: number },
+    private readonly squasher: ChainSquasher,
     private readonly events: EventBus,
     private readonly executions: ExecutionService,
     private readonly log: Logger,
@@ -239,7 +240,7 @@ export class CheckpointService {
     this.observer.ready(c.id);
     this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
-    if (layers.length > this.squash.after) this.track(this.squashOldest(inst.id));
+    this.squasher.consider(inst.id, layers.length);
   }
 
   /** Why a checkpoint cannot be written now, if it cannot: its memory image needs about the
@@ -270,51 +271,9 @@ export class CheckpointService {
     }
   }
 
-  private readonly squashing = new Set<Promise<void>>();
-
-  private track(p: Promise<void>): void {
-    this.squashing.add(p);
-    p.catch((err: unknown) => this.log.warn({ err }, 'squash failed; the chain stays as it was')).finally(() => this.squashing.delete(p));
-  }
-
   /** Resolves when no squash is under way (tests, shutdown). */
-  async idle(): Promise<void> {
-    while (this.squashing.size) await Promise.allSettled([...this.squashing]);
-  }
-
-  /**
-   * Keeps a deep chain inside the kernel's limits: the oldest layers (and the image under them)
-   * become one full-root layer for the instance's future mounts. Checkpoints keep the chains they
-   * were taken on, so none of them sees anything change; the old layers go when nothing uses them.
-   */
-  private async squashOldest(instanceId: string): Promise<void> {
-    const inst = await this.store.instances.get(instanceId);
-    if (!inst || inst.layers.length <= this.squash.after) return;
-    const old = inst.layers.slice(this.squash.keep);
-    const into = newId('lyr');
-    // Held from the moment it exists: with a shared store, another node collects any time.
-    await this.store.transaction(async (tx) => {
-      await tx.layers.add(into);
-      await tx.layers.setRefs(`squash:${into}`, [into]); // not garbage while it is being built
-    });
-    try {
-      await this.engine.squash(old, inst.baseLayer ? null : inst.image, into);
-      await this.locks.run(instanceId, async () => {
-        const cur = await this.store.instances.get(instanceId);
-        const suffix = cur?.layers.slice(cur.layers.length - old.length);
-        if (!cur || suffix?.join() !== old.join() || cur.baseLayer !== inst.baseLayer) return; // the chain moved on
-        const layers = [...cur.layers.slice(0, cur.layers.length - old.length), into];
-        // The mounted overlay still uses the old layers until its next mount: keep them too.
-        await this.store.transaction(async (tx) => {
-          await tx.layers.setRefs(`instance:${instanceId}`, [...layers, ...old]);
-          await tx.instances.update(instanceId, { layers, baseLayer: true });
-        });
-        this.log.info({ instance: instanceId, squashed: old.length, into }, 'squashed old layers');
-      });
-    } finally {
-      await this.store.layers.dropHolder(`squash:${into}`);
-      await this.instances.collectLayers();
-    }
+  idle(): Promise<void> {
+    return this.squasher.idle();
   }
 
   /** Outcomes the store could not take (a full disk), shown as they are meanwhile. */

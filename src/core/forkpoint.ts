@@ -24,6 +24,7 @@ import { TemplateService } from './templates.js';
 import { PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
 import { InstanceService } from './instances.js';
+import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 import { Cluster, nodeIdOf } from './cluster.js';
@@ -109,10 +110,11 @@ export class Forkpoint {
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
     this.files = new FileService(this.access, log);
     this.ports = new PortService(this.store, this.instances, this.access, config.host, log);
-    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, {
+    const squasher = new ChainSquasher(this.store, this.engine, this.instances, locks, {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
-    }, this.events, this.executions, log);
+    }, log);
+    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, squasher, this.events, this.executions, log);
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
     this.durable = new DurableCheckpoints(this.store, this.engine, objectStoreOf(config), join(this.layout.spill, 'blobs'), log);
     this.checkpoints.observe({
