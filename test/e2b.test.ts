@@ -1,4 +1,4 @@
-import { CommandExitError, Sandbox } from 'e2b';
+import { CommandExitError, InvalidArgumentError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
 import { until } from './helpers/wait.js';
@@ -63,6 +63,11 @@ describe('the published e2b SDK, unchanged', () => {
     await until('the echo', () => out.join('').includes('typed'));
     expect(await sbx.commands.kill(h.pid)).toBe(true);
     await until('gone from the list', async () => !(await sbx.commands.list()).some((p) => p.pid === h.pid));
+    // A terminal of a size no frame can carry is the caller's mistake, said as such.
+    await expect(sbx.pty.create({ rows: 100_000, cols: 80, onData: () => {} })).rejects.toThrow(/1 to 1000 rows and columns/);
+    const pty = await sbx.pty.create({ rows: 24, cols: 80, onData: () => {} });
+    await expect(sbx.pty.resize(pty.pid, { rows: 24, cols: 70_000 })).rejects.toThrow(InvalidArgumentError);
+    await sbx.pty.kill(pty.pid);
     await sbx.kill();
   });
 });
@@ -89,6 +94,20 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
     expect(await b.files.read('/root/state.txt')).toBe('from before the snapshot');
     expect(await sbx.files.read('/root/state.txt')).toBe('from before the snapshot');
     for (const x of [a, b, sbx]) await x.kill();
+  });
+
+  it('connect never shortens a sandbox\'s life: one that never ends (made on another face) still does not; a longer timeout extends, a shorter one does not', async () => {
+    const inst = await s.instance();
+    const never = await Sandbox.connect(inst.id);
+    const year = 300 * 86400_000;
+    expect((await never.getInfo()).endAt.getTime() - Date.now()).toBeGreaterThan(year);
+    const sbx = await Sandbox.create({ timeoutMs: 600_000 });
+    await Sandbox.connect(sbx.sandboxId, { timeoutMs: 30_000 });
+    expect((await sbx.getInfo()).endAt.getTime() - Date.now()).toBeGreaterThan(500_000);
+    await Sandbox.connect(sbx.sandboxId, { timeoutMs: 1_200_000 });
+    expect((await sbx.getInfo()).endAt.getTime() - Date.now()).toBeGreaterThan(1_100_000);
+    await sbx.kill();
+    await s.api('DELETE', `/instances/${inst.id}`);
   });
 
   it('pause, then connect: a variable in a running process is still there', async () => {

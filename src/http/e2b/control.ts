@@ -157,11 +157,16 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(204).send();
     });
 
+    /** A paused sandbox, woken, lives `timeout` (or the default) from now. E2B's connect never
+     * shortens a running one's life (its SDK says so): it lives to the later of its end and
+     * `timeout` from now, and one that never ends (made on another face) still does not. */
     const resume = async (owner: string, id: string, timeout: number | undefined, reply: FastifyReply) => {
       const before = await fp.instances.get(owner, id);
-      if (before.status === 'hibernated') await fp.instances.wake(owner, id);
-      const r = await lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
-      return reply.code(before.status === 'hibernated' ? 201 : 200).send(sandbox(r));
+      const woken = before.status === 'hibernated';
+      let r = woken ? await fp.instances.wake(owner, id) : before;
+      const longer = timeout !== undefined && before.expiresAt !== null && Date.now() + timeout * 1000 > Date.parse(before.expiresAt);
+      if (woken || longer) r = await lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
+      return reply.code(woken ? 201 : 200).send(sandbox(r));
     };
     for (const path of ['/sandboxes/:sandboxID/connect', '/v2/sandboxes/:sandboxID/connect']) {
       app.post(path, { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough().optional() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
