@@ -126,6 +126,7 @@ export class ExecutionService {
 
   async start(owner: string, id: string, input: StartExecution): Promise<ExecutionState> {
     if (input.argv.length === 0 || !input.argv[0]) throw new InvalidRequestError('the command is empty');
+    if (input.pty) checkTerminalSize(input.pty.rows, input.pty.cols);
     return this.access.use(owner, id, async (sb, rec) => {
       const processId = AgentClient.newProcessId();
       const record: ExecutionRecord = {
@@ -246,8 +247,9 @@ export class ExecutionService {
     w.orphanTimer = setTimeout(() => void this.kill(sb, w.record.processId), w.maxRunAfterDisconnectMs);
   }
 
+  /** Kills a process from a timer: one gone already (its sandbox too) needs nothing more. */
   private async kill(sb: Sandbox, processId: number): Promise<void> {
-    await sb.agent().then((a) => a.signal(processId, SIGKILL), () => {});
+    await sb.agent().then((a) => a.signal(processId, SIGKILL)).catch(() => {});
   }
 
   /** Records an end seen in a callback that cannot wait for the store: the end is known in
@@ -411,9 +413,10 @@ export class ExecutionService {
     const pid = record.processId;
     return {
       record,
-      write: (data) => void agent().then((a) => a.stdin(pid, data), () => {}),
-      closeStdin: () => void agent().then((a) => a.closeStdin(pid), () => {}),
-      resize: (rows, cols) => void agent().then((a) => a.resize(pid, rows, cols), () => {}),
+      // A client's keystrokes for a sandbox that is gone go nowhere; nothing to tell it.
+      write: (data) => void agent().then((a) => a.stdin(pid, data)).catch(() => {}),
+      closeStdin: () => void agent().then((a) => a.closeStdin(pid)).catch(() => {}),
+      resize: (rows, cols) => void agent().then((a) => a.resize(pid, rows, cols)).catch(() => {}),
       detach: () => void finish(),
     };
   }
@@ -446,6 +449,7 @@ export class ExecutionService {
   async resize(owner: string, id: string, execId: string, rows: number, cols: number): Promise<void> {
     const record = await this.find(owner, id, execId);
     if (record.kind !== 'pty') throw new InvalidRequestError(`${execId} is not a terminal`);
+    checkTerminalSize(rows, cols);
     await this.access.use(owner, id, async (sb) => (await sb.agent()).resize(record.processId, rows, cols));
   }
 
@@ -492,3 +496,11 @@ export class ExecutionService {
 }
 
 const key = (instanceId: string, execId: string) => `${instanceId}/${execId}`;
+
+/** Every face checks a terminal's size its own way (E2B's protobuf not at all): the agent's
+ * frame has 16 bits for each, and a terminal of more than this is a mistake. */
+const MAX_TERMINAL_SIDE = 1000;
+function checkTerminalSize(rows: number, cols: number): void {
+  const ok = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_TERMINAL_SIDE;
+  if (!ok(rows) || !ok(cols)) throw new InvalidRequestError(`a terminal is 1 to ${MAX_TERMINAL_SIDE} rows and columns, not ${rows}x${cols}`, { rows, cols });
+}
