@@ -1,6 +1,8 @@
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Sandbox as OpenComputer } from '@opencomputer/sdk';
+import { Sandbox as E2B } from 'e2b';
 import S3rver from 's3rver';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
@@ -189,6 +191,19 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     await until('the terminal answers', () => /20 70/.test(text) && /on-node-carried/.test(text));
     ws.close();
     expect((await b.api('DELETE', `/instances/${inst.id}/pty/${pty.body.id}`)).status).toBe(204);
+  });
+
+  it('the published SDKs, pointed at node B, work an instance on node A: OpenComputer and E2B', async () => {
+    const oc = await OpenComputer.connect(inst.id, { apiUrl: b.url, apiKey: b.token });
+    expect((await oc.commands.run('cat /root/file')).stdout).toBe('carried\n');
+    await oc.files.write('/root/via-oc', 'written by the OpenComputer SDK through B');
+    expect(await oc.files.read('/root/via-oc')).toBe('written by the OpenComputer SDK through B');
+    // E2B's commands run under bash, which the default image has not: its files, then.
+    const e2b = await E2B.connect(inst.id, { apiUrl: b.url, sandboxUrl: b.url, apiKey: b.token });
+    expect(await e2b.files.read('/root/via-oc')).toBe('written by the OpenComputer SDK through B');
+    await e2b.files.write('/root/via-e2b', 'and by the E2B SDK');
+    expect(await e2b.files.read('/root/via-e2b')).toBe('and by the E2B SDK');
+    expect((await exec(a, inst.id, 'cat /root/via-e2b')).stdout).toBe('and by the E2B SDK');
   });
 
   it('a call its node takes long to answer (a 65 s command, past the minute a forward once waited) is answered through the other node', async () => {
