@@ -71,7 +71,8 @@ export class SandboxAccess {
   }
 
   startIdleMonitor(): void {
-    this.timer ??= setInterval(() => void this.sweep(), IDLE_TICK_MS);
+    // A sweep that fails (the store away a moment) is tried again at the next tick.
+    this.timer ??= setInterval(() => void this.sweep().catch((err: unknown) => this.log.warn({ err }, 'idle sweep failed')), IDLE_TICK_MS);
     this.timer.unref();
   }
 

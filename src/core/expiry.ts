@@ -20,7 +20,8 @@ export class ExpiryService {
   ) {}
 
   start(): void {
-    this.timer ??= setInterval(() => void this.sweep(), SWEEP_MS);
+    // A sweep that fails (the store away a moment) is tried again at the next tick.
+    this.timer ??= setInterval(() => void this.sweep().catch((err: unknown) => this.log.warn({ err }, 'expiry sweep failed')), SWEEP_MS);
     this.timer.unref();
   }
 

@@ -46,7 +46,8 @@ export class DnsForwarder {
 
   async start(): Promise<void> {
     const s = createSocket({ type: 'udp4', reuseAddr: true });
-    s.on('message', (msg, from) => void this.answer(msg, from.address, from.port));
+    // A query is a sandbox's bytes: whatever it makes fail is logged, never thrown at the server.
+    s.on('message', (msg, from) => void this.answer(msg, from.address, from.port).catch((err: unknown) => this.log.warn({ err, from: from.address }, 'sandbox DNS query dropped')));
     s.on('error', (err) => this.log.warn({ err }, 'sandbox DNS socket error'));
     await new Promise<void>((resolve, reject) => {
       s.once('error', reject);
