@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Sandbox as OpenComputer } from '@opencomputer/sdk';
 import { Sandbox as E2B } from 'e2b';
+import pg from 'pg';
 import S3rver from 's3rver';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
@@ -63,7 +64,12 @@ afterAll(async () => {
   const ended = (n: ChildServer) => n.proc.exitCode !== null || n.proc.signalCode !== null;
   // Whatever is left goes through the API (each call finds the instance's node); a node that
   // was killed is started again so that it removes what it left running.
-  if (a && b && ended(a)) await step(async () => (a = await ChildServer.start(dirA, b.token, { ...env, FORKPOINT_NODE_ID: 'node-a' })));
+  // (one that crashed too: both can, when a test fails).
+  if (a && b) {
+    const token = a.token;
+    if (ended(a)) await step(async () => (a = await ChildServer.start(dirA, token, { ...env, FORKPOINT_NODE_ID: 'node-a' })));
+    if (ended(b)) await step(async () => (b = await ChildServer.start(dirB, token, { ...env, FORKPOINT_NODE_ID: 'node-b' })));
+  }
   const live = [a, b].filter((n) => n && !ended(n));
   if (live[0]) {
     await step(async () => {
@@ -211,6 +217,41 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     const r = await a.api('POST', `/instances/${far.id}/exec`, { command: 'sleep 65; echo done', timeout_ms: 120_000 });
     expect([r.status, r.body.stdout]).toEqual([200, 'done\n']);
   }, 120_000);
+
+  it('the database away for longer than a node may be silent: both nodes live through it, and neither takes the other for dead', async () => {
+    const far = ((await a.api('GET', '/instances')).body.items as { id: string; name: string }[]).find((i) => i.name === 'far-fork')!;
+    await postgres.pause();
+    try {
+      // Every sweep (idle, expiry, heartbeat) fails meanwhile, and no heartbeat lands: once the
+      // database is back, each node has been silent longer than FORKPOINT_NODE_DEAD_AFTER_S (3).
+      await sleep(5000);
+    } finally {
+      await postgres.resume();
+    }
+    for (const n of [a, b]) {
+      expect([n.proc.exitCode, n.proc.signalCode]).toEqual([null, null]);
+      await until('the node answering from the database again', async () => (await n.api('GET', '/instances')).status === 200, 20_000);
+    }
+    // Past the time a node waits, once back, before it judges the others' silence.
+    for (let i = 0; i < 16; i++) {
+      for (const id of [inst.id, far.id]) expect((await b.api('GET', `/instances/${id}`)).body.status).toBe('running');
+      await sleep(250);
+    }
+    expect((await exec(b, inst.id, 'cat /root/file')).stdout).toBe('carried\n');
+    expect((await exec(a, far.id, 'cat /root/file')).stdout).toBe('carried\n');
+  });
+
+  it('a node that finds its own instance marked lost while it lives on (another node judged it silent) takes it back', async () => {
+    const db = new pg.Client({ connectionString: env.FORKPOINT_DATABASE_URL });
+    await db.connect();
+    try {
+      await db.query("UPDATE instances SET status = 'lost' WHERE id = $1", [inst.id]);
+    } finally {
+      await db.end();
+    }
+    await until('the instance its node\'s again', async () => (await b.api('GET', `/instances/${inst.id}`)).body.status === 'running', 10_000);
+    expect((await exec(b, inst.id, 'cat /root/file')).stdout).toBe('carried\n');
+  });
 
   it('node A stops hard: its instance becomes lost, and recover brings it back on B from its durable checkpoint', async () => {
     await a.stop('SIGKILL');

@@ -3,6 +3,7 @@ import { readFile, writeFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import { NODE_ID } from '../config.js';
 import type { Store } from '../store/index.js';
+import type { InstanceRecord } from '../store/instances.js';
 import type { NodeRecord } from '../store/nodes.js';
 
 /** Where an instance is, as seen from this node. */
@@ -39,6 +40,10 @@ export class Cluster {
   private timer: NodeJS.Timeout | undefined;
   private beating: Promise<void> | undefined;
   private joined = false;
+  private reclaim: (recs: InstanceRecord[]) => Promise<void> = async () => {};
+  /** Since when every heartbeat of this node has reached the store. Another node's silence
+   * counts only after that long: when the store was away, every node was silent alike. */
+  private reachedSince: number | undefined;
 
   constructor(
     private readonly store: Store,
@@ -51,6 +56,7 @@ export class Cluster {
   async join(url: string): Promise<void> {
     await this.store.nodes.register(this.nodeId, url, new Date().toISOString());
     this.joined = true;
+    this.reachedSince = Date.now();
     this.timer = setInterval(() => {
       this.beating ??= this.beat()
         .catch((err: unknown) => this.log.warn({ err }, 'heartbeat failed'))
@@ -65,9 +71,24 @@ export class Cluster {
     await this.beating;
   }
 
+  /** Told of this node's instances the others marked lost while it lived on (its heartbeat
+   * could not reach the store): they are still its own. */
+  whenOwnLost(reclaim: (recs: InstanceRecord[]) => Promise<void>): void {
+    this.reclaim = reclaim;
+  }
+
   private async beat(): Promise<void> {
     const now = Date.now();
-    await this.store.nodes.heartbeat(this.nodeId, new Date(now).toISOString());
+    try {
+      await this.store.nodes.heartbeat(this.nodeId, new Date(now).toISOString());
+    } catch (err) {
+      this.reachedSince = undefined;
+      throw err;
+    }
+    this.reachedSince ??= now;
+    const mine = await this.store.instances.lostOf(this.nodeId);
+    if (mine.length) await this.reclaim(mine);
+    if (now - this.reachedSince < this.timing.deadAfterMs) return;
     const silent = (await this.store.nodes.all()).filter((n) => n.id !== this.nodeId && !this.isLive(n, now)).map((n) => n.id);
     const lost = await this.store.instances.markLost(silent);
     if (lost.length) this.log.warn({ nodes: silent, instances: lost }, 'nodes stopped answering: their instances are lost');

@@ -224,6 +224,7 @@ export class Forkpoint {
   /** Joins the nodes sharing the store, reachable at `url` (unless the configuration says
    * where): called once the server listens. */
   async join(url: string): Promise<void> {
+    this.cluster.whenOwnLost((recs) => this.instances.reclaimLost(recs));
     await this.cluster.join(this.config.nodeUrl ?? url);
   }
 

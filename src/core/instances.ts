@@ -197,6 +197,16 @@ export class InstanceService {
     });
   }
 
+  /** Takes back this node's instances the others marked lost while it lived on: each as what
+   * it is here (running if its sandbox runs), unless another node recovered it meanwhile. */
+  async reclaimLost(recs: InstanceRecord[]): Promise<void> {
+    for (const rec of recs) {
+      if (!this.isLocal(rec)) continue;
+      const status = this.engine.sandbox(rec.id) ? 'running' : rec.hibernationId ? 'hibernated' : 'stopped';
+      if (await this.store.instances.reclaimLost(rec.id, this.nodeId, status)) this.log.warn({ instance: rec.id, status }, 'took back an instance marked lost while this node lived on');
+    }
+  }
+
   /** Puts a new instance's egress policy in force, before it boots. */
   async admit(rec: InstanceRecord): Promise<void> {
     if (rec.address) await this.engine.network.setPolicy(rec.id, rec.address, rec.egress);

@@ -173,6 +173,26 @@ export class InstanceStore {
     });
   }
 
+  /** The instances of `node` the others marked lost (while its heartbeat could not reach the
+   * store, a database away for a while). */
+  async lostOf(node: string): Promise<InstanceRecord[]> {
+    const rows = await this.db.selectFrom('instances').selectAll().where('node', '=', node).where('status', '=', 'lost').execute();
+    return rows.map(fromRow);
+  }
+
+  /** Gives a lost instance back to its own node as `status`; false if another node took it
+   * meanwhile (a recover). */
+  async reclaimLost(id: string, node: string, status: InstanceStatus): Promise<boolean> {
+    const r = await this.db
+      .updateTable('instances')
+      .set({ status, updated_at: new Date().toISOString() })
+      .where('id', '=', id)
+      .where('node', '=', node)
+      .where('status', '=', 'lost')
+      .executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
   /** Takes a lost instance for `node`, as `starting`; false if it is not lost (any more: another
    * node took it first). */
   async claimLost(id: string, node: string): Promise<boolean> {

@@ -35,10 +35,7 @@ export class TestPostgres {
     const db = new TestPostgres(dir, bin);
     try {
       await db.asPostgres('initdb', ['-D', join(dir, 'data'), '-U', 'forkpoint', '-A', 'trust', '--no-sync', '-E', 'UTF8']);
-      await db.asPostgres('pg_ctl', [
-        '-D', join(dir, 'data'), '-l', join(dir, 'log'), '-w', '-t', '30', 'start',
-        '-o', `-c listen_addresses='' -k ${dir} -c fsync=off -c full_page_writes=off -c max_connections=200`,
-      ]);
+      await db.resume();
     } catch (err) {
       await db.stop();
       throw err;
@@ -65,6 +62,19 @@ export class TestPostgres {
 
   url(database: string): string {
     return `postgresql://forkpoint@localhost/${database}?host=${encodeURIComponent(this.dir)}`;
+  }
+
+  /** Starts the server (again, after `pause`) on its data. */
+  async resume(): Promise<void> {
+    await this.asPostgres('pg_ctl', [
+      '-D', join(this.dir, 'data'), '-l', join(this.dir, 'log'), '-w', '-t', '30', 'start',
+      '-o', `-c listen_addresses='' -k ${this.dir} -c fsync=off -c full_page_writes=off -c max_connections=200`,
+    ]);
+  }
+
+  /** Stops the server at once, as a crash would, keeping its data for `resume`. */
+  async pause(): Promise<void> {
+    await this.asPostgres('pg_ctl', ['-D', join(this.dir, 'data'), '-m', 'immediate', '-w', '-t', '30', 'stop']);
   }
 
   /** Stops the server at once and removes its directory. */
