@@ -224,7 +224,12 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     try {
       // Every sweep (idle, expiry, heartbeat) fails meanwhile, and no heartbeat lands: once the
       // database is back, each node has been silent longer than FORKPOINT_NODE_DEAD_AFTER_S (3).
-      await sleep(5000);
+      await sleep(1000);
+      for (const n of [a, b]) {
+        const away = await n.api('GET', '/instances');
+        expect([away.status, away.body.error?.code], JSON.stringify(away.body)).toEqual([503, 'UNAVAILABLE']);
+      }
+      await sleep(4000);
     } finally {
       await postgres.resume();
     }

@@ -1,3 +1,4 @@
+import { StoreUnavailableError } from '../store/db.js';
 /** Errors with a stable code, mapped one-to-one onto HTTP statuses by the HTTP faces. */
 export type ErrorCode =
   | 'INVALID_REQUEST'
@@ -114,6 +115,18 @@ export const httpStatusOf: Record<ErrorCode, number> = {
 
 /** Whether an error, or one of its causes, says the disk is full: a syscall's ENOSPC or
  * EDQUOT, SQLite's SQLITE_FULL, or CRIU's words for either in a failure it reported. */
+/** The database went away under a call: no connection to it, or it shut down (SQLSTATE 57P0x)
+ * or dropped the connection mid-query. */
+export function isStoreAway(err: unknown): boolean {
+  for (let e = err, depth = 0; e && depth < 5; e = (e as Error).cause, depth++) {
+    if (e instanceof StoreUnavailableError) return true;
+    const x = e as { code?: unknown; message?: unknown };
+    if (typeof x.code === 'string' && /^57P0[123]$/.test(x.code)) return true;
+    if (x.message === 'Connection terminated unexpectedly') return true;
+  }
+  return false;
+}
+
 export function isNoSpace(err: unknown): boolean {
   for (let e = err, depth = 0; e && depth < 5; e = (e as Error).cause, depth++) {
     const x = e as { code?: unknown; message?: unknown };

@@ -1,6 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
-import { ForkpointError, httpStatusOf, isNoSpace, type ErrorCode } from '../core/errors.js';
+import { ForkpointError, httpStatusOf, isNoSpace, isStoreAway, type ErrorCode } from '../core/errors.js';
 
 export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: unknown };
@@ -46,6 +46,10 @@ export function installErrorHandling(app: FastifyInstance): void {
     if (isNoSpace(err)) {
       request.log.warn({ err }, 'disk full');
       return sendError(reply, 'INSUFFICIENT_STORAGE', 'the disk under the data directory is full; free some space (delete checkpoints or instances) and try again');
+    }
+    if (isStoreAway(err)) {
+      request.log.warn({ err }, 'the database is not answering');
+      return sendError(reply, 'UNAVAILABLE', 'the database is not answering; try again in a moment');
     }
     request.log.error({ err }, 'internal error');
     return sendError(reply, 'INTERNAL', 'internal error; see the server log', { request_id: request.id });

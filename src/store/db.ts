@@ -56,6 +56,16 @@ const pgTypes = {
     oid === pg.types.builtins.INT8 ? (v: string) => Number(v) : pg.types.getTypeParser(oid, format),
 } as pg.CustomTypesConfig;
 
+/** The database did not answer (down, restarting, out of reach): nothing was done, and the call
+ * can be made again. */
+export class StoreUnavailableError extends Error {
+  override readonly name = 'StoreUnavailableError';
+  readonly code = 'STORE_UNAVAILABLE';
+  constructor(cause: Error) {
+    super(`the database is not answering: ${cause.message}`, { cause });
+  }
+}
+
 function openPostgres(url: string, onIdleError: (err: Error) => void): Connection {
   const pool = new pg.Pool({
     connectionString: url,
@@ -67,7 +77,9 @@ function openPostgres(url: string, onIdleError: (err: Error) => void): Connectio
     types: pgTypes,
   });
   pool.on('error', onIdleError);
-  const db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool }) });
+  // A connection the pool cannot make is the database away, told apart from a query's failure.
+  const guarded = { options: pool.options, connect: () => pool.connect().catch((err: Error) => Promise.reject(new StoreUnavailableError(err))), end: () => pool.end() };
+  const db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool: guarded }) });
   return { db, dialect: 'postgres', close: () => db.destroy() };
 }
 
