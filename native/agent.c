@@ -406,7 +406,12 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
       if (p && p->exited) proc_free(p);
       return;
     }
-    case FP_T_PING: return send_frame(c, FP_T_PONG, 0, h->id, NULL, 0);
+    case FP_T_PING:
+      /* CRIU, checking a tree in a user namespace, opens the namespaces of its PID 1 as that
+       * namespace's root, which a non-dumpable task restored by CRIU (its memory the initial
+       * namespace's) refuses: dumpable until the engine's next connection. */
+      if (h->flags & FP_PING_DUMP_FOLLOWS) prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+      return send_frame(c, FP_T_PONG, 0, h->id, NULL, 0);
     case FP_T_WRITE_FILE: return do_write_file(c, h, pl);
     case FP_T_WRITE_AT: return do_write_at(c, h, pl);
     case FP_T_RENAME: return do_rename(c, h, pl);
@@ -543,6 +548,7 @@ int agent_main(void) {
       if (kinds[i] == 0) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) continue;
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* again, after a dump (see FP_T_PING) */
         int slot = -1;
         for (int k = 0; k < MAX_CONNS; k++)
           if (conns[k].fd < 0) {

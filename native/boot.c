@@ -22,11 +22,16 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+#include <grp.h>
+#include <sys/wait.h>
 #include <linux/capability.h>
+#include <linux/mount.h>
 
 #include "fp.h"
 
 static int report_fd = -1;
+/* --userns BASE: the sandbox's ids 0..65535 are the host's BASE..BASE+65535 (-1: none). */
+static long userns_base = -1;
 /* --unconfined (benchmarks only: the cost of the masks and the filter, measured in one run)
  * leaves /proc unmasked and installs no seccomp filter. */
 static int confined = 1;
@@ -126,6 +131,9 @@ static int cap_kept(int cap) {
   }
 }
 
+/* Every capability set, not the bounding set alone: a server started with inheritable or
+ * ambient capabilities (a systemd unit's AmbientCapabilities, some pods) would otherwise hand
+ * them to every process of the sandbox through exec. */
 static void drop_capabilities(void) {
   int last = 40;
   FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
@@ -133,8 +141,18 @@ static void drop_capabilities(void) {
     if (fscanf(f, "%d", &last) != 1) last = 40;
     fclose(f);
   }
-  for (int cap = 0; cap <= last; cap++)
-    if (!cap_kept(cap) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) fail("drop cap %d", cap);
+  struct __user_cap_header_struct head = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &head, data) < 0) fail("capget");
+  for (int cap = 0; cap <= last; cap++) {
+    if (cap_kept(cap)) continue;
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) fail("drop cap %d", cap);
+    data[cap / 32].effective &= ~(1u << (cap % 32));
+    data[cap / 32].permitted &= ~(1u << (cap % 32));
+  }
+  data[0].inheritable = data[1].inheritable = 0;
+  if (syscall(SYS_capset, &head, data) < 0) fail("capset");
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) fail("clear ambient capabilities");
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("no_new_privs");
 }
 
@@ -156,23 +174,31 @@ static void close_host_fds(void) {
   dup2(0, 2);
 }
 
-static void sandbox_child(const char *root, const char *hostname) {
-  /* Only the child enters the new mount namespace: pivot_root moves the root of every
-   * process in it, and the parent still has a pidfile to write on the host. No cgroup
-   * namespace: CRIU, run with its cgroup handling off to keep pauses short, would not
-   * restore one (README, "Security"). */
-  if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET) < 0) fail("unshare");
+/* The sandbox's PID 1, in its namespaces, its cwd the root of its disk (a mount point): turns
+ * that into its root and execs the agent. */
+static void sandbox_init(const char *hostname) {
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fail("make / private");
-  if (mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0) fail("bind root");
-  if (chdir(root) < 0) fail("chdir root");
-  /* Into the sandbox's root first, and only then mount inside it: every path below resolves
-   * against the sandbox's own root, so a symlink it left on its disk points inside it. */
+  /* pivot_root refuses a locked mount, and every mount copied into a user namespace's mount
+   * namespace is locked: the root becomes a clone of itself, made here (so not locked), reached
+   * by its fd (the host's path to it may not be searchable by the sandbox's ids). */
+  int tree = (int)syscall(SYS_open_tree, AT_FDCWD, ".", OPEN_TREE_CLONE | O_CLOEXEC);
+  if (tree < 0) fail("clone the root mount");
+  if (syscall(SYS_move_mount, tree, "", AT_FDCWD, ".", MOVE_MOUNT_F_EMPTY_PATH) < 0) fail("attach the root mount");
+  if (fchdir(tree) < 0) fail("enter the root mount");
+  close(tree);
+  /* /proc before the old root goes: in a user namespace the kernel mounts a procfs only while
+   * a fully visible one is in the mount namespace. "proc" is one name, checked to be a
+   * directory of the sandbox's own (need_dir), and nothing of the sandbox runs yet. */
+  need_dir("proc", 0555);
+  if (mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fail("mount proc");
+  /* Into the sandbox's root, and only then mount inside it: every path below resolves against
+   * the sandbox's own root, so a symlink it left on its disk points inside it. */
   if (syscall(SYS_pivot_root, ".", ".") < 0) fail("pivot_root");
   if (umount2(".", MNT_DETACH) < 0) fail("detach old root");
   if (chdir("/") < 0) fail("chdir /");
-  need_dir("/proc", 0555);
+  /* Before the masks make /proc/sys read-only. */
+  if (loopback_up() < 0 || netns_defaults() < 0) fail("lo up");
   need_dir("/tmp", 01777);
-  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fail("mount proc");
   setup_dev();
   need_dir("/" CONFINE_EMPTY_DIR, 0555);
   char err[256];
@@ -181,10 +207,10 @@ static void sandbox_child(const char *root, const char *hostname) {
     fail("%s", err);
   }
   if (sethostname(hostname, strlen(hostname)) < 0) fail("sethostname");
-  if (loopback_up() < 0) fail("lo up");
   if (setsid() < 0) fail("setsid");
   close_host_fds();
-  /* The agent is the last thing the OOM killer should pick; it resets this for its children. */
+  /* The agent is the last thing the OOM killer should pick; it resets this for its children.
+   * (In a user namespace the boot process does it: lowering it needs the host's CAP_SYS_RESOURCE.) */
   int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (oom >= 0) {
     if (write(oom, "-1000", 5) < 0) {}
@@ -202,10 +228,90 @@ static void sandbox_child(const char *root, const char *hostname) {
   fail("exec /.fp/agent");
 }
 
+/* Without a user namespace: the boot process made the pid namespace; the rest is the child's. */
+static void sandbox_child(const char *root, const char *hostname) {
+  /* Only the child enters the new mount namespace: pivot_root moves the root of every
+   * process in it, and the parent still has a pidfile to write on the host. No cgroup
+   * namespace: CRIU, run with its cgroup handling off to keep pauses short, would not
+   * restore one (README, "Security"). */
+  if (chdir(root) < 0) fail("chdir root");
+  if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET) < 0) fail("unshare");
+  sandbox_init(hostname);
+}
+
+static int read_full(int fd, void *buf, size_t len) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = read(fd, (char *)buf + got, len - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+/* With a user namespace: the child makes it (as the host's root, so that CRIU, run as root,
+ * owns it and holds every capability in it: on hosts whose root lacks CAP_SYS_RESOURCE, as
+ * here, CRIU could not read the rlimits of a tree of another owner), the parent writes its map,
+ * the child takes the ids of its root (host BASE), bounds its per-user counters (see
+ * userns_limits), makes the other namespaces, owned by the new one, and forks the sandbox's
+ * PID 1. Every namespace but the user namespace belongs to it, the network's included: CRIU
+ * restores a tree's TCP connections from inside it, which takes CAP_NET_ADMIN over the network
+ * namespace (a sandbox's own processes hold none: it is not in their bounding set). */
+static pid_t boot_userns(const char *root, const char *hostname, int report_wr) {
+  int up[2], down[2];
+  if (pipe2(up, O_CLOEXEC) < 0 || pipe2(down, O_CLOEXEC) < 0) return -1;
+  pid_t maker = fork();
+  if (maker < 0) return -1;
+  if (maker == 0) {
+    close(up[0]);
+    close(down[1]);
+    report_fd = report_wr;
+    if (chdir(root) < 0) fail("chdir root");
+    if (unshare(CLONE_NEWUSER) < 0) fail("unshare user");
+    char c = 'u';
+    if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) != 1 || c != 'm') _exit(1);
+    /* Ids of the namespace from here on: its root is the host's BASE, never the host's 0. */
+    if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) fail("take the range's ids");
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET) < 0) fail("unshare");
+    /* After its own namespaces: the limits allow the sandbox to make none. */
+    char err[256];
+    if (userns_limits(err, sizeof(err)) < 0) {
+      errno = EPERM;
+      fail("%s", err);
+    }
+    pid_t init = fork();
+    if (init < 0) fail("fork");
+    if (init == 0) {
+      close(up[1]);
+      close(down[0]);
+      sandbox_init(hostname);
+    }
+    if (write(up[1], &init, sizeof(init)) != sizeof(init)) _exit(1);
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  pid_t init = -1;
+  char c = 0, err[256];
+  if (read(up[0], &c, 1) == 1 && c == 'u') {
+    if (write_id_maps(maker, (unsigned long)userns_base, err, sizeof(err)) < 0) {
+      if (write(report_wr, err, strlen(err))) {}
+    } else if (write(down[1], "m", 1) == 1 && read_full(up[0], &init, sizeof(init)) < 0) {
+      init = -1;
+    }
+  }
+  close(up[0]);
+  close(down[1]);
+  while (waitpid(maker, NULL, 0) < 0 && errno == EINTR) {}
+  return init;
+}
+
 int boot_main(int argc, char **argv) {
   const char *root = NULL, *hostname = "sandbox", *pidfile = NULL, *ov_dir = NULL, *ov_options = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--unconfined")) confined = 0;
+    else if (!strcmp(argv[i], "--userns") && i + 1 < argc) userns_base = atol(argv[++i]);
     else if (i + 1 >= argc) break;
     else if (!strcmp(argv[i], "--root")) root = argv[++i];
     else if (!strcmp(argv[i], "--hostname")) hostname = argv[++i];
@@ -218,34 +324,44 @@ int boot_main(int argc, char **argv) {
   }
   /* --overlay DIR OPTIONS: mount the disk on --root first, in the host's mount namespace. */
   char err[512];
-  if (ov_dir && replace_overlay(ov_dir, root, ov_options, err, sizeof(err)) < 0) {
+  if (ov_dir && mount_disk_for(ov_dir, root, ov_options, userns_base, err, sizeof(err)) < 0) {
     fprintf(stderr, "boot: %s\n", err);
-    return 1;
-  }
-  if (unshare(CLONE_NEWPID) < 0) {
-    perror("boot: unshare");
     return 1;
   }
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) < 0) return 1;
-  pid_t child = fork();
-  if (child < 0) {
-    perror("boot: fork");
-    return 1;
-  }
-  if (child == 0) {
-    close(pipefd[0]);
-    report_fd = pipefd[1];
-    sandbox_child(root, hostname);
+  pid_t child;
+  if (userns_base >= 0) {
+    child = boot_userns(root, hostname, pipefd[1]);
+  } else {
+    if (unshare(CLONE_NEWPID) < 0) {
+      perror("boot: unshare");
+      return 1;
+    }
+    child = fork();
+    if (child == 0) {
+      close(pipefd[0]);
+      report_fd = pipefd[1];
+      sandbox_child(root, hostname);
+    }
   }
   close(pipefd[1]);
   char msg[512];
   ssize_t n, total = 0;
   while ((n = read(pipefd[0], msg + total, sizeof(msg) - 1 - (size_t)total)) > 0) total += n;
   msg[total] = 0;
-  if (total > 0) {
-    fprintf(stderr, "boot: %s\n", msg);
+  if (total > 0 || child < 0) {
+    fprintf(stderr, "boot: %s\n", total > 0 ? msg : "the sandbox did not start");
     return 1;
+  }
+  if (userns_base >= 0) {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", (int)child);
+    int oom = open(path, O_WRONLY | O_CLOEXEC);
+    if (oom >= 0) {
+      if (write(oom, "-1000", 5) < 0) {}
+      close(oom);
+    }
   }
   FILE *f = fopen(pidfile, "w");
   if (!f) {

@@ -17,17 +17,24 @@
  * own start-up (dynamic loading, kernel probes: ~10 ms) happens before a pause, not in it.
  * Frames on stdin, answers on fd 3, each a u32 little-endian length, a kind byte and data:
  *   'O' PATH                    open a directory for CRIU  -> 'K' its fd number, in decimal
- *   'M' DIR\0TARGET\0OPTIONS    replace_overlay            -> 'K'
+ *   'M' DIR\0TARGET\0OPTIONS[\0BASE]  replace_overlay, its layers idmapped to the uid range
+ *                               at BASE if given (idmap.c)  -> 'K'
  *   'R' criu_req (protobuf)     passed to CRIU             -> 'R' criu_resp
  *   'H' PID\0HOSTNAME           set the hostname in PID's uts namespace (a fork's) -> 'K'
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
  *                               it restores is born inside the sandbox's limits     -> 'K'
- *   'N' HOSTIF\0ADDR\0GW\0MAC   the sandbox's network link (netlink.c), in the netns CRIU
- *                               restores into, before the restore: sockets come back on it;
+ *   'N' HOSTIF\0ADDR\0GW\0MAC[\0LATER]   the sandbox's network link (netlink.c), in the netns
+ *                               CRIU restores into, before the restore: sockets come back on it;
  *                               the host's route to ADDR moves to it when the next 'R' is
- *                               answered -> 'K'
- * and 'E' MESSAGE for a failure. 'M' mounts in the host's mount namespace (where the engine finds
+ *                               answered. With LATER, in the netns CRIU makes for the tree (a
+ *                               tree in a user namespace: --empty-ns net), when it notifies
+ *                               "setup-namespaces" -> 'K'
+ *   'L' PID                     bound the per-user counters of PID's user namespace (one
+ *                               CRIU restored: see userns_limits) -> 'K'
+ * and 'E' MESSAGE for a failure. CRIU's notifications during an 'R' (a restore with
+ * notify_scripts) are answered here: "setup-namespaces" brings up the network namespace CRIU
+ * made (lo, the sandbox's settings, the link of a deferred 'N'); every other one is just acked. 'M' mounts in the host's mount namespace (where the engine finds
  * every sandbox's disk: re-adoption after a restart, teardown) and gives CRIU, in the worker's
  * private one, a clone of that mount (see mount_disk). With --pidfile, the pid of a restored tree is written there
  * as soon as CRIU answers, so that a server that dies meanwhile can still find it. EOF on stdin ends the worker; with it CRIU, whose restored
@@ -153,11 +160,11 @@ static int enter_ns_of(const char *pid, const char *ns, int type) {
  * same upper) on TARGET in this worker's private namespace, where CRIU looks for it. The old
  * mounts are pinned by *HOST_OLD and *OWN_OLD: their superblock's teardown (a sync of the
  * filesystem under it) waits until this relay exits, after the restore. */
-static int mount_disk(const char *dir, const char *target, const char *options, int *host_old, int *own_old,
+static int mount_disk(const char *dir, const char *target, const char *options, long base, int *host_old, int *own_old,
                       char *err, size_t errlen) {
   if (host_mntns < 0) { /* no private namespace: the host's is this one */
     if (*own_old < 0) *own_old = open(target, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    return replace_overlay(dir, target, options, err, errlen);
+    return mount_disk_for(dir, target, options, base, err, errlen);
   }
   int rc = -1, tree = -1;
   if (setns(host_mntns, CLONE_NEWNS) < 0) {
@@ -165,7 +172,7 @@ static int mount_disk(const char *dir, const char *target, const char *options, 
     return -1;
   }
   if (*host_old < 0) *host_old = open(target, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (replace_overlay(dir, target, options, err, errlen) == 0) {
+  if (mount_disk_for(dir, target, options, base, err, errlen) == 0) {
     tree = (int)syscall(SYS_open_tree, AT_FDCWD, target, OPEN_TREE_CLONE | O_CLOEXEC);
     if (tree < 0) snprintf(err, errlen, "clone the mount of %s: %s", target, strerror(errno));
   }
@@ -187,12 +194,66 @@ static int mount_disk(const char *dir, const char *target, const char *options, 
   return rc;
 }
 
+
+/* A criu_resp that is a notification (type NOTIFY, 6): its script name and pid. */
+static int notification(const uint8_t *p, const uint8_t *end, char *script, size_t size, long *pid) {
+  if (field_varint(p, end, 1, 0) != 6) return 0;
+  *pid = field_varint(p, end, 5, 2);
+  script[0] = 0;
+  while (p < end) { /* field 5 (notify), then its field 1 (script) */
+    uint64_t key, v;
+    if (varint(&p, end, &key) < 0) return 1;
+    unsigned field = (unsigned)(key >> 3), type = key & 7;
+    if (type == 0) { if (varint(&p, end, &v) < 0) return 1; continue; }
+    if (type != 2 || varint(&p, end, &v) < 0 || v > (uint64_t)(end - p)) return 1;
+    if (field == 5) {
+      const uint8_t *q = p, *qend = p + v;
+      while (q < qend) {
+        uint64_t k2, v2;
+        if (varint(&q, qend, &k2) < 0) break;
+        if ((k2 & 7) == 0) { if (varint(&q, qend, &v2) < 0) break; continue; }
+        if ((k2 & 7) != 2 || varint(&q, qend, &v2) < 0 || v2 > (uint64_t)(qend - q)) break;
+        if ((k2 >> 3) == 1) snprintf(script, size, "%.*s", (int)(v2 < size ? v2 : size - 1), (const char *)q);
+        q += v2;
+      }
+    }
+    p += v;
+  }
+  return 1;
+}
+
+struct pending_link { int set; char hostif[32], addr[32], gw[32], mac[32]; };
+
+/* "setup-namespaces" of a tree in a user namespace: CRIU made its network namespace (empty,
+ * lo down); the sandbox's link and settings go in before any socket is restored. */
+static int set_up_restored_netns(long pid, const struct pending_link *link, char *msg, size_t len) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%ld/ns/net", pid);
+  int ns = open(path, O_RDONLY | O_CLOEXEC);
+  if (ns < 0) {
+    snprintf(msg, len, "open %s: %s", path, strerror(errno));
+    return -1;
+  }
+  int rc = -1;
+  if (setns(ns, CLONE_NEWNET) < 0) snprintf(msg, len, "enter the restored netns: %s", strerror(errno));
+  else if (loopback_up() < 0 || netns_defaults() < 0) snprintf(msg, len, "set up the restored netns: %s", strerror(errno));
+  else rc = 0;
+  if (setns(own_netns, CLONE_NEWNET) < 0) {
+    perror("criu-run: back to the worker's netns");
+    _exit(1);
+  }
+  if (rc == 0 && link->set) rc = net_setup(host_netns, ns, link->hostif, link->addr, link->gw, link->mac, 0, msg, len);
+  close(ns);
+  return rc;
+}
+
 static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   static char buf[MAX_FRAME + 1];
   static char pidfile_buf[4096];
   const char *pidfile = pidfile_arg;
   int old_root = -1, host_old_root = -1;
   char route_if[32] = "", route_addr[32] = "", route_gw[32] = "";
+  struct pending_link later = {0};
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -208,17 +269,34 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       else snprintf(msg, sizeof(msg), "%d", fd);
       if (reply_text(fd < 0 ? 'E' : 'K', msg) < 0) break;
     } else if (kind == 'M') {
-      /* Three NUL-separated fields; buf[n] is a NUL too, so strlen stays inside the frame. */
+      /* Three or four NUL-separated fields; buf[n] is a NUL too, so strlen stays inside the frame. */
       size_t a = strlen(data), b = a < len ? strlen(data + a + 1) : 0;
+      size_t c = a + b + 2 <= len ? strlen(data + a + b + 2) : 0;
+      long base = a + b + c + 3 < len ? atol(data + a + b + c + 3) : -1;
       int rc = -1;
       if (a + 1 + b + 1 > len) snprintf(msg, sizeof(msg), "bad mount request");
       else
-        rc = mount_disk(data, data + a + 1, data + a + b + 2, &host_old_root, &old_root, msg, sizeof(msg));
+        rc = mount_disk(data, data + a + 1, data + a + b + 2, base, &host_old_root, &old_root, msg, sizeof(msg));
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else if (kind == 'R') {
       ssize_t got = -1;
+      int setup_failed = 0;
       if (send(sk, data, len, 0) == (ssize_t)len) {
-        do got = recv(sk, buf, MAX_FRAME, 0); while (got < 0 && errno == EINTR);
+        for (;;) {
+          do got = recv(sk, buf, MAX_FRAME, 0); while (got < 0 && errno == EINTR);
+          char script[64];
+          long npid = -1;
+          if (got <= 0 || !notification((const uint8_t *)buf, (const uint8_t *)buf + got, script, sizeof(script), &npid)) break;
+          int ok = 1;
+          if (!strcmp(script, "setup-namespaces") && npid > 0 && set_up_restored_netns(npid, &later, msg, sizeof(msg)) < 0) ok = 0, setup_failed = 1;
+          const uint8_t ack[] = {0x08, 0x06, 0x18, (uint8_t)ok}; /* criu_req: type NOTIFY, notify_success */
+          if (send(sk, ack, sizeof(ack), 0) != (ssize_t)sizeof(ack)) { got = -1; break; }
+        }
+        later.set = 0;
+      }
+      if (setup_failed) { /* CRIU gave up on our word; its answer says only that */
+        if (reply_text('E', msg) < 0) break;
+        continue;
       }
       /* The address moves to the new link only once CRIU is done: its sockets exist then, and
        * a packet that came earlier was lost (and is sent again), not answered with a reset by
@@ -263,14 +341,25 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       /* HOSTIF\0ADDR\0GW\0MAC: the sandbox's link, made in the netns CRIU restores into. */
       const char *f[4] = {data, NULL, NULL, NULL};
       for (int k = 1; k < 4; k++) f[k] = f[k - 1] + strlen(f[k - 1]) + 1;
-      int rc = -1;
+      const char *end4 = f[3] + strlen(f[3]);
+      int rc = -1, deferred = (size_t)(end4 - data) + 1 < len && end4[1] == '1';
       if ((size_t)(f[3] - data) >= len) snprintf(msg, sizeof(msg), "bad network request");
-      else rc = net_setup(host_netns, own_netns, f[0], f[1], f[2], f[3], 0, msg, sizeof(msg));
+      else if (deferred) {
+        later.set = 1;
+        snprintf(later.hostif, sizeof(later.hostif), "%.31s", f[0]);
+        snprintf(later.addr, sizeof(later.addr), "%.31s", f[1]);
+        snprintf(later.gw, sizeof(later.gw), "%.31s", f[2]);
+        snprintf(later.mac, sizeof(later.mac), "%.31s", f[3]);
+        rc = 0;
+      } else rc = net_setup(host_netns, own_netns, f[0], f[1], f[2], f[3], 0, msg, sizeof(msg));
       if (rc == 0) {
         snprintf(route_if, sizeof(route_if), "%.31s", f[0]);
         snprintf(route_addr, sizeof(route_addr), "%.31s", f[1]);
         snprintf(route_gw, sizeof(route_gw), "%.31s", f[2]);
       }
+      if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
+    } else if (kind == 'L') {
+      int rc = userns_limits_of((pid_t)atoi(data), msg, sizeof(msg));
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else {
       reply_text('E', "unknown request");
@@ -345,7 +434,7 @@ int criu_run_main(int argc, char **argv) {
     perror("criu-run: enter the sandbox's netns");
     return 1;
   }
-  if (new_netns && (unshare(CLONE_NEWNET) < 0 || loopback_up() < 0)) {
+  if (new_netns && (unshare(CLONE_NEWNET) < 0 || loopback_up() < 0 || netns_defaults() < 0)) {
     perror("criu-run: new netns");
     return 1;
   }

@@ -7,12 +7,22 @@ int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);
 int loopback_up(void);
+int netns_defaults(void);
 int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr, const char *gw, const char *mac, int with_route, char *err, size_t errlen);
 int net_route(int host_ns, const char *host_if, const char *addr, const char *gw, char *err, size_t errlen);
 int net_setup_main(int argc, char **argv);
 #include <stddef.h>
 int replace_overlay(const char *dir, const char *target, const char *options, char *err, size_t errlen);
 int mkdev_main(int argc, char **argv);
+/* A sandbox's uid range: its 0..65535 are host BASE..BASE+65535 (idmap.c). */
+#define FP_RANGE_SIZE 65536u
+#include <sys/types.h>
+int write_id_maps(pid_t pid, unsigned long base, char *err, size_t errlen);
+int userns_for_range(unsigned long base, char *err, size_t errlen);
+int replace_overlay_idmapped(const char *dir, const char *target, const char *options, unsigned long base, char *err, size_t errlen);
+int userns_limits(char *err, size_t errlen);
+int userns_limits_of(pid_t pid, char *err, size_t errlen);
+int mount_disk_for(const char *dir, const char *target, const char *options, long base, char *err, size_t errlen);
 /* An empty directory of the agent layer, bound read-only over masked /proc directories. */
 #define CONFINE_EMPTY_DIR ".fp/empty"
 int confine_proc(char *err, size_t errlen);

@@ -27,7 +27,7 @@ enum {
   FP_T_DETACH = 6,
   FP_T_LIST = 7,
   FP_T_FORGET = 8,  /* drop the record of an exited process */
-  FP_T_PING = 9,
+  FP_T_PING = 9,    /* flags & FP_PING_DUMP_FOLLOWS: CRIU dumps the sandbox next (see agent_main) */
   FP_T_WRITE_FILE = 10, /* payload: u32 mode, path\0, bytes: create or replace, inside the sandbox's root */
   FP_T_READ_FILE = 11,  /* payload: u32 max bytes, path\0; a directory is EISDIR */
   FP_T_REMOVE_FILE = 12, /* payload: path\0; a missing file is not an error; empty dirs too */
@@ -54,5 +54,6 @@ enum {
 enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };
 enum { FP_WRITE_TRUNCATE = 1 };
 enum { FP_SIG_FOREGROUND = 1 };
+enum { FP_PING_DUMP_FOLLOWS = 1 };
 
 #endif
