@@ -18,6 +18,7 @@ const spec = (id: string) => ({
   limits: { memoryMb: 512, pids: 256, cpuPercent: 100 },
   diskMb: null,
   network: null, // the baseline: no network link
+  uidBase: null,
 });
 const echo = { argv: ['/bin/echo', 'hi'], env: ['PATH=/bin'], cwd: '/', timeoutMs: 5000, maxOutputBytes: 1 << 20, spillDir: engine.layout.spill };
 

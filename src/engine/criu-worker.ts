@@ -12,10 +12,12 @@ const root = protobuf.parse(`
     optional bool leave_running = 3;
     optional bool tcp_established = 5;
     optional int32 log_level = 9;
+    optional bool notify_scripts = 12;
     optional string log_file = 10;
     optional string root = 13;
     optional int32 work_dir_fd = 17;
     optional int32 manage_cgroups_mode = 34;
+    optional uint32 empty_ns = 38;
     optional bool tcp_close = 52;
     optional int32 network_lock = 64;
   }
@@ -38,6 +40,7 @@ const Resp = root.lookupType('criu_resp');
 
 export const REQ = { DUMP: 1, RESTORE: 2, VERSION: 10 } as const;
 const CG_IGNORE = 0;
+const CLONE_NEWNET = 0x40000000;
 /** CRIU's criu_network_lock_method: the sandbox's netns is CRIU's own during a dump, and
  * nothing but the sandbox's own sockets live in it. */
 const NETWORK_LOCK = { NFTABLES: 2, SKIP: 3 } as const;
@@ -135,9 +138,10 @@ export class CriuWorker {
     return Number((await this.request('O', path)).toString('utf8'));
   }
 
-  /** Mounts an overlay in place of what is mounted on `target` (criu-run --overlay). */
-  async mountOverlay(dir: string, target: string, options: string): Promise<void> {
-    await this.request('M', `${dir}\0${target}\0${options}`);
+  /** Mounts an overlay in place of what is mounted on `target` (criu-run --overlay), its
+   * layers idmapped to the uid range at `uidBase` if there is one. */
+  async mountOverlay(dir: string, target: string, options: string, uidBase: number | null): Promise<void> {
+    await this.request('M', `${dir}\0${target}\0${options}${uidBase === null ? '' : `\0${uidBase}`}`);
   }
 
   /** Where the relay writes the restored root's pid the moment CRIU reports it. */
@@ -150,9 +154,17 @@ export class CriuWorker {
     if (procsFiles.length) await this.request('C', procsFiles.join('\0'));
   }
 
-  /** The sandbox's network link, made in the netns CRIU restores into (native/netlink.c). */
-  async setUpNetwork(link: { hostIf: string; address: string; gateway: string; mac: string }): Promise<void> {
-    await this.request('N', `${link.hostIf}\0${link.address}\0${link.gateway}\0${link.mac}`);
+  /** The sandbox's network link, made in the netns CRIU restores into (native/netlink.c): the
+   * worker's own, or (`inTreeNetns`) the one CRIU makes for a tree in a user namespace, once
+   * CRIU says it exists. */
+  async setUpNetwork(link: { hostIf: string; address: string; gateway: string; mac: string }, inTreeNetns: boolean): Promise<void> {
+    await this.request('N', `${link.hostIf}\0${link.address}\0${link.gateway}\0${link.mac}${inTreeNetns ? '\x001' : ''}`);
+  }
+
+  /** Bounds the per-user counters of the user namespace CRIU restored `pid` into (it makes
+   * the namespace afresh, unbounded; native/idmap.c userns_limits). */
+  async boundUserNamespace(pid: number): Promise<void> {
+    await this.request('L', String(pid));
   }
 
   async setHostname(pid: number, hostname: string): Promise<void> {
@@ -171,8 +183,10 @@ export class CriuWorker {
     if (!r.success) throw new EngineError('CRIU_FAILED', 'CRIU did not answer its version');
   }
 
-  /** `imagesFd`: from `openDir`, which can be done ahead of the pause. */
-  async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean }): Promise<CriuResponse> {
+  /** `imagesFd`: from `openDir`, which can be done ahead of the pause. `ownNetns`: the tree
+   * has a network namespace of its own, outside the worker's (a tree in a user namespace),
+   * dumped empty (its sockets only): the restore makes it afresh, owned by the tree. */
+  async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean; ownNetns?: boolean }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.DUMP,
       opts: {
@@ -185,11 +199,14 @@ export class CriuWorker {
         log_level: 2,
         log_file: 'dump.log',
         manage_cgroups_mode: CG_IGNORE,
+        ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET } : {}),
       },
     }, CRIU_DEADLINES.dumpOrRestore);
   }
 
-  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections }): Promise<CriuResponse> {
+  /** `ownNetns`: as for `dump`; the worker then answers CRIU's notifications, and sets the
+   * network namespace CRIU makes up when it is made (criu_run.c, 'N' with LATER). */
+  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,
       opts: {
@@ -201,6 +218,7 @@ export class CriuWorker {
         log_level: 2,
         log_file: 'restore.log',
         manage_cgroups_mode: CG_IGNORE,
+        ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET, notify_scripts: true } : {}),
       },
     }, CRIU_DEADLINES.dumpOrRestore);
   }

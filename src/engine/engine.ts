@@ -12,6 +12,8 @@ import { DataLayout } from './layout.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { Volumes } from './volumes.js';
+import { imagesForRange } from './userns-image.js';
+import { raiseInotifyCeilings } from './kernel-limits.js';
 import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
@@ -35,6 +37,8 @@ export interface EngineOptions {
   unconfinedForBenchmarks?: boolean;
   /** The sandboxes' subnet, and the resolvers their DNS asks (default: the host's). */
   network: { cidr: string; dnsServers?: string[] | undefined };
+  /** How many uid ranges sandboxes' user namespaces may hold at once (kernel-limits.ts). */
+  uidRanges: number;
 }
 
 /** What the engine needs to know of an instance to run it. */
@@ -52,6 +56,9 @@ export interface SandboxSpec {
   diskMb: number | null;
   /** Its address on the sandboxes' network; null: only loopback. */
   network: SandboxNetwork | null;
+  /** The first host uid (and gid) of its range: its ids 0..65535 are the host's
+   * uidBase..uidBase+65535, in a user namespace of its own. null: none (the host's ids). */
+  uidBase: number | null;
 }
 
 export interface FreezeResult {
@@ -102,6 +109,7 @@ export class Engine implements SandboxRuntime {
     // After a reboot the volumes are not mounted, and the layers in them not reachable.
     await this.volumes.mountAll();
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
+    for (const change of await raiseInotifyCeilings(this.opts.uidRanges)) this.log.info({ change }, 'raised a host-wide inotify ceiling to hold every sandbox\'s bound');
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
     await this.disk.emptyTrash();
     this.restorers.refill();
@@ -154,6 +162,7 @@ export class Engine implements SandboxRuntime {
       command: [
         this.opts.agentPath, 'boot', '--root', l.merged(spec.id), '--hostname', spec.hostname, '--pidfile', join(run, 'pid'),
         ...(this.opts.unconfinedForBenchmarks ? ['--unconfined'] : []),
+        ...(spec.uidBase !== null ? ['--userns', String(spec.uidBase)] : []),
         ...this.overlay(spec, false),
       ],
       pidfile: join(run, 'pid'),
@@ -164,6 +173,14 @@ export class Engine implements SandboxRuntime {
     });
     if (spec.network) await this.network.connectBooted(launched.pid, await this.network.newLink(spec.id, spec.network));
     return launched;
+  }
+
+  /** A CRIU dump worker: in the sandbox's netns (CRIU then leaves it out of the image, and the
+   * restore puts the tree in its worker's), or, for a sandbox in a user namespace, whose netns
+   * is its own, outside it (see CriuWorker.dump). */
+  private dumper(spec: SandboxSpec, pid: number) {
+    const where = spec.uidBase === null ? { netnsOf: pid } : ({ fresh: true } as const);
+    return worker(this.opts.agentPath, this.criu.workerCommand(where), join(this.layout.run(spec.id), 'dump-worker.log'));
   }
 
   /** A CRIU restore worker under a shim of its own, warming up; it belongs to no instance yet. */
@@ -177,6 +194,12 @@ export class Engine implements SandboxRuntime {
     const ready = w.ready();
     ready.catch(() => {});
     return { worker: w, ready };
+  }
+
+  /** The images to restore `spec` from: `images`, or a copy whose user namespace is the spec's
+   * range (userns-image.ts). A checkpoint's own restore needs neither: it is of the same range. */
+  private inRange(spec: SandboxSpec, images: string): string {
+    return imagesForRange(images, spec.uidBase, join(this.layout.run(spec.id), 'images-in-range'));
   }
 
   /** What a restore needs that can be had before the old sandbox is gone: CRIU warm and in the
@@ -196,7 +219,7 @@ export class Engine implements SandboxRuntime {
       r.worker.setPidfile(join(run, 'pid')),
       r.worker.joinCgroups(cgroupProcs),
       // The link exists before CRIU restores sockets bound to the sandbox's address.
-      spec.network && this.network.newLink(spec.id, spec.network).then((link) => r.worker.setUpNetwork(link)),
+      spec.network && this.network.newLink(spec.id, spec.network).then((link) => r.worker.setUpNetwork(link, spec.uidBase !== null)),
     ]);
     return { imagesFd, workFd };
   }
@@ -216,16 +239,16 @@ export class Engine implements SandboxRuntime {
       const [, dir, target, options] = this.overlay(spec, true);
       // The sandbox this one replaces must be gone before CRIU forks into the same cgroups
       // (their limits would count both); mounting the disk need not wait for it.
-      await Promise.all([r.worker.mountOverlay(dir!, target!, options!), oldGone]);
+      await Promise.all([r.worker.mountOverlay(dir!, target!, options!, spec.uidBase), oldGone]);
       const t = performance.now();
-      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections });
+      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null });
       this.log.debug({ instance: spec.id, ms: Math.round((performance.now() - t) * 100) / 100 }, 'criu restore');
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
         throw new EngineError('RESTORE_FAILED', lastError(log) ?? resp.cr_errmsg ?? 'criu restore failed', log);
       }
-      if (hostname) await r.worker.setHostname(pid, hostname);
+      await Promise.all([hostname && r.worker.setHostname(pid, hostname), spec.uidBase !== null && r.worker.boundUserNamespace(pid)]);
       return { pid, startTime: await processStartTime(pid) };
     } catch (err) {
       throw err instanceof EngineError && (err.code === 'RESTORE_FAILED' || err.code === 'LAYER_LIMIT' || err.code === 'TIMEOUT')
@@ -271,7 +294,7 @@ export class Engine implements SandboxRuntime {
     try {
       this.disk.prepareDisk(spec, true);
       steps.mark('disk');
-      const prepared = this.prepareRestore(restorer, spec, images);
+      const prepared = this.prepareRestore(restorer, spec, this.inRange(spec, images));
       const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
@@ -357,7 +380,7 @@ export class Engine implements SandboxRuntime {
     let dumpError: unknown;
     const steps = new Steps();
     // Both CRIUs start while the sandbox still runs; the pause pays for their work only.
-    const dumper = worker(this.opts.agentPath, this.criu.workerCommand({ netnsOf: sb.pid }), join(this.layout.run(spec.id), 'dump-worker.log'));
+    const dumper = this.dumper(spec, sb.pid);
     const restorer = this.restorers.take();
     const next = { ...spec, layers: [layerId, ...spec.layers] };
     const prepared = this.prepareRestore(restorer, next, images);
@@ -379,7 +402,7 @@ export class Engine implements SandboxRuntime {
     await sb.pause(async () => {
       const t0 = performance.now();
       steps.mark('close');
-      const dumped = await dumper.dump({ pid: sb.pid, imagesFd }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.end();
       if (!dumped.success) {
         restorer.worker.end();
@@ -414,7 +437,7 @@ export class Engine implements SandboxRuntime {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    }, release).finally(() => this.restorers.refillSoon());
+    }, release, { dump: true }).finally(() => this.restorers.refillSoon());
     steps.mark('reconnect');
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;
@@ -432,7 +455,7 @@ export class Engine implements SandboxRuntime {
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
     await mkdir(images, { recursive: true });
     this.criu.markFormat(images);
-    const dumper = worker(this.opts.agentPath, this.criu.workerCommand({ netnsOf: sb.pid }), join(this.layout.run(spec.id), 'dump-worker.log'));
+    const dumper = this.dumper(spec, sb.pid);
     let imagesFd: number;
     try {
       [imagesFd] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]);
@@ -443,7 +466,7 @@ export class Engine implements SandboxRuntime {
     let dumpError: EngineError | undefined;
     const t0 = performance.now();
     await sb.pause(async () => {
-      const dumped = await dumper.dump({ pid: sb.pid, imagesFd }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.end();
       if (!dumped.success) {
         const log = await tail(join(images, 'dump.log'));
@@ -456,7 +479,7 @@ export class Engine implements SandboxRuntime {
       this.live.delete(spec.id);
       await this.teardown(spec.id);
       return undefined;
-    });
+    }, undefined, { dump: true });
     if (dumpError) throw dumpError;
     return { pauseMs: Math.round((performance.now() - t0) * 100) / 100 };
   }
@@ -487,7 +510,7 @@ export class Engine implements SandboxRuntime {
     await sb.pause(async () => {
       // A warm CRIU if the pool has one; else it starts while the old sandbox goes.
       const restorer = images ? this.restorers.take() : undefined;
-      const prepared = restorer && images ? this.prepareRestore(restorer, spec, images) : undefined;
+      const prepared = restorer && images ? this.prepareRestore(restorer, spec, this.inRange(spec, images)) : undefined;
       prepared?.catch(() => {});
       const oldGone = killTree(sb.pid, sb.startTime);
       oldGone.catch(() => {});

@@ -215,7 +215,7 @@ export class Sandbox {
   async pause<T>(
     work: () => Promise<{ pid: number; startTime: string; result: T } | undefined>,
     release?: () => void,
-    opts: { rollback?: boolean } = {},
+    opts: { rollback?: boolean; dump?: boolean } = {},
   ): Promise<T | undefined> {
     while (this.gate) await this.gate;
     let open!: () => void;
@@ -224,6 +224,8 @@ export class Sandbox {
     try {
       await Promise.allSettled([...this.inflight]);
       await this.connecting?.catch(() => {}); // a reconnect under way lands before it is closed
+      // An agent that does not answer is dumped all the same: CRIU's own check then says why.
+      if (opts.dump) await this.client?.ping({ dumpFollows: true }).catch(() => {});
       await this.client?.close();
       this.client = undefined;
       await Promise.all([...this.sideClients].map((c) => c.close()));

@@ -4,6 +4,9 @@ import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } f
 import { decodeFrame, parseDir, parseList, parseStat, type AgentMessage, type AgentProcessInfo, type DirEntry, type FileStat } from './frames.js';
 import { ENOENT, FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
 
+/** FP_PING_DUMP_FOLLOWS (native/protocol.h). */
+const PING_DUMP_FOLLOWS = 1;
+
 export { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from './errors.js';
 
 export interface ProcessListener {
@@ -250,8 +253,10 @@ export class AgentClient {
     this.socket.write(encodeFrame(T.PING, id));
   }
 
-  async ping(): Promise<void> {
-    const m = await this.request(T.PING, AgentClient.newProcessId());
+  /** `dumpFollows`: CRIU dumps the sandbox next; the agent lets it read its namespaces until
+   * the engine connects again (native/agent.c, FP_T_PING). */
+  async ping(opts: { dumpFollows?: boolean } = {}): Promise<void> {
+    const m = await this.request(T.PING, AgentClient.newProcessId(), undefined, opts.dumpFollows ? PING_DUMP_FOLLOWS : 0);
     if (m.kind !== 'pong') throw this.unexpected(m, 'pong');
   }
 
