@@ -70,6 +70,14 @@ export const configSchema = z.object({
   defaultCpuPercent: z.coerce.number().int().positive().default(100),
   /** A disk limit for instances that do not ask for one (0: none). See engine/volumes.ts. */
   defaultDiskMb: z.coerce.number().int().min(0).default(0),
+  /** `on`: every sandbox runs in a user namespace of its own, its ids 0..65535 a range of host
+   * ids no other sandbox and no host account has (README, "Security"); `off`: the host's ids, as
+   * before (weaker). An instance may ask for either at create. */
+  userNamespaces: z.enum(['on', 'off']).default('on'),
+  /** The pool ranges are taken from: `uidRanges` ranges of 65536 ids from `uidRangeStart`, a
+   * multiple of 65536, all below 2^31. Shared by the nodes of a cluster (one store). */
+  uidRangeStart: z.coerce.number().int().min(65536).multipleOf(65536).default(1073741824),
+  uidRanges: z.coerce.number().int().positive().default(8192),
   /** `off`: sandboxes get only loopback (no link, no firewall, no DNS), as before networking. */
   networking: z.enum(['on', 'off']).default('on'),
   /** The sandboxes' subnet (the host keeps its first address as their gateway). Two servers on
@@ -126,6 +134,9 @@ const envNames: Record<keyof Config, string> = {
   defaultPids: 'FORKPOINT_DEFAULT_PIDS',
   defaultCpuPercent: 'FORKPOINT_DEFAULT_CPU_PERCENT',
   defaultDiskMb: 'FORKPOINT_DEFAULT_DISK_MB',
+  userNamespaces: 'FORKPOINT_USER_NAMESPACES',
+  uidRangeStart: 'FORKPOINT_UID_RANGE_START',
+  uidRanges: 'FORKPOINT_UID_RANGES',
   networking: 'FORKPOINT_NETWORKING',
   networkCidr: 'FORKPOINT_NETWORK_CIDR',
   previewDomain: 'FORKPOINT_PREVIEW_DOMAIN',
@@ -173,6 +184,10 @@ export function loadConfig(sources: ConfigSources = {}): Config {
     throw new Error(`invalid configuration: ${problems.join('; ')}`);
   }
   const c = result.data;
+  // The kernel's ping_group_range and PostgreSQL's INTEGER both end at 2^31 - 1.
+  if (c.uidRangeStart + c.uidRanges * 65536 > 2 ** 31) {
+    throw new Error(`invalid configuration: uidRanges: ${c.uidRanges} ranges from ${c.uidRangeStart} go past 2^31`);
+  }
   // Listening on every address, a node cannot tell the others where it is: "any" means
   // "itself" to them, and calls forwarded there would come back.
   if (c.databaseUrl && !c.nodeUrl && /^(0\.0\.0\.0|::|\[::\])$/.test(c.host)) {

@@ -168,6 +168,7 @@ describe('checkpoint jobs', () => {
     await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 0.2; (echo before; sleep 2; echo after) | nc 127.0.0.1 9000' });
     await eventually(async () => (await s.exec(inst.id, { command: 'netstat -tn' })).stdout.includes('ESTABLISHED'));
     const r = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: 'with a connection' });
+    expect(r.body.error ?? null).toBeNull();
     expect(r.body.status).toBe('ready');
     await eventually(async () => (await s.exec(inst.id, { command: 'cat /root/received' })).stdout === 'before\nafter\n', 5000);
   });

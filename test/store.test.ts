@@ -38,7 +38,7 @@ const instance = (id: string, createdAt: string, extra: Partial<InstanceRecord> 
   env: { A: '1' }, limits: { memoryMb: 256, pids: 64, cpuPercent: 100, diskMb: null }, metadata: { k: 'v' }, pid: null, pidStart: null,
   sourceInstanceId: null, sourceCheckpointId: null, maxCheckpoints: null, headCheckpointId: null, hibernationId: null, idleTimeoutS: null,
   address: null, egress: { egress: 'allow', allow: [], deny: [] }, imageRef: null, workdir: null, expiresAt: null, onExpiry: null, error: null,
-  createdAt, updatedAt: createdAt, node: null, ...extra,
+  createdAt, updatedAt: createdAt, node: null, uidBase: null, ...extra,
 });
 
 describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
@@ -129,6 +129,23 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
       expect(await store.instances.countOnImage(null, 'default')).toBe(6);
       await store.instances.delete('inst_2');
       expect(await store.instances.get('inst_2')).toBeUndefined();
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('uid ranges: each held by one instance, never two, free again once it is gone', async () => {
+    const store = await open();
+    try {
+      await store.instances.insert(instance('inst_a', '2026-01-01T00:00:01Z', { uidBase: 1073741824 }));
+      await store.instances.insert(instance('inst_b', '2026-01-01T00:00:02Z', { uidBase: 1073807360 }));
+      await store.instances.insert(instance('inst_c', '2026-01-01T00:00:03Z'));
+      expect((await store.instances.get('inst_a'))?.uidBase).toBe(1073741824);
+      expect((await store.instances.uidBases()).sort()).toEqual([1073741824, 1073807360]);
+      // Two nodes picking the same free range at once: the store refuses the second.
+      await expect(store.instances.insert(instance('inst_d', '2026-01-01T00:00:04Z', { uidBase: 1073741824 }))).rejects.toThrow();
+      await store.instances.delete('inst_a');
+      await store.instances.insert(instance('inst_d', '2026-01-01T00:00:04Z', { uidBase: 1073741824 }));
     } finally {
       await store.close();
     }

@@ -136,6 +136,7 @@ export class CheckpointService {
       image: inst.image,
       agentLayer: inst.agentLayer,
       hostname: inst.name,
+      userNamespace: inst.uidBase !== null,
       deltaBytes: null,
       memoryBytes: null,
       pauseMs: null,
@@ -413,8 +414,8 @@ export class CheckpointService {
           const rec = await this.instances.newRecord(
             as.owner ?? owner,
             instead
-              ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits } }
-              : { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined },
+              ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits }, ...userNamespaceOf(c) }
+              : { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined, ...userNamespaceOf(c) },
             { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir },
           );
           made.push(rec.id);
@@ -529,4 +530,10 @@ export class CheckpointService {
     }
     await this.instances.collectLayers();
   }
+}
+
+/** A memory image restores only in the mode it was dumped in (with a user namespace or
+ * without); a fork of a disk-only checkpoint boots in the server's default. */
+function userNamespaceOf(c: CheckpointRecord): { userNamespace?: boolean } {
+  return c.memory ? { userNamespace: c.userNamespace } : {};
 }

@@ -37,6 +37,7 @@ export interface HealthReport {
     overlay: boolean;
     cgroups: 1 | 2;
     root: boolean;
+    user_namespaces: 'on' | 'off';
   };
 }
 
@@ -94,6 +95,7 @@ export class Forkpoint {
       agentPath: config.agentPath,
       logger: log,
       network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(',') },
+      uidRanges: config.uidRanges,
       ...engineOverrides,
     });
     this.layout = this.engine.layout;
@@ -153,6 +155,9 @@ export class Forkpoint {
   }
 
   private async startParts(): Promise<void> {
+    // A sandbox's root must never be a host account: refuse a pool that holds one.
+    const clashes = await this.instances.uidRanges.overlapsWithHost();
+    if (clashes.length) throw new Error(`the uid range pool (FORKPOINT_UID_RANGE_START, FORKPOINT_UID_RANGES) holds host ids: ${clashes.slice(0, 5).join('; ')}`);
     await this.engine.init();
     await this.store.instances.adoptUnplaced(this.cluster.nodeId);
     const recovery = new InstanceRecovery(this.instances, this.store, this.engine, this.config.networking === 'on', this.log);
@@ -215,6 +220,7 @@ export class Forkpoint {
         overlay,
         cgroups,
         root,
+        user_namespaces: this.config.userNamespaces,
       },
     };
   }

@@ -1,3 +1,4 @@
+import { UidRangePool } from './uid-ranges.js';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { SandboxSpec } from '../engine/engine.js';
@@ -26,6 +27,9 @@ export interface CreateInstance {
   idleTimeoutS?: number | undefined;
   /** Where it may open connections to (default: anywhere public). */
   egress?: EgressPolicy | undefined;
+  /** A user namespace of its own (default: the server's `userNamespaces`); false: the host's
+   * ids, weaker, for images that need them. */
+  userNamespace?: boolean | undefined;
 }
 
 const BASE_ENV: Record<string, string> = {
@@ -62,6 +66,11 @@ export class InstanceService {
     /** The node this server is: instances it makes are its, and only its are its to run. */
     readonly nodeId: string,
   ) {}
+
+  /** The host uid ranges of the sandboxes' user namespaces (uid-ranges.ts). */
+  get uidRanges(): UidRangePool {
+    return new UidRangePool(this.config.uidRangeStart, this.config.uidRanges);
+  }
 
   /** The instances whose disk and processes are on this node. */
   local(): Promise<InstanceRecord[]> {
@@ -102,6 +111,7 @@ export class InstanceService {
       limits: rec.limits,
       diskMb: rec.limits.diskMb ?? null,
       network: rec.address && this.networking ? { address: rec.address, mac: macOf(rec.address) } : null,
+      uidBase: rec.uidBase,
     };
   }
 
@@ -173,10 +183,13 @@ export class InstanceService {
       updatedAt: now,
       ...from,
       node: this.nodeId,
+      uidBase: null,
     };
     await this.store.transaction(async (tx) => {
       // A fresh address for every new instance, forks included (a fork is a new machine).
       if (this.networking) rec.address = this.engine.network.allocate(new Set(await tx.instances.addresses())).address;
+      // A range of its own, forks included: no two sandboxes ever share one.
+      if (input.userNamespace ?? this.config.userNamespaces === 'on') rec.uidBase = this.uidRanges.allocate(new Set(await tx.instances.uidBases()));
       await tx.instances.insert(rec);
       await tx.layers.setRefs(`instance:${rec.id}`, rec.layers);
     });

@@ -24,6 +24,7 @@ export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receiv
   source_checkpoint_id: r.sourceCheckpointId,
   error: r.error,
   node: r.node,
+  user_namespace: r.uidBase !== null,
   created_at: r.createdAt,
   updated_at: r.updatedAt,
 });

@@ -27,6 +27,8 @@ export interface CheckpointRecord {
   error: string | null;
   createdAt: string;
   readyAt: string | null;
+  /** Its memory image is of a tree in a user namespace: forks and restores of it get one. */
+  userNamespace: boolean;
 }
 
 type Row = Selectable<CheckpointsTable>;
@@ -50,6 +52,7 @@ const fromRow = (r: Row): CheckpointRecord => ({
   error: r.error,
   createdAt: r.created_at,
   readyAt: r.ready_at,
+  userNamespace: r.user_namespace === 1,
 });
 
 export class CheckpointStore {
@@ -77,6 +80,7 @@ export class CheckpointStore {
         error: c.error,
         created_at: c.createdAt,
         ready_at: c.readyAt,
+        user_namespace: c.userNamespace ? 1 : 0,
       })
       .execute();
   }

@@ -54,6 +54,9 @@ export interface InstanceRecord {
   updatedAt: string;
   /** The node its disk and processes are on (null: from before nodes; the start adopts it). */
   node: string | null;
+  /** The first host uid of its range: its ids 0..65535 are the host's uidBase.., in a user
+   * namespace of its own; null: none (the host's ids, `user_namespace: false`). */
+  uidBase: number | null;
 }
 
 type Row = Selectable<InstancesTable>;
@@ -88,6 +91,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   createdAt: r.created_at,
   updatedAt: r.updated_at,
   node: r.node,
+  uidBase: r.uid_base,
 });
 
 /** Where an instance may open connections to (the engine's EgressPolicy, as stored). */
@@ -132,6 +136,7 @@ const toRow = (rec: InstanceRecord): Row => ({
   created_at: rec.createdAt,
   updated_at: rec.updatedAt,
   node: rec.node,
+  uid_base: rec.uidBase,
 });
 
 export class InstanceStore {
@@ -203,6 +208,12 @@ export class InstanceStore {
       .where('status', '=', 'lost')
       .executeTakeFirst();
     return r.numUpdatedRows > 0n;
+  }
+
+  /** Every uid range base held by an instance, of any node. */
+  async uidBases(): Promise<number[]> {
+    const rows = await this.db.selectFrom('instances').select('uid_base').where('uid_base', 'is not', null).execute();
+    return rows.map((r) => Number(r.uid_base));
   }
 
   /** Every address in use on the sandboxes' network. */

@@ -240,4 +240,17 @@ export const migrations: readonly Migration[] = [
       -- tokens are signed with): the first node's, made or brought from its data directory
       CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, created_at TEXT NOT NULL);`,
   },
+  {
+    version: 14,
+    name: 'user namespaces',
+    sql: `
+      -- the first host uid and gid of the instance's range (its ids 0..65535 are the host's
+      -- uid_base..uid_base+65535, in a user namespace of its own); null: none, the host's ids.
+      -- Unique among all instances of every node: no two sandboxes ever share a range.
+      ALTER TABLE instances ADD COLUMN uid_base INTEGER;
+      CREATE UNIQUE INDEX instances_uid_base ON instances (uid_base);
+      -- whether the checkpoint's memory image is of a tree in a user namespace: its forks and
+      -- restores are made in the same mode (older checkpoints: without)
+      ALTER TABLE checkpoints ADD COLUMN user_namespace INTEGER NOT NULL DEFAULT 0;`,
+  },
 ];

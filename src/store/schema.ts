@@ -90,6 +90,7 @@ export interface InstancesTable {
   created_at: string;
   updated_at: string;
   node: string | null;
+  uid_base: number | null;
 }
 
 export interface CheckpointsTable {
@@ -111,4 +112,5 @@ export interface CheckpointsTable {
   error: string | null;
   created_at: string;
   ready_at: string | null;
+  user_namespace: number;
 }

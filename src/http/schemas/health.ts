@@ -9,6 +9,7 @@ export const Health = z
       overlay: z.boolean(),
       cgroups: z.number().int(),
       root: z.boolean(),
+      user_namespaces: z.enum(['on', 'off']).describe("whether new instances get a user namespace of their own unless they ask otherwise (FORKPOINT_USER_NAMESPACES); each instance's view says which it has"),
     }),
   })
   .meta({ id: 'Health' });

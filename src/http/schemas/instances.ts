@@ -53,6 +53,10 @@ export const CreateInstanceRequest = z
     max_checkpoints: z.number().int().min(1).max(1000).optional().describe('defaults to the server\'s (10)'),
     idle_timeout_s: IdleTimeout.optional(),
     network: NetworkPolicy.optional(),
+    user_namespace: z
+      .boolean()
+      .optional()
+      .describe("run in a user namespace of its own, its ids 0..65535 a range of host ids no other sandbox and no host account has (default: the server's FORKPOINT_USER_NAMESPACES, on unless configured off). false: the host's ids, weaker, for images that need them"),
   })
   .strict()
   .meta({ id: 'CreateInstanceRequest', examples: [{ name: 'demo', env: { GREETING: 'hello' }, limits: { memory_mb: 512, disk_mb: 2048 } }] });
@@ -122,6 +126,7 @@ export const Instance = z
     source_checkpoint_id: z.string().nullable().describe('for a fork: the checkpoint it was forked from'),
     error: z.string().nullable().describe('why the instance is in `error`'),
     node: z.string().nullable().describe('the node its disk and processes are on (any node answers calls for it)'),
+    user_namespace: z.boolean().describe("its processes run in a user namespace of their own (root inside is an unprivileged range of host ids); false: as the host's ids"),
     created_at: z.string(),
     updated_at: z.string(),
   })
@@ -144,6 +149,7 @@ export const Instance = z
         source_checkpoint_id: null,
         error: null,
         node: 'node-3f2a9c1e7b4d',
+        user_namespace: true,
         created_at: '2026-11-22T08:00:00.000Z',
         updated_at: '2026-11-22T08:00:00.000Z',
       },
