@@ -14,8 +14,10 @@ export class ChildServer {
     readonly token: string,
   ) {}
 
-  static async start(dataDir: string, token?: string, env: Record<string, string> = {}): Promise<ChildServer> {
-    const proc = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--log-level', 'warn'], {
+  /** `wrap`: a command the server runs under (setpriv with capabilities, say). */
+  static async start(dataDir: string, token?: string, env: Record<string, string> = {}, wrap: string[] = []): Promise<ChildServer> {
+    const argv = [...wrap, process.execPath, CLI, 'serve', '--port', '0', '--log-level', 'warn'];
+    const proc = spawn(argv[0]!, argv.slice(1), {
       env: { ...process.env, FORKPOINT_DATA_DIR: dataDir, FORKPOINT_NETWORK_CIDR: subnetFor(dataDir), ...env },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
