@@ -239,17 +239,6 @@ static void sandbox_child(const char *root, const char *hostname) {
   sandbox_init(hostname);
 }
 
-static int read_full(int fd, void *buf, size_t len) {
-  size_t got = 0;
-  while (got < len) {
-    ssize_t n = read(fd, (char *)buf + got, len - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    got += (size_t)n;
-  }
-  return 0;
-}
-
 /* With a user namespace: the child makes it (as the host's root, so that CRIU, run as root,
  * owns it and holds every capability in it: on hosts whose root lacks CAP_SYS_RESOURCE, as
  * here, CRIU could not read the rlimits of a tree of another owner), the parent writes its map,

@@ -70,28 +70,6 @@ static int host_mntns = -1, own_mntns = -1;
 /* Network namespaces: the host's, and the one CRIU works in (the sandbox's, or a fresh one). */
 static int host_netns = -1, own_netns = -1;
 
-static int read_full(int fd, void *buf, size_t len) {
-  size_t got = 0;
-  while (got < len) {
-    ssize_t n = read(fd, (char *)buf + got, len - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    got += (size_t)n;
-  }
-  return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t len) {
-  size_t put = 0;
-  while (put < len) {
-    ssize_t n = write(fd, (const char *)buf + put, len - put);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    put += (size_t)n;
-  }
-  return 0;
-}
-
 static int reply(char kind, const void *data, size_t len) {
   uint8_t head[5];
   uint32_t n = (uint32_t)len + 1;

@@ -1,11 +1,14 @@
 #ifndef FP_H
 #define FP_H
+#include <stddef.h>
 int agent_main(void);
 int boot_main(int argc, char **argv);
 int shim_main(int argc, char **argv);
 int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);
+int read_full(int fd, void *buf, size_t len);
+int write_full(int fd, const void *buf, size_t len);
 int loopback_up(void);
 int netns_defaults(void);
 int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr, const char *gw, const char *mac, int with_route, char *err, size_t errlen);
