@@ -249,3 +249,19 @@ describe('uid ranges run out, and a server that holds capabilities', () => {
     }
   });
 });
+
+describe('memory limits', () => {
+  it('bound swap too: memory and swap together no more than the memory limit (cgroup v1), no swap (v2)', async () => {
+    const inst = await s.instance({ name: 'noswap', limits: { memory_mb: 96 } });
+    const lines = readFileSync(`/proc/${s.fp.engine.sandbox(inst.id)!.pid}/cgroup`, 'utf8').split('\n');
+    const v1 = lines.find((l) => /^\d+:memory:/.test(l));
+    if (v1) {
+      const dir = join('/sys/fs/cgroup/memory', v1.split(':')[2]!);
+      expect(readFileSync(join(dir, 'memory.memsw.limit_in_bytes'), 'utf8').trim()).toBe(String(96 * 1024 * 1024));
+      expect(readFileSync(join(dir, 'memory.limit_in_bytes'), 'utf8').trim()).toBe(String(96 * 1024 * 1024));
+    } else {
+      const dir = join('/sys/fs/cgroup', lines.find((l) => l.startsWith('0::'))!.slice(3));
+      expect(readFileSync(join(dir, 'memory.swap.max'), 'utf8').trim()).toBe('0');
+    }
+  });
+});

@@ -55,7 +55,17 @@ export class Cgroups {
     const procs: string[] = [];
     const memory = this.v1Dir('memory', id);
     await mkdir(memory, { recursive: true });
-    await writeFile(join(memory, 'memory.limit_in_bytes'), String(limits.memoryMb * 1024 * 1024));
+    // Memory and swap together no more than memory alone: no swap, as memory.swap.max 0 on v2.
+    // The kernel keeps memsw >= memory at every step, so memsw is written on both sides of the
+    // memory limit (the first write fails when the limit goes down); a kernel without swap
+    // accounting has no memsw file, and nothing to bound.
+    const bytes = String(limits.memoryMb * 1024 * 1024);
+    const memsw = (tolerate: string[]) => writeFile(join(memory, 'memory.memsw.limit_in_bytes'), bytes).catch((err: NodeJS.ErrnoException) => {
+      if (!tolerate.includes(err.code ?? '')) throw err;
+    });
+    await memsw(['ENOENT', 'EINVAL']);
+    await writeFile(join(memory, 'memory.limit_in_bytes'), bytes);
+    await memsw(['ENOENT']);
     procs.push(join(memory, 'cgroup.procs'));
     const pids = this.v1Dir('pids', id);
     await mkdir(pids, { recursive: true });
