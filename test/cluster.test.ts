@@ -1,3 +1,4 @@
+import { readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -86,6 +87,20 @@ afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });
 }, 120_000);
 
+/** Host pids whose real uid is `uid`. */
+function hostProcessesOf(uid: number): number[] {
+  return readdirSync('/proc')
+    .filter((n) => /^\d+$/.test(n))
+    .filter((n) => {
+      try {
+        return Number(/^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${n}/status`, 'utf8'))?.[1]) === uid;
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
+
 const exec = async (node: ChildServer, id: string, command: string) => {
   const r = await node.api('POST', `/instances/${id}/exec`, { command });
   expect(r.status, JSON.stringify(r.body)).toBe(200);
@@ -124,7 +139,7 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     const placed = await a.api('POST', '/instances', { name: 'placed' });
     expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);
     expect((await a.api('DELETE', `/instances/${placed.body.id}`)).status).toBe(204);
-    await exec(a, inst.id, 'echo carried > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
+    await exec(a, inst.id, 'mkdir -p /srv/u && echo mine > /srv/u/owned && chown -R 1000:1000 /srv/u && echo carried > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
     await until('the counter counting', async () => (await counter(a, inst.id)) > 3);
     const c = await a.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true });
     expect(c.body.status).toBe('ready');
@@ -142,6 +157,14 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect(fork.status, JSON.stringify(fork.body)).toBe(201);
     expect(fork.body.node).toBe('node-b');
     expect((await exec(b, fork.body.id, 'cat /root/file')).stdout).toBe('carried\n');
+    // In a uid range of its own, not the source's; A's files with their owners.
+    expect(fork.body.user_namespace).toBe(true);
+    const rangeOf = async (node: ChildServer, id: string) => Number((await exec(node, id, 'cat /proc/self/uid_map')).stdout.trim().split(/\s+/)[1]);
+    const [baseA, baseB] = [await rangeOf(a, inst.id), await rangeOf(b, fork.body.id)];
+    expect(baseB).not.toBe(baseA);
+    expect(baseB).toBeGreaterThan(0);
+    expect((await exec(b, fork.body.id, 'stat -c %u:%g:%n /root/file /srv/u /srv/u/owned')).stdout).toBe('0:0:/root/file\n1000:1000:/srv/u\n1000:1000:/srv/u/owned\n');
+    expect(hostProcessesOf(baseB).length, 'the fork\'s processes run as host ids of its range').toBeGreaterThan(0);
     const first = await counter(b, fork.body.id);
     expect(first).toBeGreaterThan(3);
     await sleep(300);
