@@ -1,4 +1,4 @@
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, rmSync } from 'node:fs';
 import { mkdir, readFile, rm, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
@@ -199,7 +199,13 @@ export class Engine implements SandboxRuntime {
   /** The images to restore `spec` from: `images`, or a copy whose user namespace is the spec's
    * range (userns-image.ts). A checkpoint's own restore needs neither: it is of the same range. */
   private inRange(spec: SandboxSpec, images: string): string {
-    return imagesForRange(images, spec.uidBase, join(this.layout.run(spec.id), 'images-in-range'));
+    return imagesForRange(images, spec.uidBase, this.rangeCopyOf(spec.id));
+  }
+
+  /** Where a restore into another range finds its images (inRange): needed only while CRIU
+   * restores, then removed (its hard links would keep a deleted checkpoint's image on disk). */
+  private rangeCopyOf(id: string): string {
+    return join(this.layout.run(id), 'images-in-range');
   }
 
   /** What a restore needs that can be had before the old sandbox is gone: CRIU warm and in the
@@ -256,6 +262,7 @@ export class Engine implements SandboxRuntime {
         : new EngineError('RESTORE_FAILED', (err as Error).message, undefined, { cause: err });
     } finally {
       r.worker.end();
+      rmSync(this.rangeCopyOf(spec.id), { recursive: true, force: true });
     }
   }
 
