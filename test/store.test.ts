@@ -141,7 +141,10 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
       await store.instances.insert(instance('inst_b', '2026-01-01T00:00:02Z', { uidBase: 1073807360 }));
       await store.instances.insert(instance('inst_c', '2026-01-01T00:00:03Z'));
       expect((await store.instances.get('inst_a'))?.uidBase).toBe(1073741824);
-      expect((await store.instances.uidBases()).sort()).toEqual([1073741824, 1073807360]);
+      expect((await store.instances.uidRanges()).sort((x, y) => x.uidBase - y.uidBase)).toEqual([
+        { uidBase: 1073741824, owner: 'alice' },
+        { uidBase: 1073807360, owner: 'alice' },
+      ]);
       // Two nodes picking the same free range at once: the store refuses the second.
       await expect(store.instances.insert(instance('inst_d', '2026-01-01T00:00:04Z', { uidBase: 1073741824 }))).rejects.toThrow();
       await store.instances.delete('inst_a');
@@ -232,6 +235,32 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
       expect(copied[0]!.argv).toEqual(['echo', 'exec_00000005']);
     } finally {
       await store.close();
+    }
+  });
+});
+
+describe('store on postgres, the database going away', () => {
+  it('a connection that breaks while a transaction holds it between two queries fails that transaction, and does not end the process', async () => {
+    const heard: Error[] = [];
+    const store = await openStore(await postgres.database(`t${++databases}`), (err) => heard.push(err));
+    try {
+      let stopped!: () => void;
+      const gone = new Promise<void>((r) => (stopped = r));
+      const tx = store.transaction(async (t) => {
+        await t.instances.addresses();
+        // PostgreSQL goes away while this transaction's connection sits checked out and idle:
+        // its client hears it as an 'error' event, which nothing but forkpoint's listener catches.
+        await postgres.pause();
+        stopped();
+        await new Promise((r) => setTimeout(r, 200));
+        await t.instances.addresses();
+      });
+      await gone;
+      await expect(tx).rejects.toThrow();
+      expect(heard.length).toBeGreaterThan(0);
+    } finally {
+      await postgres.resume();
+      await store.close().catch(() => {});
     }
   });
 });

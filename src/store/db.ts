@@ -77,8 +77,23 @@ function openPostgres(url: string, onIdleError: (err: Error) => void): Connectio
     types: pgTypes,
   });
   pool.on('error', onIdleError);
+  // The pool hears an idle connection fail; one checked out and between two queries (a
+  // transaction's) fails as an 'error' event on its client, which nothing would hear, and which
+  // would end the process: every client gets a listener, once. Its next query fails, and says so.
+  const heard = new WeakSet<pg.PoolClient>();
+  const listened = (client: pg.PoolClient): pg.PoolClient => {
+    if (!heard.has(client)) {
+      heard.add(client);
+      client.on('error', onIdleError);
+    }
+    return client;
+  };
   // A connection the pool cannot make is the database away, told apart from a query's failure.
-  const guarded = { options: pool.options, connect: () => pool.connect().catch((err: Error) => Promise.reject(new StoreUnavailableError(err))), end: () => pool.end() };
+  const guarded = {
+    options: pool.options,
+    connect: () => pool.connect().then(listened, (err: Error) => Promise.reject(new StoreUnavailableError(err))),
+    end: () => pool.end(),
+  };
   const db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool: guarded }) });
   return { db, dialect: 'postgres', close: () => db.destroy() };
 }
