@@ -78,6 +78,8 @@ export const configSchema = z.object({
    * multiple of 65536, all below 2^31. Shared by the nodes of a cluster (one store). */
   uidRangeStart: z.coerce.number().int().min(65536).multipleOf(65536).default(1073741824),
   uidRanges: z.coerce.number().int().positive().default(8192),
+  /** How many of them one owner's instances may hold (a tenant cannot drain the pool). */
+  uidRangesPerOwner: z.coerce.number().int().positive().default(2048),
   /** `off`: sandboxes get only loopback (no link, no firewall, no DNS), as before networking. */
   networking: z.enum(['on', 'off']).default('on'),
   /** The sandboxes' subnet (the host keeps its first address as their gateway). Two servers on
@@ -137,6 +139,7 @@ const envNames: Record<keyof Config, string> = {
   userNamespaces: 'FORKPOINT_USER_NAMESPACES',
   uidRangeStart: 'FORKPOINT_UID_RANGE_START',
   uidRanges: 'FORKPOINT_UID_RANGES',
+  uidRangesPerOwner: 'FORKPOINT_UID_RANGES_PER_OWNER',
   networking: 'FORKPOINT_NETWORKING',
   networkCidr: 'FORKPOINT_NETWORK_CIDR',
   previewDomain: 'FORKPOINT_PREVIEW_DOMAIN',

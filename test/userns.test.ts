@@ -224,6 +224,23 @@ describe('uid ranges run out, and a server that holds capabilities', () => {
     }
   });
 
+  it('one owner holds at most its share of the pool: past it a create answers 429 with its reason, and another owner still gets ranges', async () => {
+    const small = await startServer({ uidRanges: 4, uidRangesPerOwner: 2 });
+    try {
+      const other = await small.fp.store.tokens.create('tenant-b', 'test');
+      const asOther = { authorization: `Bearer ${other.token}` };
+      await small.instance({ name: 'a1' });
+      await small.instance({ name: 'a2' });
+      const r = await small.api('POST', '/instances', { name: 'a3' });
+      expect(r.status).toBe(429);
+      expect(r.body.error).toMatchObject({ code: 'QUOTA_EXCEEDED', details: { reason: 'UID_RANGES_PER_OWNER', limit: 2 } });
+      for (const name of ['b1', 'b2']) expect((await small.api('POST', '/instances', { name }, asOther)).status).toBe(201);
+      for (const i of (await small.api('GET', '/instances', undefined, asOther)).body.items) await small.api('DELETE', `/instances/${i.id}`, undefined, asOther);
+    } finally {
+      await small.close();
+    }
+  });
+
   it('a server started with inheritable and ambient capabilities hands none of them to its sandboxes', async () => {
     const caps = '+sys_admin,+sys_ptrace,+mknod,+net_admin,+sys_time,+dac_read_search';
     const dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-caps-'));

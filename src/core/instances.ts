@@ -69,7 +69,7 @@ export class InstanceService {
 
   /** The host uid ranges of the sandboxes' user namespaces (uid-ranges.ts). */
   get uidRanges(): UidRangePool {
-    return new UidRangePool(this.config.uidRangeStart, this.config.uidRanges);
+    return new UidRangePool(this.config.uidRangeStart, this.config.uidRanges, this.config.uidRangesPerOwner);
   }
 
   /** The instances whose disk and processes are on this node. */
@@ -189,7 +189,7 @@ export class InstanceService {
       // A fresh address for every new instance, forks included (a fork is a new machine).
       if (this.networking) rec.address = this.engine.network.allocate(new Set(await tx.instances.addresses())).address;
       // A range of its own, forks included: no two sandboxes ever share one.
-      if (input.userNamespace ?? this.config.userNamespaces === 'on') rec.uidBase = this.uidRanges.allocate(new Set(await tx.instances.uidBases()));
+      if (input.userNamespace ?? this.config.userNamespaces === 'on') rec.uidBase = this.uidRanges.allocate(await tx.instances.uidRanges(), rec.owner);
       await tx.instances.insert(rec);
       await tx.layers.setRefs(`instance:${rec.id}`, rec.layers);
     });

@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import { UnavailableError } from './errors.js';
+import { QuotaExceededError, UnavailableError } from './errors.js';
 
 /** How many ids a sandbox's user namespace maps: its 0..65535. */
 export const RANGE_SIZE = 65536;
@@ -8,6 +8,13 @@ export const RANGE_SIZE = 65536;
 export class UidRangesExhaustedError extends UnavailableError {
   constructor(count: number) {
     super(`all ${count} uid ranges of the pool are in use: delete instances, or raise FORKPOINT_UID_RANGES`, { reason: 'UID_RANGES_EXHAUSTED' });
+  }
+}
+
+/** The owner holds as many ranges as one owner may: the pool is shared by every tenant. */
+export class UidRangeQuotaError extends QuotaExceededError {
+  constructor(limit: number) {
+    super(`this owner's instances hold ${limit} uid ranges, as many as one owner may (FORKPOINT_UID_RANGES_PER_OWNER): delete instances first`, { reason: 'UID_RANGES_PER_OWNER', limit });
   }
 }
 
@@ -20,14 +27,18 @@ export class UidRangePool {
   constructor(
     readonly start: number,
     readonly count: number,
+    /** How many one owner's instances may hold at once. */
+    readonly perOwner: number,
   ) {}
 
   get end(): number {
     return this.start + this.count * RANGE_SIZE;
   }
 
-  /** The lowest base no instance holds. */
-  allocate(used: Set<number>): number {
+  /** The lowest base no instance holds, for an instance of `owner`. */
+  allocate(held: { uidBase: number; owner: string }[], owner: string): number {
+    if (held.filter((h) => h.owner === owner).length >= this.perOwner) throw new UidRangeQuotaError(this.perOwner);
+    const used = new Set(held.map((h) => h.uidBase));
     for (let k = 0; k < this.count; k++) {
       const base = this.start + k * RANGE_SIZE;
       if (!used.has(base)) return base;

@@ -210,10 +210,10 @@ export class InstanceStore {
     return r.numUpdatedRows > 0n;
   }
 
-  /** Every uid range base held by an instance, of any node. */
-  async uidBases(): Promise<number[]> {
-    const rows = await this.db.selectFrom('instances').select('uid_base').where('uid_base', 'is not', null).execute();
-    return rows.map((r) => Number(r.uid_base));
+  /** Every uid range held by an instance, of any node, and whose instance holds it. */
+  async uidRanges(): Promise<{ uidBase: number; owner: string }[]> {
+    const rows = await this.db.selectFrom('instances').select(['uid_base', 'owner']).where('uid_base', 'is not', null).execute();
+    return rows.map((r) => ({ uidBase: Number(r.uid_base), owner: r.owner }));
   }
 
   /** Every address in use on the sandboxes' network. */
