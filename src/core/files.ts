@@ -66,7 +66,14 @@ export class FileService {
     return file.data;
   }
 
-  /** A file of any size as a stream of pieces; `size` when it is a plain file. */
+  /**
+   * A file of any size as a stream of pieces, and `size`, the length the answer may announce:
+   * the stream yields exactly that many bytes or fails (the caller's connection then closes), so
+   * no byte the sandbox chose after the announced end can reach a connection a client reuses. A
+   * file read whole in its first piece announces what was read (a procfs file's `stat` says 0);
+   * a longer one announces its `stat` size, is cut there if it grew, and fails if it shrank. A
+   * size that cannot be trusted (none, or smaller than the first piece) is announced as none.
+   */
   async readStream(owner: string, id: string, path: string): Promise<{ size: number | undefined; stream: Readable }> {
     const info = await this.stat(owner, id, path).catch((err: unknown) => {
       if (err instanceof ConflictError) return undefined; // an older agent: no stat, read anyway
@@ -75,23 +82,30 @@ export class FileService {
     if (info?.type === 'dir') throw new InvalidRequestError(`${path} is a directory`, { path });
     const first = await this.op(owner, id, path, (a, p) => a.readFile(p, PIECE));
     if (!first) throw new NotFoundError('file', path);
+    if (!first.truncated) return { size: first.data.length, stream: Readable.from([first.data], { objectMode: false }) };
+    const size = info?.type === 'file' && info.size >= first.data.length ? info.size : undefined;
     const { sb } = await this.access.sandbox(owner, id);
     const p = this.path(path);
     const fail = (err: unknown) => this.failed(err, path);
     async function* pieces(): AsyncGenerator<Buffer> {
+      const limit = size ?? Infinity;
       yield first!.data;
       let offset = first!.data.length;
-      for (let truncated = first!.truncated; truncated; ) {
-        const piece = await sb.call((a) => a.readFile(p, PIECE, offset)).catch((err: unknown) => {
+      for (let truncated = true; truncated && offset < limit; ) {
+        const want = Math.min(PIECE, limit - offset);
+        const piece = await sb.call((a) => a.readFile(p, want, offset)).catch((err: unknown) => {
           throw fail(err);
         });
-        if (!piece || piece.data.length === 0) return;
-        yield piece.data;
-        offset += piece.data.length;
+        if (!piece || piece.data.length === 0) break;
+        // The agent is the sandbox's: never more than was asked, whatever it sends.
+        const data = piece.data.length > want ? piece.data.subarray(0, want) : piece.data;
+        yield data;
+        offset += data.length;
         truncated = piece.truncated;
       }
+      if (offset < limit && size !== undefined) throw new FileChangedError(path, size, offset);
     }
-    return { size: info?.type === 'file' ? info.size : undefined, stream: Readable.from(pieces(), { objectMode: false }) };
+    return { size, stream: Readable.from(pieces(), { objectMode: false }) };
   }
 
   /** Writes a whole file, making its parent directories. */
@@ -175,5 +189,13 @@ async function* uploadOf(source: AsyncIterable<Buffer>, path: string): AsyncIter
     for await (const chunk of source) yield chunk;
   } catch (err) {
     throw new InvalidRequestError(`the upload of ${path} ended before its end: ${(err as Error).message}`, { path }, { cause: err });
+  }
+}
+
+/** A file shrank while it was streamed past its announced length: the answer is cut short and
+ * its connection closed, never padded or left for the next answer to finish. */
+export class FileChangedError extends ConflictError {
+  constructor(path: string, announced: number, sent: number) {
+    super(`${path} shrank while it was read: ${sent} of the ${announced} bytes announced`, { path, announced, sent });
   }
 }
