@@ -4,6 +4,7 @@ import { readFile } from 'node:fs/promises';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { subnetFor } from '../src/engine/network/addresses.js';
 import { startServer, type TestServer } from './helpers/server.js';
 import { startTestHost, type TestHost } from './helpers/testhost.js';
 import { sleep, until } from './helpers/wait.js';
@@ -253,6 +254,32 @@ describe('the proxy to a port inside an instance', () => {
       ws.send('ping through the proxy');
       expect(await echoed).toBe('ping through the proxy');
       ws.close();
+    }
+  });
+});
+
+describe('the address pool', () => {
+  it('a subnet one owner fills answers every owner 503 with its reason, never 500; a delete frees an address', async () => {
+    const seed = `fp-subnet-${process.pid}-${Date.now()}`;
+    const small = await startServer({ networkCidr: subnetFor(seed).replace('.0/24', '.0/28') });
+    try {
+      const other = { authorization: `Bearer ${(await small.fp.store.tokens.create('tenant-b', 'test')).token}` };
+      const made: string[] = [];
+      let refused: { status: number; body: any } | undefined;
+      for (let i = 0; i < 20 && !refused; i++) {
+        const r = await small.api('POST', '/instances', { name: `fill-${i}` });
+        if (r.status === 201) made.push(r.body.id);
+        else refused = r;
+      }
+      expect(made.length).toBeGreaterThan(5);
+      expect(refused?.status).toBe(503);
+      expect(refused?.body.error).toMatchObject({ code: 'UNAVAILABLE', details: { reason: 'ADDRESSES_EXHAUSTED' } });
+      const theirs = await small.api('POST', '/instances', { name: 'theirs' }, other);
+      expect([theirs.status, theirs.body.error?.details?.reason]).toEqual([503, 'ADDRESSES_EXHAUSTED']);
+      expect((await small.api('DELETE', `/instances/${made.pop()}`)).status).toBe(204);
+      expect((await small.api('POST', '/instances', { name: 'theirs' }, other)).status).toBe(201);
+    } finally {
+      await small.close();
     }
   });
 });

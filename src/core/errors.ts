@@ -74,6 +74,13 @@ export class UnavailableError extends ForkpointError {
   }
 }
 
+/** Every address of the sandboxes' subnet is an instance's (FORKPOINT_NETWORK_CIDR). */
+export class AddressesExhaustedError extends UnavailableError {
+  constructor() {
+    super("every address of the sandboxes' subnet is in use: delete instances, or give the server a larger FORKPOINT_NETWORK_CIDR", { reason: 'ADDRESSES_EXHAUSTED' });
+  }
+}
+
 /** The disk under the data directory is full: nothing was left half-done, and the call can be
  * made again once there is room. */
 export class InsufficientStorageError extends ForkpointError {

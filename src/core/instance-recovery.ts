@@ -24,7 +24,7 @@ export class InstanceRecovery {
     const used = new Set(await this.store.instances.addresses());
     for (const rec of await this.instances.local()) {
       if (rec.address) continue;
-      const { address } = this.engine.network.allocate(used);
+      const address = this.instances.freeAddress(used);
       used.add(address);
       await this.store.instances.update(rec.id, { address });
     }

@@ -13,7 +13,7 @@ import { engineFailure } from './engine-failure.js';
 import type { EventBus } from './events.js';
 import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
-import { ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError } from './errors.js';
+import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 
 export interface CreateInstance {
@@ -66,6 +66,13 @@ export class InstanceService {
     /** The node this server is: instances it makes are its, and only its are its to run. */
     readonly nodeId: string,
   ) {}
+
+  /** An address no instance (of any node) has; a named 503 when the subnet is full. */
+  freeAddress(used: Iterable<string>): string {
+    const net = this.engine.network.allocate(new Set(used));
+    if (!net) throw new AddressesExhaustedError();
+    return net.address;
+  }
 
   /** The host uid ranges of the sandboxes' user namespaces (uid-ranges.ts). */
   get uidRanges(): UidRangePool {
@@ -187,7 +194,7 @@ export class InstanceService {
     };
     await this.store.transaction(async (tx) => {
       // A fresh address for every new instance, forks included (a fork is a new machine).
-      if (this.networking) rec.address = this.engine.network.allocate(new Set(await tx.instances.addresses())).address;
+      if (this.networking) rec.address = this.freeAddress(await tx.instances.addresses());
       // A range of its own, forks included: no two sandboxes ever share one.
       if (input.userNamespace ?? this.config.userNamespaces === 'on') rec.uidBase = this.uidRanges.allocate(await tx.instances.uidRanges(), rec.owner);
       await tx.instances.insert(rec);
@@ -204,7 +211,7 @@ export class InstanceService {
   async claimLost(id: string, from: Pick<InstanceRecord, 'layers' | 'baseLayer' | 'agentLayer' | 'headCheckpointId'>): Promise<InstanceRecord> {
     if (!(await this.store.instances.claimLost(id, this.nodeId))) throw new ConflictError(`instance ${id} is not lost (any more)`);
     return this.store.transaction(async (tx) => {
-      const address = this.networking ? this.engine.network.allocate(new Set(await tx.instances.addresses())).address : null;
+      const address = this.networking ? this.freeAddress(await tx.instances.addresses()) : null;
       await tx.layers.setRefs(`instance:${id}`, from.layers);
       return tx.instances.update(id, { ...from, address, hibernationId: null, pid: null, pidStart: null, error: null });
     });

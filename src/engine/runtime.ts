@@ -7,7 +7,8 @@ import type { Sandbox } from './sandbox.js';
 /** What the core asks of the sandboxes' network: addresses, policies, counters. */
 export interface NetworkRuntime {
   init(entries: FirewallEntry[]): Promise<void>;
-  allocate(used: Set<string>): SandboxNetwork;
+  /** A free address and its MAC, or none: the subnet is full. */
+  allocate(used: Set<string>): SandboxNetwork | undefined;
   setPolicy(id: string, address: string, policy: EgressPolicy): Promise<void>;
   release(id: string, address: string): Promise<void>;
   counters(id: string): NetworkCounters;

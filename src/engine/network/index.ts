@@ -69,11 +69,11 @@ export class Network {
     await this.dns.start();
   }
 
-  /** A free address of the subnet (`used`: every instance's), with its MAC. */
-  allocate(used: Set<string>): SandboxNetwork {
+  /** A free address of the subnet (`used`: every instance's), with its MAC; none when the
+   * subnet is full (the caller says so: a pool running out is not an engine failure). */
+  allocate(used: Set<string>): SandboxNetwork | undefined {
     const address = nextFree(this.subnet, used);
-    if (!address) throw new EngineError('NETWORK_FAILED', 'the sandboxes\' subnet is full');
-    return { address, mac: macOf(address) };
+    return address ? { address, mac: macOf(address) } : undefined;
   }
 
   /** Puts a sandbox's policy in force (a new one, or a change). */
