@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { subnetFor } from '../src/engine/network/addresses.js';
 import { startServer, type TestServer } from './helpers/server.js';
 import { startTestHost, type TestHost } from './helpers/testhost.js';
+import { buildAttackKit, installKit, KIT } from './helpers/attack-kit.js';
 import { sleep, until } from './helpers/wait.js';
 import { execa } from 'execa';
 
@@ -254,6 +255,26 @@ describe('the proxy to a port inside an instance', () => {
       ws.send('ping through the proxy');
       expect(await echoed).toBe('ping through the proxy');
       ws.close();
+    }
+  });
+});
+
+describe('the sandboxes\' resolver, shared', () => {
+  it('one sandbox flooding a domain no server answers leaves another sandbox\'s names resolving', async () => {
+    const kit = await buildAttackKit();
+    try {
+      const [flooder, other] = await Promise.all([s.instance({ name: 'flooder' }), s.instance({ name: 'resolving' })]);
+      await installKit(s, flooder.id, kit);
+      const gateway = (await sh(flooder.id, "awk '/nameserver/ {print $2}' /etc/resolv.conf")).stdout.trim();
+      // Thousands of queries a second, each waiting out the forwarder's upstream timeout.
+      await s.exec(flooder.id, { command: `(while true; do ${KIT} dnsflood ${gateway} 500; sleep 0.1; done) >/dev/null 2>&1 &`, session: 'flood' });
+      await sleep(500);
+      let resolved = 0;
+      for (let i = 0; i < 10; i++) if ((await sh(other.id, `nslookup ${net.name}`)).stdout.includes(net.address)) resolved++;
+      await s.exec(flooder.id, { command: 'kill %1; true', session: 'flood' });
+      expect(resolved).toBe(10);
+    } finally {
+      await kit.cleanup();
     }
   });
 });

@@ -8,8 +8,10 @@ import { nameMatches, parseEntry, type EgressPolicy } from './policy.js';
 /** How long an upstream has to answer before the next one is asked. */
 const UPSTREAM_TIMEOUT_MS = 2000;
 const MAX_QUERY = 512;
-/** Queries under way at once, over all sandboxes: a flood waits its turn or is dropped. */
-const MAX_IN_FLIGHT = 256;
+/** Queries under way at once, over all sandboxes (each holds a socket), and for one sandbox: a
+ * sandbox flooding a name no resolver answers has its own queries dropped, not the others'. */
+const MAX_IN_FLIGHT = 512;
+export const MAX_IN_FLIGHT_PER_SANDBOX = 16;
 
 export interface DnsLookup {
   /** The sandbox at a source address, and its policy. */
@@ -35,6 +37,7 @@ export async function hostResolvers(): Promise<string[]> {
 export class DnsForwarder {
   private socket: Socket | undefined;
   private inFlight = 0;
+  private readonly inFlightOf = new Map<string, number>();
 
   constructor(
     private readonly gateway: string,
@@ -72,6 +75,7 @@ export class DnsForwarder {
   private async answer(msg: Buffer, from: string, port: number): Promise<void> {
     const who = this.lookup.policyOf(from);
     if (!who || msg.length > MAX_QUERY || this.inFlight >= MAX_IN_FLIGHT) return;
+    if ((this.inFlightOf.get(who.id) ?? 0) >= MAX_IN_FLIGHT_PER_SANDBOX) return;
     let query: dnsPacket.Packet;
     try {
       query = dnsPacket.decode(msg);
@@ -86,6 +90,7 @@ export class DnsForwarder {
     if (denied) return this.reply(query, 'NXDOMAIN', from, port);
     if (who.policy.egress === 'deny' && !allowed) return this.reply(query, 'REFUSED', from, port);
     this.inFlight++;
+    this.inFlightOf.set(who.id, (this.inFlightOf.get(who.id) ?? 0) + 1);
     try {
       const answer = await this.forward(msg);
       if (!answer) return this.reply(query, 'SERVFAIL', from, port);
@@ -100,6 +105,9 @@ export class DnsForwarder {
       this.reply(query, 'SERVFAIL', from, port);
     } finally {
       this.inFlight--;
+      const left = (this.inFlightOf.get(who.id) ?? 1) - 1;
+      if (left > 0) this.inFlightOf.set(who.id, left);
+      else this.inFlightOf.delete(who.id);
     }
   }
 
