@@ -279,6 +279,37 @@ describe('the sandboxes\' resolver, shared', () => {
   });
 });
 
+describe('a sandbox sends only as itself', () => {
+  it('a UDP datagram with another sandbox\'s source address never leaves the host; the other sandbox\'s own does', async () => {
+    const kit = await buildAttackKit();
+    try {
+      // The victim may reach the test host (a private address: only when allowed); the spoofer may not.
+      const [spoofer, victim] = await Promise.all([
+        s.instance({ name: 'spoofer', network: { egress: 'deny' } }),
+        s.instance({ name: 'spoofed', network: { egress: 'allow', allow: [net.address] } }),
+      ]);
+      await Promise.all([installKit(s, spoofer.id, kit), installKit(s, victim.id, kit)]);
+      const tag = Math.random().toString(36).slice(2, 8);
+      const theirs = victim.network.address as string;
+      // As the victim (whose policy lets it reach the test host), and as the gateway.
+      expect((await sh(spoofer.id, `${KIT} spoofudp ${theirs} ${net.address} 9999 SPOOFED-${tag}`)).stdout).toMatch(/spoofudp: (ok|refused)/);
+      await sh(spoofer.id, `${KIT} spoofudp ${s.fp.engine.network.gateway} ${net.address} 9999 GATEWAY-${tag}`);
+      // The victim's own datagram arrives (masqueraded, as all traffic out): the path works, and
+      // the log is read after it.
+      expect((await sh(victim.id, `${KIT} spoofudp ${theirs} ${net.address} 9999 GENUINE-${tag}`)).stdout).toMatch(/spoofudp: ok/);
+      let log = '';
+      await until('the genuine datagram', async () => {
+        log = await (await request(`http://${net.address}/udp-log`)).body.text();
+        return log.includes(`GENUINE-${tag}`);
+      });
+      expect(log).not.toContain(`SPOOFED-${tag}`);
+      expect(log).not.toContain(`GATEWAY-${tag}`);
+    } finally {
+      await kit.cleanup();
+    }
+  });
+});
+
 describe('the address pool', () => {
   it('a subnet one owner fills answers every owner 503 with its reason, never 500; a delete frees an address', async () => {
     const seed = `fp-subnet-${process.pid}-${Date.now()}`;

@@ -57,6 +57,13 @@ delete table ${this.table}
 table ${this.table} {
   set sandboxes { type ipv4_addr; }
   map egress { type ipv4_addr : verdict; }
+  chain prerouting {
+    type filter hook prerouting priority raw; policy accept;
+    # A sandbox sends only as itself: the source must route back out of the link it came in
+    # by (strict reverse-path, whatever the host's rp_filter); another sandbox's address, the
+    # gateway's or the host's do not, and are dropped before conntrack sees them.
+    iifname ${fp} fib saddr . iif oif missing drop
+  }
   chain input {
     type filter hook input priority filter - 1; policy accept;
     iifname ${fp} ct state established,related accept
