@@ -11,6 +11,7 @@ int read_full(int fd, void *buf, size_t len);
 int write_full(int fd, const void *buf, size_t len);
 int loopback_up(void);
 int netns_defaults(void);
+int write_sysctl(const char *path, const char *value);
 int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr, const char *gw, const char *mac, int with_route, char *err, size_t errlen);
 int net_route(int host_ns, const char *host_if, const char *addr, const char *gw, char *err, size_t errlen);
 int net_setup_main(int argc, char **argv);

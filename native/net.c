@@ -26,7 +26,8 @@ int loopback_up(void) {
   return rc;
 }
 
-static int write_sysctl(const char *path, const char *value) {
+/* Writes VALUE to the sysctl file PATH; -1 with errno when it could not. */
+int write_sysctl(const char *path, const char *value) {
   int fd = open(path, O_WRONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   ssize_t n = write(fd, value, strlen(value));

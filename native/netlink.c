@@ -158,15 +158,6 @@ static int add_route(int sk, struct in_addr dst, int len, const struct in_addr *
   return talk(sk, &r);
 }
 
-static int write_sysctl(const char *path, const char *value) {
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return -errno;
-  ssize_t n = write(fd, value, strlen(value));
-  int e = n < 0 ? -errno : 0;
-  close(fd);
-  return e;
-}
-
 static int parse_mac(const char *s, unsigned char mac[6]) {
   unsigned v[6];
   if (sscanf(s, "%2x:%2x:%2x:%2x:%2x:%2x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6) return -1;
