@@ -139,7 +139,7 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     const placed = await a.api('POST', '/instances', { name: 'placed' });
     expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);
     expect((await a.api('DELETE', `/instances/${placed.body.id}`)).status).toBe(204);
-    await exec(a, inst.id, 'mkdir -p /srv/u && echo mine > /srv/u/owned && chown -R 1000:1000 /srv/u && echo carried > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
+    await exec(a, inst.id, 'mkdir -p /srv/u && echo mine > /srv/u/owned && chown -R 1000:1000 /srv/u && echo carried > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
     await until('the counter counting', async () => (await counter(a, inst.id)) > 3);
     const c = await a.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true });
     expect(c.body.status).toBe('ready');

@@ -91,7 +91,7 @@ describe('durable checkpoints in an S3-compatible object store', () => {
 
   it('a checkpoint whose data this node lost is fetched from the object store before a fork, counter and files carried over', async () => {
     const inst = await s.instance();
-    await s.exec(inst.id, { command: 'echo kept > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done) >/dev/null 2>&1 &' });
+    await s.exec(inst.id, { command: 'echo kept > /root/file && (i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done) >/dev/null 2>&1 &' });
     await until('the counter', async () => Number((await s.exec(inst.id, { command: 'cat /tmp/n' })).stdout) >= 5);
     const c = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
     await durable(inst.id, c.id);

@@ -76,24 +76,32 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
   it('createSnapshot, then two sandboxes from it: each has the file and a counter that goes on from the snapshot\'s value, on its own', async () => {
     const sbx = await Sandbox.create();
     await sbx.files.write('/root/state.txt', 'from before the snapshot');
-    await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done', { background: true });
+    await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done', { background: true });
     await until('the counter', async () => Number((await sbx.commands.run('cat /tmp/n')).stdout) >= 5);
     const snap = await sbx.createSnapshot();
     const at = Number((await sbx.commands.run('cat /tmp/n')).stdout);
-    const a = await Sandbox.create(snap.snapshotId);
-    const b = await Sandbox.create(snap.snapshotId);
-    for (const x of [a, b]) {
-      expect(await x.files.read('/root/state.txt')).toBe('from before the snapshot');
-      const first = Number((await x.commands.run('cat /tmp/n')).stdout);
-      // Restored at the snapshot's value (about `at`), not from zero, and counting on.
-      expect(first).toBeGreaterThanOrEqual(5);
-      expect(first).toBeLessThanOrEqual(at + 20);
-      await until('counting on', async () => Number((await x.commands.run('cat /tmp/n')).stdout) > first);
+    const made: Sandbox[] = [sbx];
+    try {
+      const a = await Sandbox.create(snap.snapshotId);
+      made.push(a);
+      const b = await Sandbox.create(snap.snapshotId);
+      made.push(b);
+      for (const x of [a, b]) {
+        expect(await x.files.read('/root/state.txt')).toBe('from before the snapshot');
+        const first = Number((await x.commands.run('cat /tmp/n')).stdout);
+        // Restored at the snapshot's value (about `at`), not from zero, and counting on.
+        expect(first).toBeGreaterThanOrEqual(5);
+        expect(first).toBeLessThanOrEqual(at + 20);
+        await until('counting on', async () => Number((await x.commands.run('cat /tmp/n')).stdout) > first);
+      }
+      await a.files.write('/root/state.txt', 'changed in a');
+      expect(await b.files.read('/root/state.txt')).toBe('from before the snapshot');
+      expect(await sbx.files.read('/root/state.txt')).toBe('from before the snapshot');
+    } finally {
+      // Whatever failed: a sandbox left running keeps its command's stream open, and the
+      // server's close would wait for it.
+      for (const x of made) await x.kill().catch(() => {});
     }
-    await a.files.write('/root/state.txt', 'changed in a');
-    expect(await b.files.read('/root/state.txt')).toBe('from before the snapshot');
-    expect(await sbx.files.read('/root/state.txt')).toBe('from before the snapshot');
-    for (const x of [a, b, sbx]) await x.kill();
   });
 
   it('connect never shortens a sandbox\'s life: one that never ends (made on another face) still does not; a longer timeout extends, a shorter one does not', async () => {

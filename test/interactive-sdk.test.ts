@@ -151,7 +151,7 @@ describe('the published @opencomputer/sdk, interactively', () => {
     const out: Uint8Array[] = [];
     const session = await sb.exec.start('bash', { args: ['--norc'], onStdout: (d) => out.push(d) });
     session.sendStdin('SECRET=kept-in-memory\n');
-    session.sendStdin('(i=0; while true; do echo $i > /tmp/counter; i=$((i+1)); sleep 0.05; done) &\n');
+    session.sendStdin('(i=0; while true; do echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; i=$((i+1)); sleep 0.05; done) &\n');
     session.sendStdin('echo started\n');
     await until('the loop', () => text(out).includes('started'));
     await sleep(500);
