@@ -1,4 +1,4 @@
-import { createServer, type Server } from 'node:net';
+import { connect, createServer, type Server } from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { readFile } from 'node:fs/promises';
 import { request } from 'undici';
@@ -26,6 +26,16 @@ afterAll(async () => {
   await net?.close();
 });
 
+/** What a TCP server sends before it closes (from the host). */
+const readFrom = (host: string, port: number) =>
+  new Promise<string>((resolve, reject) => {
+    let got = '';
+    connect({ host, port, timeout: 2000 })
+      .on('data', (d) => (got += String(d)))
+      .on('end', () => resolve(got))
+      .on('timeout', () => reject(new Error('timeout')))
+      .on('error', reject);
+  });
 const sh = async (id: string, command: string, timeoutMs = 15_000) => (await s.exec(id, { command, timeout_ms: timeoutMs })) as { exit_code: number; stdout: string; stderr: string };
 /** An HTTP GET from inside the sandbox: the body, or null if it could not connect. */
 const fetchIn = async (id: string, url: string) => {
@@ -83,6 +93,17 @@ describe('a sandbox on the network', () => {
       for (const target of [`${gateway}:${port}`, `${gateway}:${apiPort}`, ...hostAddrs.map((a) => `${a}:${port}`), `${net.address.replace(/\.2$/, '.1')}:${port}`]) {
         const r = await sh(open.id, `echo | nc -w 2 ${target.replace(':', ' ')} && echo CONNECTED`);
         expect(r.stdout, target).not.toContain('CONNECTED');
+      }
+      // A host service on TCP 53 of the gateway (the resolver is UDP there): closed to sandboxes.
+      const dnsTcp: Server = createServer((c) => c.end('host tcp 53\n'));
+      await new Promise<void>((r, j) => dnsTcp.once('error', j).listen(53, gateway, r));
+      try {
+        expect(await readFrom(gateway, 53)).toBe('host tcp 53\n'); // there, for the host
+        const r = await sh(open.id, `echo | nc -w 2 ${gateway} 53 && echo CONNECTED`);
+        expect(r.stdout).not.toContain('CONNECTED');
+        expect(r.stdout).not.toContain('host tcp 53');
+      } finally {
+        dnsTcp.close();
       }
       // Its own loopback is its own: the host's API on 127.0.0.1 is not there.
       expect(await fetchIn(open.id, `http://127.0.0.1:${apiPort}/healthz`)).toBeNull();

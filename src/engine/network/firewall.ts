@@ -67,8 +67,8 @@ table ${this.table} {
   chain input {
     type filter hook input priority filter - 1; policy accept;
     iifname ${fp} ct state established,related accept
+    # The resolver is UDP only: TCP 53 of the gateway would be whatever host service binds it.
     iifname ${fp} ip daddr ${this.gateway} udp dport 53 accept
-    iifname ${fp} ip daddr ${this.gateway} tcp dport 53 accept
     iifname ${fp} ip daddr ${this.gateway} icmp type echo-request accept
     iifname ${fp} ${REJECT}
     ip daddr ${this.cidr} iifname != "lo" drop
