@@ -94,6 +94,16 @@ export const configSchema = z.object({
     .string()
     .regex(/^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$|^localhost$/, 'a domain name')
     .optional(),
+  /** The host ports port forwards may listen on, `first-last` (unprivileged by default, like
+   * Kubernetes' NodePorts): a tenant cannot take the host's SSH port or any other service's. */
+  hostPortRange: z
+    .string()
+    .regex(/^\d{1,5}-\d{1,5}$/, 'first-last, e.g. 30000-32767')
+    .refine((r) => {
+      const [a, b] = r.split('-').map(Number) as [number, number];
+      return a >= 1 && a <= b && b <= 65535;
+    }, 'a range of ports from 1 to 65535, first <= last')
+    .default('30000-32767'),
   /** Resolvers the sandboxes' DNS forwards to, comma-separated (default: the host's resolv.conf). */
   dnsServers: z
     .string()
@@ -144,6 +154,7 @@ const envNames: Record<keyof Config, string> = {
   networkCidr: 'FORKPOINT_NETWORK_CIDR',
   previewDomain: 'FORKPOINT_PREVIEW_DOMAIN',
   dnsServers: 'FORKPOINT_DNS_SERVERS',
+  hostPortRange: 'FORKPOINT_HOST_PORT_RANGE',
 };
 
 export const configEnvNames: Readonly<Record<keyof Config, string>> = envNames;

@@ -11,12 +11,14 @@ import { buildAttackKit, installKit, KIT } from './helpers/attack-kit.js';
 import { sleep, until } from './helpers/wait.js';
 import { execa } from 'execa';
 
+/** The host ports this server's forwards may use: few, so that the test can fill them. */
+const PORTS = { first: 30100, last: 30139 };
 let s: TestServer;
 let net: TestHost;
 let wsecho: Buffer;
 beforeAll(async () => {
   net = await startTestHost();
-  s = await startServer({ dnsServers: net.address, previewDomain: 'preview.test' });
+  s = await startServer({ dnsServers: net.address, previewDomain: 'preview.test', hostPortRange: `${PORTS.first}-${PORTS.last}` });
   const dir = new URL('./fixtures/', import.meta.url).pathname;
   await execa('cc', ['-static', '-O2', '-o', `${s.dataDir}/wsecho`, `${dir}/wsecho.c`]);
   wsecho = await readFile(`${s.dataDir}/wsecho`);
@@ -204,6 +206,34 @@ describe('connections through checkpoints, rollbacks and forks', () => {
     const r = await request(`http://127.0.0.1:${pf.host_port}/`);
     expect((await r.body.text()).trim()).toBe('awake');
     expect((await s.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
+  });
+
+  it('a forward listens only in the server\'s host-port range: privileged ports are refused, a full range is a 503, never a 500', async () => {
+    const inst = await s.instance();
+    for (const port of [22, 80, 443, PORTS.first - 1, PORTS.last + 1]) {
+      const r = await s.api('POST', `/instances/${inst.id}/port-forwards`, { guest_port: 8080, host_port: port });
+      expect(r.status, String(port)).toBe(400);
+      expect(r.body.error).toMatchObject({ code: 'INVALID_REQUEST', details: { reason: 'HOST_PORT_OUT_OF_RANGE', host_port: port } });
+    }
+    const free = (await s.api('POST', `/instances/${inst.id}/port-forwards`, { guest_port: 8080 })).body.port_forward;
+    expect(free.host_port).toBeGreaterThanOrEqual(PORTS.first);
+    expect(free.host_port).toBeLessThanOrEqual(PORTS.last);
+    // Every other port of the range taken by someone else on the host: no port left for a forward.
+    const squatters: Server[] = [];
+    try {
+      for (let p = PORTS.first; p <= PORTS.last; p++) {
+        const sq = createServer();
+        const ok = await new Promise<boolean>((r) => sq.once('error', () => r(false)).listen(p, '127.0.0.1', () => r(true)));
+        if (ok) squatters.push(sq);
+      }
+      const full = await s.api('POST', `/instances/${inst.id}/port-forwards`, { guest_port: 8080 });
+      expect(full.status).toBe(503);
+      expect(full.body.error).toMatchObject({ code: 'UNAVAILABLE', details: { reason: 'HOST_PORTS_EXHAUSTED' } });
+    } finally {
+      for (const sq of squatters) sq.close();
+    }
+    expect((await s.api('POST', `/instances/${inst.id}/port-forwards`, { guest_port: 8080 })).status).toBe(201);
+    expect((await s.api('GET', `/instances/${inst.id}/port-forwards`)).body.port_forwards).toHaveLength(2);
   });
 });
 

@@ -21,7 +21,7 @@ import { ObjectStore } from '../store/object-store.js';
 import { BundledTemplates } from './bundled-templates.js';
 import { BuildService } from './build/builder.js';
 import { TemplateService } from './templates.js';
-import { PortService } from './ports.js';
+import { parseHostPortRange, PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
 import { InstanceService } from './instances.js';
 import { ChainSquasher } from './squash.js';
@@ -111,7 +111,7 @@ export class Forkpoint {
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
     this.files = new FileService(this.access, log);
-    this.ports = new PortService(this.store, this.instances, this.access, config.host, log);
+    this.ports = new PortService(this.store, this.instances, this.access, config.host, parseHostPortRange(config.hostPortRange), log);
     const squasher = new ChainSquasher(this.store, this.engine, this.instances, locks, {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),

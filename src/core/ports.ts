@@ -4,11 +4,24 @@ import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { PortForwardRecord } from '../store/port-forwards.js';
 import type { SandboxAccess } from './access.js';
-import { ConflictError, NotFoundError } from './errors.js';
+import { ConflictError, InvalidRequestError, NotFoundError, UnavailableError } from './errors.js';
 import type { InstanceService } from './instances.js';
 
 const CONNECT_TIMEOUT_MS = 10_000;
 const MAX_FORWARDS_PER_INSTANCE = 32;
+/** How many free-looking ports of the range are tried before the range counts as full. */
+const PICK_ATTEMPTS = 64;
+
+/** The host ports forwards may use (FORKPOINT_HOST_PORT_RANGE). */
+export interface HostPortRange {
+  first: number;
+  last: number;
+}
+
+export function parseHostPortRange(range: string): HostPortRange {
+  const [first, last] = range.split('-').map(Number) as [number, number];
+  return { first, last };
+}
 
 /**
  * Host ports that lead to a port of an instance (Firecase's port forwards), and the way the HTTP
@@ -24,6 +37,7 @@ export class PortService {
     private readonly instances: InstanceService,
     private readonly access: SandboxAccess,
     private readonly bindHost: string,
+    private readonly range: HostPortRange,
     private readonly log: Logger,
   ) {}
 
@@ -45,10 +59,7 @@ export class PortService {
       throw new ConflictError(`an instance has at most ${MAX_FORWARDS_PER_INSTANCE} port forwards`);
     }
     const id_ = newId('pf');
-    const server = await this.listen(id_, input.hostPort ?? 0).catch((err: NodeJS.ErrnoException) => {
-      if (err.code === 'EADDRINUSE' || err.code === 'EACCES') throw new ConflictError(`host port ${input.hostPort} is not available`, { host_port: input.hostPort });
-      throw err;
-    });
+    const server = input.hostPort === undefined ? await this.listenInRange(id_) : await this.listenOn(id_, input.hostPort);
     const rec: PortForwardRecord = {
       id: id_,
       instanceId: id,
@@ -99,6 +110,39 @@ export class PortService {
   private close(forwardId: string): void {
     this.listeners.get(forwardId)?.close();
     this.listeners.delete(forwardId);
+  }
+
+  /** Listens on the port asked for, which must be in the range. */
+  private async listenOn(forwardId: string, port: number): Promise<Server> {
+    const { first, last } = this.range;
+    if (port < first || port > last) {
+      throw new InvalidRequestError(`host_port must be within the server's range ${first}-${last} (FORKPOINT_HOST_PORT_RANGE)`, { reason: 'HOST_PORT_OUT_OF_RANGE', host_port: port, range: `${first}-${last}` });
+    }
+    return this.listen(forwardId, port).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'EADDRINUSE' || err.code === 'EACCES') throw new ConflictError(`host port ${port} is not available`, { host_port: port }, { cause: err });
+      throw err;
+    });
+  }
+
+  /** Listens on a free port of the range: ones no forward holds, tried from a random place. */
+  private async listenInRange(forwardId: string): Promise<Server> {
+    const { first, last } = this.range;
+    const size = last - first + 1;
+    const held = new Set((await this.store.portForwards.all()).map((f) => f.hostPort));
+    const start = Math.floor(Math.random() * size);
+    let tried = 0;
+    for (let i = 0; i < size && tried < PICK_ATTEMPTS; i++) {
+      const port = first + ((start + i) % size);
+      if (held.has(port)) continue;
+      tried++;
+      try {
+        return await this.listen(forwardId, port);
+      } catch (err) {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code !== 'EADDRINUSE' && code !== 'EACCES') throw err;
+      }
+    }
+    throw new UnavailableError(`no free host port in the server's range ${first}-${last} (FORKPOINT_HOST_PORT_RANGE)`, { reason: 'HOST_PORTS_EXHAUSTED', range: `${first}-${last}` });
   }
 
   private listen(forwardId: string, port: number): Promise<Server> {

@@ -26,7 +26,7 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         tags,
         summary: 'Forward a host port to a port of the instance',
         description:
-          'A TCP listener on the server\'s address (`host_port`, or any free one) that leads to `guest_port` inside the instance. It follows the instance through rollbacks and hibernation (a connection wakes a hibernated instance); forks do not inherit it. 409 if the host port is taken.',
+          'A TCP listener on the server\'s address (`host_port`, or any free one, in the server\'s host-port range, 30000-32767 unless configured: 400 with reason HOST_PORT_OUT_OF_RANGE outside it) that leads to `guest_port` inside the instance. It follows the instance through rollbacks and hibernation (a connection wakes a hibernated instance); forks do not inherit it. 409 if the host port is taken.',
         params: IdParams,
         body: CreatePortForwardRequest,
         response: { 201: ok('The forward', PortForwardAnswer), ...errorResponses },
