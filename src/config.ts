@@ -104,6 +104,9 @@ export const configSchema = z.object({
       return a >= 1 && a <= b && b <= 65535;
     }, 'a range of ports from 1 to 65535, first <= last')
     .default('30000-32767'),
+  /** Owners whose API tokens are the operator's, comma-separated: only they see the cluster's
+   * nodes (`GET /nodes`: addresses and load). */
+  operators: z.string().regex(/^[^,\s]+(,[^,\s]+)*$|^$/, 'owner names, comma-separated').default('default'),
   /** Resolvers the sandboxes' DNS forwards to, comma-separated (default: the host's resolv.conf). */
   dnsServers: z
     .string()
@@ -155,6 +158,7 @@ const envNames: Record<keyof Config, string> = {
   previewDomain: 'FORKPOINT_PREVIEW_DOMAIN',
   dnsServers: 'FORKPOINT_DNS_SERVERS',
   hostPortRange: 'FORKPOINT_HOST_PORT_RANGE',
+  operators: 'FORKPOINT_OPERATORS',
 };
 
 export const configEnvNames: Readonly<Record<keyof Config, string>> = envNames;

@@ -3,6 +3,7 @@ import { StoreUnavailableError } from '../store/db.js';
 export type ErrorCode =
   | 'INVALID_REQUEST'
   | 'UNAUTHENTICATED'
+  | 'FORBIDDEN'
   | 'NOT_FOUND'
   | 'CONFLICT'
   | 'QUOTA_EXCEEDED'
@@ -109,6 +110,7 @@ export class BuildStepError extends ForkpointError {
 export const httpStatusOf: Record<ErrorCode, number> = {
   INVALID_REQUEST: 400,
   UNAUTHENTICATED: 401,
+  FORBIDDEN: 403,
   NOT_FOUND: 404,
   CONFLICT: 409,
   QUOTA_EXCEEDED: 429,

@@ -23,6 +23,7 @@ import { BuildService } from './build/builder.js';
 import { TemplateService } from './templates.js';
 import { parseHostPortRange, PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
+import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
 import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
@@ -65,6 +66,8 @@ export class Forkpoint {
   readonly access: SandboxAccess;
   /** Port forwards, and how the HTTP proxy reaches an instance's port. */
   readonly ports: PortService;
+  /** What the clients' tokens and links speak for. */
+  readonly credentials: Credentials;
   /** Images built from Dockerfiles and manifests, step by step on sandboxes. */
   readonly builds: BuildService;
   /** Memory checkpoints new instances start from, servers running. */
@@ -111,6 +114,7 @@ export class Forkpoint {
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
     this.files = new FileService(this.access, log);
+    this.credentials = new Credentials(this.store, () => this.previews, new Set(config.operators.split(',').map((o) => o.trim()).filter(Boolean)));
     this.ports = new PortService(this.store, this.instances, this.access, config.host, parseHostPortRange(config.hostPortRange), log);
     const squasher = new ChainSquasher(this.store, this.engine, this.instances, locks, {
       after: config.squashAfterLayers,
@@ -250,22 +254,6 @@ export class Forkpoint {
       await this.engine.network.destroy().catch((err: unknown) => this.log.warn({ err }, 'could not remove the sandboxes\' network'));
     }
     await this.store.close();
-  }
-
-  /** Whose a token is; undefined for one that is not valid (unknown or revoked). */
-  async ownerOfToken(token: string): Promise<string | undefined> {
-    return (await this.store.tokens.verify(token))?.owner;
-  }
-
-  /** A sandbox's own access token (E2B's envd): it opens only that instance's in-sandbox API. */
-  accessTokenOf(owner: string, id: string): string {
-    return this.previews.accessToken(owner, id);
-  }
-
-  /** Whose the instance is, if the token is its access token. */
-  async ownerOfSandbox(id: string, token: string): Promise<string | undefined> {
-    const rec = await this.store.instances.get(id);
-    return rec && this.previewLinks?.verifyAccess(token, rec.owner, id) ? rec.owner : undefined;
   }
 
   /** Deletes an instance with its checkpoints (forks of them live on). */

@@ -44,15 +44,24 @@ export class PreviewLinks {
     return want.length === got.length && timingSafeEqual(want, got) ? owner : undefined;
   }
 
-  /** A sandbox's own access token (E2B's envd `X-Access-Token`): it opens that instance's
-   * in-sandbox API and nothing else. Derived, not stored: a fork, a new id, gets its own. */
-  accessToken(owner: string, id: string): string {
-    return createHmac('sha256', this.secret).update(`access\n${owner}\n${id}`).digest('base64url');
+  /** A sandbox's own access token (E2B's envd `X-Access-Token`), made for the API token that
+   * asked for it: `<token id>.<signature of (owner, instance, token id)>`. It opens that
+   * instance's in-sandbox API and ports and nothing else, and dies with the API token (the
+   * verifier checks that it lives). Derived, not stored: a fork, a new id, gets its own. */
+  accessToken(owner: string, id: string, tokenId: string): string {
+    return `${tokenId}.${this.accessMac(owner, id, tokenId)}`;
   }
 
-  verifyAccess(token: string, owner: string, id: string): boolean {
-    const want = Buffer.from(this.accessToken(owner, id));
-    const got = Buffer.from(token);
-    return want.length === got.length && timingSafeEqual(want, got);
+  /** The API token id an access token was made for, if it is this instance's. */
+  verifyAccess(token: string, owner: string, id: string): string | undefined {
+    const m = /^(tok_[0-9a-z]{1,40})\.([A-Za-z0-9_-]{43})$/.exec(token);
+    if (!m) return undefined;
+    const want = Buffer.from(this.accessMac(owner, id, m[1]!));
+    const got = Buffer.from(m[2]!);
+    return want.length === got.length && timingSafeEqual(want, got) ? m[1] : undefined;
+  }
+
+  private accessMac(owner: string, id: string, tokenId: string): string {
+    return createHmac('sha256', this.secret).update(`access\n${owner}\n${id}\n${tokenId}`).digest('base64url');
   }
 }

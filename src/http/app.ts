@@ -15,7 +15,7 @@ import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
 import { firecaseFace } from './routes/index.js';
-import { hostRoute } from './routes/proxy.js';
+import { hostRoute, previewSource } from './routes/proxy.js';
 import { openComputerRoutes } from './opencomputer/routes.js';
 import { closeStreams } from './streams/sse.js';
 
@@ -59,7 +59,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // Upgrades are routed as GETs through the hooks (a bad token is a plain 401). The plugin's
   // own hooks come first: they close the socket of an upgrade that was answered, not upgraded.
   await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });
-  installAuth(app, (token) => opts.forkpoint.ownerOfToken(token), (id, token) => opts.forkpoint.ownerOfSandbox(id, token));
+  installAuth(app, opts.forkpoint.credentials, previewSource);
   // Streams to other nodes and to ports inside instances; no deadline on bodies (streams).
   // A forwarded call is answered when its node has done it: a command run and waited for may take
   // its whole timeout. A node that vanishes meanwhile is found by TCP keep-alive (undici's
@@ -77,7 +77,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(swagger, swaggerOptions({ version: fp.version, openapi, host: fp.config.host, port: fp.config.port }));
   // Swagger UI's own routes need no token; the hook must exist before they are added.
   app.addHook('onRoute', (route) => {
-    if (route.url.startsWith('/docs')) route.config = { ...(route.config as object), public: true };
+    if (route.url.startsWith('/docs')) route.config = { ...(route.config as object), scope: 'public' };
   });
   await app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { docExpansion: 'list' } });
   // Served with the address the server is bound to (the configured port may be 0: any).
@@ -86,10 +86,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     if (!addr || typeof addr === 'string') return doc;
     return { ...(doc as object), servers: [{ url: serverUrl(fp.config.host, addr.port), description: 'this server' }] };
   };
-  app.get('/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => here(app.swagger()));
+  app.get('/openapi.json', { config: { scope: 'public' }, schema: { hide: true } }, async () => here(app.swagger()));
   // The 3.0 rendition comes from the same routes, registered once more in a server of its own.
   let v30: Promise<unknown> | undefined;
-  app.get('/openapi-3.0.json', { config: { public: true }, schema: { hide: true } }, async () => {
+  app.get('/openapi-3.0.json', { config: { scope: 'public' }, schema: { hide: true } }, async () => {
     v30 ??= openApiDocument(fp, '3.0.3');
     return here(await v30);
   });

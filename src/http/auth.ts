@@ -1,23 +1,60 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { Credential, Credentials } from '../core/credentials.js';
 import { sendError } from './errors.js';
+
+/**
+ * What a route opens to, declared in its `config.scope` (default `owner`):
+ * - `public`: anyone (health, the documents);
+ * - `owner`: an API token, for its owner's objects;
+ * - `operator`: an API token of an operator's (FORKPOINT_OPERATORS): the cluster's nodes;
+ * - `sandbox`: a sandbox's own access token (E2B's envd: `E2b-Sandbox-Id` + `X-Access-Token`);
+ * - `port`: a port inside an instance (`/instances/{id}/ports/{port}`): an API token, that
+ *   instance's access token, or a preview link of that port.
+ */
+export type Scope = 'public' | 'owner' | 'operator' | 'sandbox' | 'port';
 
 declare module 'fastify' {
   interface FastifyRequest {
+    /** What the request was let in with (none on public routes). */
+    credential: Credential | undefined;
+    /** Whose objects the request may touch: its credential's owner. */
     owner: string;
     /** For a call into a sandbox on E2B's envd face: the sandbox it is for. */
     sandboxId: string | undefined;
   }
   interface FastifyContextConfig {
-    /** No token needed (health, docs). */
-    public?: boolean;
+    scope?: Scope;
   }
 }
+
+/** The one table of which credential opens which scope. `port` also needs the credential to be
+ * for the route's instance (and a preview link for its port): see `admits`. */
+const OPENS: Record<Exclude<Scope, 'public'>, readonly Credential['kind'][]> = {
+  owner: ['owner'],
+  operator: ['owner'],
+  sandbox: ['sandbox'],
+  port: ['owner', 'sandbox', 'preview'],
+};
+
+function admits(scope: Exclude<Scope, 'public'>, c: Credential, params: { id?: string; port?: string }): boolean {
+  if (!OPENS[scope].includes(c.kind)) return false;
+  if (scope === 'operator') return c.kind === 'owner' && c.operator;
+  if (scope === 'port' && c.kind !== 'owner') return c.sandboxId === params.id && (c.kind === 'sandbox' || String(c.port) === params.port);
+  return true;
+}
+
+const WHAT_OPENS: Record<Exclude<Scope, 'public'>, string> = {
+  owner: 'an API token: Authorization: Bearer <token> or X-API-Key: <token>',
+  operator: "an operator's API token (FORKPOINT_OPERATORS)",
+  sandbox: "the sandbox's E2b-Sandbox-Id and X-Access-Token",
+  port: "an API token, the instance's access token or a valid preview link",
+};
 
 /** Query parameters a WebSocket upgrade may carry its token in (browsers' WebSocket cannot
  * set headers; OpenComputer's SDK sends `api_key`). Nowhere else: URLs end up in logs. */
 const WS_TOKEN_PARAMS = ['api_key', 'token', 'access_token'] as const;
 
-/** The token of a request: `Authorization: Bearer <token>` or `X-API-Key: <token>`; for a
+/** The API token of a request: `Authorization: Bearer <token>` or `X-API-Key: <token>`; for a
  * WebSocket upgrade also `?api_key=`, `?token=` or `?access_token=`. */
 export function tokenOf(request: FastifyRequest): string | undefined {
   const auth = request.headers.authorization;
@@ -35,35 +72,69 @@ export function tokenOf(request: FastifyRequest): string | undefined {
 
 /** A URL with the values of token parameters replaced, for logs. */
 export function redactUrl(url: string): string {
-  return url.replace(/([?&](?:api_key|token|access_token)=)[^&#]*/gi, '$1[redacted]');
+  return url.replace(/([?&](?:api_key|token|access_token|fp_preview)=)[^&#]*/gi, '$1[redacted]');
 }
 
-/** `owner` answers whose a token is (undefined: not a valid token); `sandboxOwner` whose a
- * sandbox is, given its own access token (E2B's envd `X-Access-Token` with `E2b-Sandbox-Id`):
- * such a call is for that sandbox only. */
-export function installAuth(
-  app: FastifyInstance,
-  owner: (token: string) => Promise<string | undefined>,
-  sandboxOwner: (id: string, token: string) => Promise<string | undefined>,
-): void {
+/** Where a preview link's signature comes from: the link's query, or the cookie it set. */
+export interface PreviewSource {
+  signed(request: FastifyRequest): string | undefined;
+}
+
+/** Every credential the request presents that is valid, the scope's own kind first. */
+async function credentialOf(request: FastifyRequest, scope: Exclude<Scope, 'public'>, credentials: Credentials, preview: PreviewSource): Promise<Credential | undefined> {
+  const sandbox = request.headers['e2b-sandbox-id'];
+  const access = request.headers['x-access-token'];
+  const token = tokenOf(request);
+  const params = (request.params ?? {}) as { id?: string; port?: string };
+  const tries: (() => Promise<Credential | undefined> | Credential | undefined)[] = [
+    () => (token ? credentials.apiToken(token) : undefined),
+    () => (typeof sandbox === 'string' && typeof access === 'string' ? credentials.accessToken(sandbox, access) : undefined),
+  ];
+  if (scope === 'sandbox') tries.reverse();
+  if (scope === 'port') {
+    tries.push(() => {
+      const signed = preview.signed(request);
+      return signed && params.id && params.port ? credentials.previewLink(signed, params.id, Number(params.port)) : undefined;
+    });
+  }
+  let first: Credential | undefined;
+  for (const attempt of tries) {
+    const c = await attempt();
+    if (c && admits(scope, c, params)) return c;
+    first ??= c;
+  }
+  return first;
+}
+
+/** Checks every request's credential against its route's scope, in this one place. */
+export function installAuth(app: FastifyInstance, credentials: Credentials, preview: PreviewSource): void {
+  app.decorateRequest('credential', undefined);
   app.decorateRequest('owner', '');
   app.decorateRequest('sandboxId', undefined);
   app.addHook('onRequest', async (request, reply) => {
-    if (request.routeOptions.config?.public) return;
-    const sandbox = request.headers['e2b-sandbox-id'];
-    const access = request.headers['x-access-token'];
-    if (typeof sandbox === 'string' && typeof access === 'string') {
-      const who = await sandboxOwner(sandbox, access);
-      if (!who) return sendError(reply, 'UNAUTHENTICATED', 'the access token is not valid for this sandbox');
-      request.owner = who;
-      request.sandboxId = sandbox;
-      return;
+    const scope = request.routeOptions.config?.scope ?? 'owner';
+    if (scope === 'public') return;
+    const c = await credentialOf(request, scope, credentials, preview);
+    if (!c) {
+      const presented = tokenOf(request) !== undefined || request.headers['x-access-token'] !== undefined;
+      return sendError(reply, 'UNAUTHENTICATED', presented ? `the credential is not valid: this route needs ${WHAT_OPENS[scope]}` : `this route needs ${WHAT_OPENS[scope]}`);
     }
-    const token = tokenOf(request);
-    const who = token ? await owner(token) : undefined;
-    if (!who) {
-      return sendError(reply, 'UNAUTHENTICATED', token ? 'the API token is not valid' : 'an API token is required: Authorization: Bearer <token> or X-API-Key: <token>');
+    if (!admits(scope, c, (request.params ?? {}) as { id?: string; port?: string })) {
+      return sendError(reply, 'FORBIDDEN', `${describe(c)} does not open this route: it needs ${WHAT_OPENS[scope]}`, { credential: c.kind, scope });
     }
-    request.owner = who;
+    request.credential = c;
+    request.owner = c.owner;
+    if (c.kind === 'sandbox') request.sandboxId = c.sandboxId;
   });
+}
+
+function describe(c: Credential): string {
+  switch (c.kind) {
+    case 'owner':
+      return 'an API token';
+    case 'sandbox':
+      return `the access token of sandbox ${c.sandboxId}`;
+    case 'preview':
+      return `a preview link of port ${c.port} of ${c.sandboxId}`;
+  }
 }

@@ -1,5 +1,5 @@
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
-import type { FastifyReply } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { NotFoundError } from '../../core/errors.js';
@@ -51,18 +51,20 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       ...(JSON.parse(fp.config.e2bTemplates) as Record<string, string>),
     };
 
-    const sandbox = (r: InstanceRecord) => ({
+    /** The sandbox as E2B answers it, with its access token made for the API token that asked
+     * (revoking that token revokes it). */
+    const sandbox = (r: InstanceRecord, by: FastifyRequest) => ({
       templateID: r.imageRef ?? r.image,
       sandboxID: r.id,
       alias: r.imageRef ?? r.image,
       clientID: 'forkpoint',
       envdVersion: ENVD_VERSION,
-      envdAccessToken: fp.accessTokenOf(r.owner, r.id),
+      envdAccessToken: by.credential?.kind === 'owner' ? fp.credentials.accessTokenFor(by.credential, r.id) : null,
       trafficAccessToken: null,
       domain: null,
     });
-    const detail = (r: InstanceRecord) => ({
-      ...sandbox(r),
+    const detail = (r: InstanceRecord, by: FastifyRequest) => ({
+      ...sandbox(r, by),
       startedAt: r.createdAt,
       endAt: r.expiresAt ?? new Date(Date.parse(r.createdAt) + 86400_000 * 365).toISOString(),
       cpuCount: Math.max(1, Math.round(r.limits.cpuPercent / 100)),
@@ -103,20 +105,21 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     };
 
     for (const path of ['/sandboxes', '/v2/sandboxes']) {
-      app.post(path, { config: { placement: 'new' }, schema: { ...hidden, body: NewSandbox } }, async (req, reply) => reply.code(201).send(sandbox(await create(req.owner, req.body))));
+      app.post(path, { config: { placement: 'new' }, schema: { ...hidden, body: NewSandbox } }, async (req, reply) => reply.code(201).send(sandbox(await create(req.owner, req.body), req)));
     }
 
-    app.get('/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req) => (await listed(req.owner, req.query)).items.filter((r) => r.state === 'running'));
+    app.get('/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req) => (await listed(req, req.query)).items.filter((r) => r.state === 'running'));
 
     app.get('/v2/sandboxes', { schema: { ...hidden, querystring: ListQuery } }, async (req, reply) => {
-      const page = await listed(req.owner, req.query);
+      const page = await listed(req, req.query);
       if (page.next) reply.header('x-next-token', page.next);
       return page.items;
     });
 
     /** The owner's instances as E2B lists them, filtered by metadata (`k=v&k2=v2`) and state,
      * newest first, a page at a time (the token is the last id of the previous page). */
-    async function listed(owner: string, q: z.infer<typeof ListQuery>) {
+    async function listed(req: FastifyRequest, q: z.infer<typeof ListQuery>) {
+      const owner = req.owner;
       const want = new URLSearchParams(q.metadata ?? '');
       const states = q.state ? q.state.split(',') : ['running', 'paused'];
       const all = [] as ReturnType<typeof detail>[];
@@ -126,7 +129,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         for (const r of page.items) {
           if (r.status !== 'running' && r.status !== 'hibernated') continue;
           if ([...want].some(([k, v]) => r.metadata[k] !== v)) continue;
-          const d = detail(r);
+          const d = detail(r, req);
           if (states.includes(d.state)) all.push(d);
         }
         cursor = page.nextCursor ?? undefined;
@@ -136,7 +139,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return { items, next: start + q.limit < all.length ? items.at(-1)?.sandboxID : undefined };
     }
 
-    app.get('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req) => detail(await fp.instances.get(req.owner, req.params.sandboxID)));
+    app.get('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req) => detail(await fp.instances.get(req.owner, req.params.sandboxID), req));
 
     app.delete('/sandboxes/:sandboxID', { schema: { ...hidden, params: IdParams } }, async (req, reply) => {
       await fp.deleteInstance(req.owner, req.params.sandboxID);
@@ -160,18 +163,19 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     /** A paused sandbox, woken, lives `timeout` (or the default) from now. E2B's connect never
      * shortens a running one's life (its SDK says so): it lives to the later of its end and
      * `timeout` from now, and one that never ends (made on another face) still does not. */
-    const resume = async (owner: string, id: string, timeout: number | undefined, reply: FastifyReply) => {
+    const resume = async (req: FastifyRequest, id: string, timeout: number | undefined, reply: FastifyReply) => {
+      const owner = req.owner;
       const before = await fp.instances.get(owner, id);
       const woken = before.status === 'hibernated';
       let r = woken ? await fp.instances.wake(owner, id) : before;
       const longer = timeout !== undefined && before.expiresAt !== null && Date.now() + timeout * 1000 > Date.parse(before.expiresAt);
       if (woken || longer) r = await lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
-      return reply.code(woken ? 201 : 200).send(sandbox(r));
+      return reply.code(woken ? 201 : 200).send(sandbox(r, req));
     };
     for (const path of ['/sandboxes/:sandboxID/connect', '/v2/sandboxes/:sandboxID/connect']) {
-      app.post(path, { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough().optional() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
+      app.post(path, { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough().optional() } }, async (req, reply) => resume(req, req.params.sandboxID, req.body?.timeout, reply));
     }
-    app.post('/sandboxes/:sandboxID/resume', { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough() } }, async (req, reply) => resume(req.owner, req.params.sandboxID, req.body?.timeout, reply));
+    app.post('/sandboxes/:sandboxID/resume', { schema: { ...hidden, params: IdParams, body: Timeout.partial().passthrough() } }, async (req, reply) => resume(req, req.params.sandboxID, req.body?.timeout, reply));
 
     app.post('/sandboxes/:sandboxID/snapshots', { schema: { ...hidden, params: IdParams, body: z.object({ name: z.string().max(63).optional() }).passthrough().optional() } }, async (req, reply) => {
       const id = req.params.sandboxID;
@@ -192,7 +196,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     app.post('/sandboxes/:sandboxID/fork', { schema: { ...hidden, params: IdParams, body: z.object({ timeout: z.number().int().min(0).optional(), count: z.number().int().min(1).max(100).optional() }).optional() } }, async (req, reply) => {
       const forks = await fp.checkpoints.fork(req.owner, req.params.sandboxID, { count: req.body?.count ?? 1 });
       const lived = await Promise.all(forks.map((f) => lifetime(req.owner, f.id, req.body?.timeout, false)));
-      return reply.code(201).send(lived.map((r) => ({ sandbox: sandbox(r) })));
+      return reply.code(201).send(lived.map((r) => ({ sandbox: sandbox(r, req) })));
     });
 
     app.get('/sandboxes/:sandboxID/metrics', { schema: { ...hidden, params: IdParams } }, async (req) => {

@@ -26,13 +26,14 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     await app.register(multipart, { limits: { files: MAX_PARTS, fileSize: Number.MAX_SAFE_INTEGER } });
     app.addContentTypeParser(['application/octet-stream', 'application/x-gzip'], (_req, payload, done) => done(null, payload));
     const hidden = { hide: true };
+    const config = { scope: 'sandbox' as const };
 
-    app.get('/health', { schema: hidden }, async (req, reply) => {
+    app.get('/health', { config, schema: hidden }, async (req, reply) => {
       if (!callerOfRequest(req)) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
       return reply.code(204).send();
     });
 
-    app.get('/files', { schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
+    app.get('/files', { config, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
       const c = callerOfRequest(req);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
       const path = envdPath(req.query.path ?? '');
@@ -46,7 +47,7 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       }
     });
 
-    app.post('/files', { schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
+    app.post('/files', { config, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
       const c = callerOfRequest(req);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
       const written: { name: string; type: 'file'; path: string }[] = [];

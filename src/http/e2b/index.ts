@@ -26,6 +26,9 @@ export const e2bFace = (fp: Forkpoint): FastifyPluginAsync =>
     await app.register(async (rpc) => {
       // The plugin brings its own parsers (it reads Connect's bodies itself), JSON's included.
       rpc.removeContentTypeParser('application/json');
+      rpc.addHook('onRoute', (route) => {
+        route.config = { ...(route.config as object), scope: 'sandbox' };
+      });
       await rpc.register(fastifyConnectPlugin, {
         routes: (router) => {
           router.service(Process, processService(fp));

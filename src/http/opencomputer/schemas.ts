@@ -14,6 +14,7 @@ const failure = (description: string) => ({ description, content: { 'application
 export const ocErrorResponses = {
   400: failure('Bad input'),
   401: failure('No token, or not a valid one'),
+  403: failure('A valid credential that does not open this route (a sandbox\'s access token)'),
   404: failure('No such route or sandbox'),
   409: failure('The sandbox is not in a state for this'),
   413: failure('The body is too large'),

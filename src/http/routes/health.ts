@@ -6,7 +6,7 @@ import { Health } from '../schemas/health.js';
 export const healthRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     app.get('/healthz', {
-      config: { public: true },
+      config: { scope: 'public' },
       schema: {
         operationId: 'getHealth',
         tags: ['health'],

@@ -52,11 +52,12 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => instanceView(await fp.checkpoints.recoverLost(req.owner, req.params.id)));
 
     app.get('/nodes', {
+      config: { scope: 'operator' },
       schema: {
         operationId: 'listNodes',
         tags,
         summary: 'The nodes sharing this store',
-        description: 'Each with where it is reached, its last heartbeat, whether it counts as live, and how many instances it runs. One node with the embedded store.',
+        description: 'Each with where it is reached, its last heartbeat, whether it counts as live, and how many instances it runs. One node with the embedded store. For an operator\'s token only (FORKPOINT_OPERATORS): 403 FORBIDDEN for any other.',
         response: { 200: ok('The nodes', NodeList), ...errorResponses },
       },
     }, async () => ({

@@ -1,9 +1,9 @@
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import { WebSocket } from 'ws';
-import { UnauthenticatedError } from '../../core/errors.js';
+import { InvalidRequestError } from '../../core/errors.js';
 import { sendError } from '../errors.js';
 import type { Forkpoint } from '../../core/forkpoint.js';
-import { tokenOf } from '../auth.js';
+import type { PreviewSource } from '../auth.js';
 
 /** The query parameter a preview link carries its signature in; the cookie it becomes. */
 export const PREVIEW_PARAM = 'fp_preview';
@@ -30,6 +30,11 @@ export function previewPath(fp: Forkpoint, apiHost: string | undefined, id: stri
   if (domain) return `http://${port}-${id}.${domain}/`;
   return `http://${apiHost ?? `${fp.config.host}:${fp.config.port}`}/instances/${id}/ports/${port}/`;
 }
+
+/** A preview link's signature: in the link's query, or in the cookie it set. */
+export const previewSource: PreviewSource = {
+  signed: (req: FastifyRequest): string | undefined => new URL(req.url, 'http://x').searchParams.get(PREVIEW_PARAM) ?? cookie(req, PREVIEW_PARAM),
+};
 
 function cookie(req: FastifyRequest, name: string): string | undefined {
   for (const part of (req.headers.cookie ?? '').split(';')) {
@@ -59,32 +64,24 @@ export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
     app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
 
     const targets = new WeakMap<FastifyRequest, Target>();
-    const authorize = async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    /** The auth hook let the request in (scope `port`); here: where it goes, and a preview
+     * link's signature kept as a cookie so that the page's own requests carry it. */
+    const resolve = async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
       const { id, port: p } = req.params as { id: string; port: string };
       const port = Number(p);
-      if (!Number.isInteger(port) || port < 1 || port > 65535) throw new UnauthenticatedError('not a port');
+      if (!Number.isInteger(port) || port < 1 || port > 65535) throw new InvalidRequestError(`not a port: ${p}`);
       const url = new URL(req.url, 'http://x');
       const fromQuery = url.searchParams.get(PREVIEW_PARAM);
       url.searchParams.delete(PREVIEW_PARAM);
-      const token = tokenOf(req);
-      let owner = token ? await fp.ownerOfToken(token) : undefined;
-      // E2B's SDKs reach a port inside with the sandbox's own access token (for that sandbox).
-      const access = req.headers['x-access-token'];
-      if (!owner && typeof access === 'string' && req.headers['e2b-sandbox-id'] === id) owner = await fp.ownerOfSandbox(id, access);
-      if (!owner) {
-        const signed = fromQuery ?? cookie(req, PREVIEW_PARAM);
-        owner = signed ? fp.previews.verify(signed, id, port) : undefined;
-        if (owner && fromQuery) {
-          const routed = hostRoute(fp.config.previewDomain, req.headers.host);
-          const path = routed ? '/' : `/instances/${id}/ports/${port}/`;
-          reply.header('set-cookie', `${PREVIEW_PARAM}=${fromQuery}; Path=${path}; HttpOnly; SameSite=Lax; Max-Age=${7 * 86400}`);
-        }
+      if (req.credential?.kind === 'preview' && fromQuery) {
+        const routed = hostRoute(fp.config.previewDomain, req.headers.host);
+        const path = routed ? '/' : `/instances/${id}/ports/${port}/`;
+        reply.header('set-cookie', `${PREVIEW_PARAM}=${fromQuery}; Path=${path}; HttpOnly; SameSite=Lax; Max-Age=${7 * 86400}`);
       }
-      if (!owner) throw new UnauthenticatedError('an API token or a valid preview link is required');
-      const to = await fp.ports.target(owner, id, port);
+      const to = await fp.ports.target(req.owner, id, port);
       const prefix = `/instances/${id}/ports/${port}`;
       const rest = url.pathname.startsWith(prefix) ? url.pathname.slice(prefix.length) : url.pathname;
-      targets.set(req, { owner, host: to.host, port: to.port, path: `${rest || '/'}${url.search}` });
+      targets.set(req, { owner: req.owner, host: to.host, port: to.port, path: `${rest || '/'}${url.search}` });
     };
 
     const forward = (req: FastifyRequest, reply: FastifyReply) => {
@@ -100,16 +97,16 @@ export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
       });
     };
 
-    const config = { public: true };
+    const config = { scope: 'port' as const };
     const schema = { hide: true };
     for (const url of ['/instances/:id/ports/:port', '/instances/:id/ports/:port/*']) {
-      app.route({ method: ['DELETE', 'PATCH', 'POST', 'PUT', 'OPTIONS'], url, config, schema, preHandler: authorize, handler: forward });
+      app.route({ method: ['DELETE', 'PATCH', 'POST', 'PUT', 'OPTIONS'], url, config, schema, preHandler: resolve, handler: forward });
       app.route({
         method: 'GET',
         url,
         config,
         schema,
-        preHandler: authorize,
+        preHandler: resolve,
         handler: forward,
         wsHandler: (socket, req) => {
           const t = targets.get(req)!;

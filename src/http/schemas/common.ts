@@ -5,6 +5,7 @@ import { z } from 'zod';
 export const ERROR_CODES = [
   'INVALID_REQUEST',
   'UNAUTHENTICATED',
+  'FORBIDDEN',
   'NOT_FOUND',
   'CONFLICT',
   'QUOTA_EXCEEDED',
@@ -36,6 +37,7 @@ const failure = (description: string) => ({ description, content: { 'application
 export const errorResponses = {
   400: failure('Bad input: INVALID_REQUEST'),
   401: failure('No token, or not a valid one: UNAUTHENTICATED'),
+  403: failure('A valid credential that does not open this route (a sandbox\'s access token on an owner\'s route; a token that is not an operator\'s on the cluster\'s): FORBIDDEN'),
   404: failure('No such route or object (or not yours): NOT_FOUND'),
   409: failure('The object is not in a state for this: CONFLICT'),
   413: failure('The body is too large: PAYLOAD_TOO_LARGE'),
