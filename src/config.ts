@@ -70,6 +70,16 @@ export const configSchema = z.object({
   defaultCpuPercent: z.coerce.number().int().positive().default(100),
   /** A disk limit for instances that do not ask for one (0: none). See engine/volumes.ts. */
   defaultDiskMb: z.coerce.number().int().min(0).default(0),
+  /** What one owner's instances may hold together, whatever their state (README, "Security"):
+   * past it a create or fork answers 429 QUOTA_EXCEEDED with the bound as its reason. 0: no
+   * bound. Unset: memory 8 times the host's, CPU 128 times the host's CPUs (100 each), addresses
+   * half the subnet's. Disk counts instances' disk limits, and with a bound every instance needs
+   * one. */
+  ownerMaxInstances: z.coerce.number().int().min(0).default(256),
+  ownerMaxMemoryMb: z.coerce.number().int().min(0).optional(),
+  ownerMaxCpuPercent: z.coerce.number().int().min(0).optional(),
+  ownerMaxDiskMb: z.coerce.number().int().min(0).default(0),
+  ownerMaxAddresses: z.coerce.number().int().min(0).optional(),
   /** `on`: every sandbox runs in a user namespace of its own, its ids 0..65535 a range of host
    * ids no other sandbox and no host account has (README, "Security"); `off`: the host's ids, as
    * before (weaker). An instance may ask for either at create. */
@@ -150,6 +160,11 @@ const envNames: Record<keyof Config, string> = {
   defaultCpuPercent: 'FORKPOINT_DEFAULT_CPU_PERCENT',
   defaultDiskMb: 'FORKPOINT_DEFAULT_DISK_MB',
   userNamespaces: 'FORKPOINT_USER_NAMESPACES',
+  ownerMaxInstances: 'FORKPOINT_OWNER_MAX_INSTANCES',
+  ownerMaxMemoryMb: 'FORKPOINT_OWNER_MAX_MEMORY_MB',
+  ownerMaxCpuPercent: 'FORKPOINT_OWNER_MAX_CPU_PERCENT',
+  ownerMaxDiskMb: 'FORKPOINT_OWNER_MAX_DISK_MB',
+  ownerMaxAddresses: 'FORKPOINT_OWNER_MAX_ADDRESSES',
   uidRangeStart: 'FORKPOINT_UID_RANGE_START',
   uidRanges: 'FORKPOINT_UID_RANGES',
   uidRangesPerOwner: 'FORKPOINT_UID_RANGES_PER_OWNER',

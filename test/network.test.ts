@@ -362,25 +362,35 @@ describe('a sandbox sends only as itself', () => {
 });
 
 describe('the address pool', () => {
-  it('a subnet one owner fills answers every owner 503 with its reason, never 500; a delete frees an address', async () => {
+  it('one owner holds at most half the subnet (429 with its reason); a full subnet answers every owner 503 with its reason, never 500; a delete frees an address', async () => {
     const seed = `fp-subnet-${process.pid}-${Date.now()}`;
     const small = await startServer({ networkCidr: subnetFor(seed).replace('.0/24', '.0/28') });
     try {
-      const other = { authorization: `Bearer ${(await small.fp.store.tokens.create('tenant-b', 'test')).token}` };
-      const made: string[] = [];
-      let refused: { status: number; body: any } | undefined;
-      for (let i = 0; i < 20 && !refused; i++) {
-        const r = await small.api('POST', '/instances', { name: `fill-${i}` });
-        if (r.status === 201) made.push(r.body.id);
-        else refused = r;
-      }
-      expect(made.length).toBeGreaterThan(5);
-      expect(refused?.status).toBe(503);
-      expect(refused?.body.error).toMatchObject({ code: 'UNAVAILABLE', details: { reason: 'ADDRESSES_EXHAUSTED' } });
-      const theirs = await small.api('POST', '/instances', { name: 'theirs' }, other);
-      expect([theirs.status, theirs.body.error?.details?.reason]).toEqual([503, 'ADDRESSES_EXHAUSTED']);
-      expect((await small.api('DELETE', `/instances/${made.pop()}`)).status).toBe(204);
-      expect((await small.api('POST', '/instances', { name: 'theirs' }, other)).status).toBe(201);
+      const as = async (owner: string) => ({ authorization: `Bearer ${(await small.fp.store.tokens.create(owner, 'test')).token}` });
+      const [a, b, c] = [await as('tenant-a'), await as('tenant-b'), await as('tenant-c')];
+      /** Creates until refused: what was made, and the refusal. */
+      const fill = async (headers: Record<string, string>, max: number) => {
+        const made: string[] = [];
+        for (let i = 0; i < max; i++) {
+          const r = await small.api('POST', '/instances', {}, headers);
+          if (r.status !== 201) return { made, refused: r };
+          made.push(r.body.id);
+        }
+        return { made, refused: undefined };
+      };
+      // 13 addresses (a /28 less its network, gateway and broadcast): 6 per owner.
+      const first = await fill(a, 20);
+      expect(first.made).toHaveLength(6);
+      expect([first.refused?.status, first.refused?.body.error?.code, first.refused?.body.error?.details?.reason]).toEqual([429, 'QUOTA_EXCEEDED', 'ADDRESSES_PER_OWNER']);
+      const second = await fill(b, 20);
+      expect(second.made).toHaveLength(6);
+      expect(second.refused?.status).toBe(429);
+      const third = await fill(c, 20);
+      expect(third.made).toHaveLength(1);
+      expect(third.refused?.status).toBe(503);
+      expect(third.refused?.body.error).toMatchObject({ code: 'UNAVAILABLE', details: { reason: 'ADDRESSES_EXHAUSTED' } });
+      expect((await small.api('DELETE', `/instances/${first.made.pop()}`, undefined, a)).status).toBe(204);
+      expect((await small.api('POST', '/instances', {}, c)).status).toBe(201);
     } finally {
       await small.close();
     }

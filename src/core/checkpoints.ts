@@ -392,6 +392,8 @@ export class CheckpointService {
     const count = input.count ?? 1;
     // With several forks a name is a prefix: name-1, name-2, ...
     const nameOf = (i: number) => (input.name && count > 1 ? `${input.name}-${i + 1}` : input.name);
+    // Past the owner's quota before anything is made, not after a checkpoint and a few forks.
+    await this.instances.checkQuota(as.owner ?? owner, instead ? this.instances.limitsFrom({ ...source.limits, ...instead.limits }) : source.limits, count);
     let c: CheckpointRecord;
     let unpin: () => void;
     if (input.checkpointId) {

@@ -1,4 +1,5 @@
 import { UidRangePool } from './uid-ranges.js';
+import { checkAgainstHost, checkOwnerQuota, hostCapacity, ownerQuotaOf, type HostCapacity, type OwnerUsage } from './quotas.js';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { SandboxSpec } from '../engine/engine.js';
@@ -72,6 +73,18 @@ export class InstanceService {
     const net = this.engine.network.allocate(new Set(used));
     if (!net) throw new AddressesExhaustedError();
     return net.address;
+  }
+
+  private host: Promise<HostCapacity> | undefined;
+
+  /** Refuses limits beyond the host's size, and `count` more instances with them that would take
+   * the owner past its quota (quotas.ts). Creates and forks check again, one at a time per owner,
+   * as they take their records. */
+  async checkQuota(owner: string, limits: Limits, count: number, used?: OwnerUsage): Promise<void> {
+    this.host ??= hostCapacity(this.config.dataDir);
+    const host = await this.host;
+    checkAgainstHost(limits, host);
+    checkOwnerQuota(ownerQuotaOf(this.config, host), used ?? (await this.store.instances.usageOf(owner)), limits, count, this.networking);
   }
 
   /** The host uid ranges of the sandboxes' user namespaces (uid-ranges.ts). */
@@ -192,14 +205,17 @@ export class InstanceService {
       node: this.nodeId,
       uidBase: null,
     };
-    await this.store.transaction(async (tx) => {
+    // One owner's records are taken one at a time on a node, so that two creates cannot both
+    // fit the last of its quota.
+    await this.locks.run(`owner:${owner}`, () => this.store.transaction(async (tx) => {
+      await this.checkQuota(owner, rec.limits, 1, await tx.instances.usageOf(owner));
       // A fresh address for every new instance, forks included (a fork is a new machine).
       if (this.networking) rec.address = this.freeAddress(await tx.instances.addresses());
       // A range of its own, forks included: no two sandboxes ever share one.
       if (input.userNamespace ?? this.config.userNamespaces === 'on') rec.uidBase = this.uidRanges.allocate(await tx.instances.uidRanges(), rec.owner);
       await tx.instances.insert(rec);
       await tx.layers.setRefs(`instance:${rec.id}`, rec.layers);
-    });
+    }));
     return rec;
   }
 

@@ -216,6 +216,20 @@ export class InstanceStore {
     return rows.map((r) => ({ uidBase: Number(r.uid_base), owner: r.owner }));
   }
 
+  /** What one owner's instances hold, whatever their state (quotas.ts). */
+  async usageOf(owner: string): Promise<{ instances: number; memoryMb: number; cpuPercent: number; diskMb: number; addresses: number }> {
+    const rows = await this.db.selectFrom('instances').select(['limits', 'address']).where('owner', '=', owner).execute();
+    const used = { instances: rows.length, memoryMb: 0, cpuPercent: 0, diskMb: 0, addresses: 0 };
+    for (const r of rows) {
+      const l = JSON.parse(r.limits) as Limits;
+      used.memoryMb += l.memoryMb;
+      used.cpuPercent += l.cpuPercent;
+      used.diskMb += l.diskMb ?? 0;
+      if (r.address) used.addresses++;
+    }
+    return used;
+  }
+
   /** Every address in use on the sandboxes' network. */
   async addresses(): Promise<string[]> {
     const rows = await this.db.selectFrom('instances').select('address').where('address', 'is not', null).execute();
