@@ -59,6 +59,12 @@ export const configSchema = z.object({
   /** What an OpenComputer image manifest's `base` and an E2B-style build stand on (apt works). */
   manifestBaseImage: z.string().min(1).default('debian'),
   bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
+  /** The HTTP server's deadlines and bounds (http/connection-limits.ts): headers whole within
+   * this, a body moving at least a KiB in every window this long, and at most this many
+   * connections per client address (0: none; behind a reverse proxy, raise it). */
+  httpHeadersTimeoutMs: z.coerce.number().int().min(100).default(30_000),
+  httpBodyStallMs: z.coerce.number().int().min(100).default(30_000),
+  httpConnectionsPerClient: z.coerce.number().int().min(0).default(512),
   checkpointConcurrency: z.coerce.number().int().positive().default(2),
   maxCheckpointsPerInstance: z.coerce.number().int().positive().default(10),
   /** Past this many layers under an instance, its oldest ones are squashed into one. */
@@ -151,6 +157,9 @@ const envNames: Record<keyof Config, string> = {
   s3SecretAccessKey: 'FORKPOINT_S3_SECRET_ACCESS_KEY',
   s3Prefix: 'FORKPOINT_S3_PREFIX',
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
+  httpHeadersTimeoutMs: 'FORKPOINT_HTTP_HEADERS_TIMEOUT_MS',
+  httpBodyStallMs: 'FORKPOINT_HTTP_BODY_STALL_MS',
+  httpConnectionsPerClient: 'FORKPOINT_HTTP_CONNECTIONS_PER_CLIENT',
   checkpointConcurrency: 'FORKPOINT_CHECKPOINT_CONCURRENCY',
   maxCheckpointsPerInstance: 'FORKPOINT_MAX_CHECKPOINTS',
   squashAfterLayers: 'FORKPOINT_SQUASH_AFTER_LAYERS',

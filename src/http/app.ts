@@ -18,6 +18,7 @@ import { firecaseFace } from './routes/index.js';
 import { hostRoute, previewSource } from './routes/proxy.js';
 import { openComputerRoutes } from './opencomputer/routes.js';
 import { closeStreams } from './streams/sse.js';
+import { httpServerOptions, installConnectionLimits, type ConnectionLimits } from './connection-limits.js';
 
 export interface AppOptions {
   forkpoint: Forkpoint;
@@ -42,8 +43,14 @@ function withRequestSerializers(log: Logger): FastifyBaseLogger {
 /** The HTTP server: config in, Fastify instance out. Nothing here touches the engine. */
 export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   const domain = opts.forkpoint.config.previewDomain;
+  const limits: ConnectionLimits = {
+    headersTimeoutMs: opts.forkpoint.config.httpHeadersTimeoutMs,
+    bodyStallMs: opts.forkpoint.config.httpBodyStallMs,
+    perClient: opts.forkpoint.config.httpConnectionsPerClient,
+  };
   const base = {
     bodyLimit: opts.bodyLimitBytes,
+    http: httpServerOptions(limits),
     routerOptions: { ignoreTrailingSlash: true },
     // A preview host name (<port>-<instance>.<domain>) is that port's proxy, at its root.
     rewriteUrl: (req: { url?: string; headers: Record<string, string | string[] | undefined> }) => {
@@ -52,6 +59,8 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     },
   };
   const app: FastifyInstance = opts.logger ? Fastify({ ...base, loggerInstance: withRequestSerializers(opts.logger) }) : Fastify({ ...base, logger: false });
+  const stopLimits = installConnectionLimits(app.server, limits);
+  app.addHook('onClose', async () => stopLimits());
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
   installBodyParsers(app);
