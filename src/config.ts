@@ -59,6 +59,10 @@ export const configSchema = z.object({
   /** What an OpenComputer image manifest's `base` and an E2B-style build stand on (apt works). */
   manifestBaseImage: z.string().min(1).default('debian'),
   bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
+  /** What a build context a client sends may unpack to (its tar stream decompressed) and how
+   * many members it may have; checked before anything is unpacked. */
+  buildContextMaxMb: z.coerce.number().int().positive().default(2048),
+  buildContextMaxEntries: z.coerce.number().int().positive().default(200_000),
   /** The HTTP server's deadlines and bounds (http/connection-limits.ts): headers whole within
    * this, a body moving at least a KiB in every window this long, and at most this many
    * connections per client address (0: none; behind a reverse proxy, raise it). */
@@ -157,6 +161,8 @@ const envNames: Record<keyof Config, string> = {
   s3SecretAccessKey: 'FORKPOINT_S3_SECRET_ACCESS_KEY',
   s3Prefix: 'FORKPOINT_S3_PREFIX',
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
+  buildContextMaxMb: 'FORKPOINT_BUILD_CONTEXT_MAX_MB',
+  buildContextMaxEntries: 'FORKPOINT_BUILD_CONTEXT_MAX_ENTRIES',
   httpHeadersTimeoutMs: 'FORKPOINT_HTTP_HEADERS_TIMEOUT_MS',
   httpBodyStallMs: 'FORKPOINT_HTTP_BODY_STALL_MS',
   httpConnectionsPerClient: 'FORKPOINT_HTTP_CONNECTIONS_PER_CLIENT',

@@ -15,7 +15,7 @@ const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 let s: TestServer;
 let work: string;
 beforeAll(async () => {
-  s = await startServer();
+  s = await startServer({ buildContextMaxMb: 128, buildContextMaxEntries: 5000 });
   work = await mkdtemp(join(tmpdir(), 'forkpoint-images-'));
   // The Debian image is set-up's (`npm test` builds it once): these tests need it, and fail
   // without it rather than skip.
@@ -388,6 +388,39 @@ describe('attacks through builds, archives and templates', () => {
     const inst = await s.instance({ image: 'through' });
     expect((await sh(inst.id, 'cat /evil/pwned')).stdout).toBe('written through a link?\n');
     await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
+  it('a build context that unpacks to more than it weighs (a sparse tar, a gzip bomb, too many members) or holds a device is refused before anything is unpacked', async () => {
+    const dir = join(work, 'bombs');
+    await mkdir(join(dir, 'src'), { recursive: true });
+    await writeFile(join(dir, 'src', 'Dockerfile'), 'FROM default\nCOPY . /ctx\n');
+    const make = async (name: string, script: string) => {
+      await execa('bash', ['-c', script], { cwd: dir });
+      return readFile(join(dir, name));
+    };
+    const cases: [string, Buffer, number, string][] = [
+      // 10 KiB that GNU tar unpacks to a 3 GiB file.
+      ['sparse', await make('sparse.tar', 'cp src/Dockerfile . && truncate -s 3G big && tar --sparse -cf sparse.tar Dockerfile big && rm big'), 400, 'SPARSE_MEMBER'],
+      ['sparse-pax', await make('sparse-pax.tar', 'truncate -s 3G big && tar --sparse --format=posix -cf sparse-pax.tar Dockerfile big && rm big'), 400, 'SPARSE_MEMBER'],
+      // 1 MiB of gzip that unpacks to 256 MiB of zeros, twice the server's bound.
+      ['bomb', await make('bomb.tgz', 'head -c 256M /dev/zero > zeros && tar -cf - Dockerfile zeros | gzip -1 > bomb.tgz && rm zeros'), 413, 'UNPACKED_TOO_LARGE'],
+      ['many', await make('many.tgz', 'mkdir -p many && (cd many && seq 1 6000 | xargs touch) && tar -czf many.tgz Dockerfile many && rm -rf many'), 413, 'TOO_MANY_ENTRIES'],
+      ['device', await make('device.tar', 'mknod null c 1 3 && tar -cf device.tar Dockerfile null && rm null'), 400, 'MEMBER_TYPE'],
+    ];
+    for (const [name, body, status, reason] of cases) {
+      expect(body.length, name).toBeLessThan(2 << 20);
+      const r = await fetch(`${s.url}/images/bomb-${name}/build`, { method: 'POST', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/x-tar' }, body });
+      const answer = (await r.json()) as { error: { code: string; details?: { reason?: string } } };
+      expect([r.status, answer.error.details?.reason], name).toEqual([status, reason]);
+      expect((await s.api('GET', `/images/bomb-${name}`)).status).toBe(404);
+    }
+    // Nothing unpacked, nothing left: no context directory, no archive.
+    expect(existsSync(join(s.dataDir, 'contexts')) ? (await execa('ls', ['-A', join(s.dataDir, 'contexts')])).stdout : '').toBe('');
+    // The same context within the bounds builds.
+    const ok = await make('ok.tar', 'tar -cf ok.tar -C src Dockerfile');
+    const built = await fetch(`${s.url}/images/bomb-ok/build`, { method: 'POST', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/x-tar' }, body: ok });
+    expect(built.status).toBe(201);
+    await s.api('DELETE', '/images/bomb-ok');
   });
 
   it('a step that prints megabytes with no newline is logged in bounded pieces, and the build goes on', async () => {

@@ -23,6 +23,7 @@ import { BuildService } from './build/builder.js';
 import { TemplateService } from './templates.js';
 import { parseHostPortRange, PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
+import { requireRoom } from './space.js';
 import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
 import { ChainSquasher } from './squash.js';
@@ -130,7 +131,12 @@ export class Forkpoint {
       durable: async (id) => (await this.durable.state(id)).durable,
     });
     this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);
-    this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.layout.contexts, log);
+    this.builds = new BuildService(this.store, this.catalog, this.instances, this.executions, this.files, (o, n) => this.templates.filesOf(o, n), this.layout.contexts, {
+      maxSent: 2 * 1024 ** 3,
+      maxUnpacked: config.buildContextMaxMb * 1048576,
+      maxEntries: config.buildContextMaxEntries,
+      room: (bytes) => requireRoom(this.engine, bytes),
+    }, log);
     this.bundled = new BundledTemplates(this.builds, this.templates, log);
   }
 

@@ -2,6 +2,7 @@ import { lstat, mkdir, readFile, rename, rm } from 'node:fs/promises';
 import { join, normalize } from 'node:path';
 import { execa } from 'execa';
 import { z } from 'zod';
+import { ArchiveRefusedError, checkArchive, type ArchiveBounds } from '../lib/archive-bounds.js';
 import { EngineError } from './errors.js';
 import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type Images } from './images.js';
 import type { Mounter } from './overlay.js';
@@ -106,6 +107,21 @@ async function overlayWhiteouts(dir: string): Promise<void> {
   }
 }
 
+/** What an imported archive, and each of its layers, may unpack to: an image is an operator's,
+ * but a layer of 10 KiB that unpacks to terabytes (a sparse member, a gzip bomb) fills the disk
+ * of every tenant. */
+const IMPORT_BOUNDS: ArchiveBounds = {
+  maxBytes: 64 * 1024 ** 3,
+  maxEntries: 2_000_000,
+  types: ['file', 'directory', 'symlink', 'link', 'character-device', 'block-device', 'fifo'],
+};
+
+async function bounded(file: string, what: string): Promise<void> {
+  await checkArchive(file, IMPORT_BOUNDS).catch((err: unknown) => {
+    throw err instanceof ArchiveRefusedError ? fail(`${what} is refused: ${err.message}`, err) : err;
+  });
+}
+
 /**
  * Imports an image archive as a new image: a `docker save` tarball or an OCI image layout
  * (layers applied in order by overlayfs itself, whiteouts honoured, the config's Env,
@@ -123,6 +139,7 @@ export async function importImageArchive(images: Images, mounter: Mounter, name:
   await mkdir(archive, { recursive: true });
   let mounted = false;
   try {
+    await bounded(file, 'the archive');
     const r = await execa('tar', ['-xf', file, '-C', archive, '--no-same-owner'], { reject: false });
     if (r.exitCode !== 0) throw fail(`tar: ${r.stderr.trim()}`);
     const found = await layout(archive);
@@ -135,6 +152,7 @@ export async function importImageArchive(images: Images, mounter: Mounter, name:
     for (const [i, layer] of found.layers.entries()) {
       const dir = join(work, `layer${i}`);
       await mkdir(dir);
+      await bounded(layer, `layer ${i}`);
       const x = await execa('tar', ['-xf', layer, '-C', dir, '--numeric-owner'], { reject: false });
       if (x.exitCode !== 0) throw fail(`layer ${i}: tar: ${x.stderr.trim()}`);
       await overlayWhiteouts(dir);

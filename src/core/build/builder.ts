@@ -10,7 +10,7 @@ import type { ExecutionService } from '../executions.js';
 import type { FileService } from '../files.js';
 import type { ImageCatalog, ImageView, ResolvedImage } from '../images.js';
 import type { InstanceService } from '../instances.js';
-import { BuildContext } from './context.js';
+import { BuildContext, type ContextBounds } from './context.js';
 import { parseDockerfile } from './dockerfile.js';
 import { manifestPlan, type ImageManifest } from './manifest.js';
 import type { BuildPlan, BuildStep } from './steps.js';
@@ -44,7 +44,6 @@ export interface DockerfileBuild {
   memoryMb?: number | undefined;
 }
 
-const MAX_CONTEXT_BYTES = 2 * 1024 ** 3;
 
 /** Resolves a FROM that is not an image: a template's files. */
 export type FromResolver = (owner: string, name: string) => Promise<ResolvedImage | undefined>;
@@ -82,6 +81,7 @@ export class BuildService {
     private readonly files: FileService,
     private readonly fromTemplate: FromResolver,
     private readonly contextsDir: string,
+    private readonly contextBounds: ContextBounds,
     private readonly log: Logger,
   ) {}
 
@@ -128,7 +128,7 @@ export class BuildService {
   /** Builds a Dockerfile: given as text (no context), or found in a context tar the client
    * sent (its `.dockerignore` applied to COPY). The context is gone when the build ends. */
   async buildDockerfile(owner: string, req: DockerfileBuild, onLog?: (l: BuildLogLine) => void): Promise<ImageView> {
-    const context = req.contextTar ? await BuildContext.unpack(req.contextTar, this.contextsDir, MAX_CONTEXT_BYTES) : req.contextDir ? new BuildContext(req.contextDir) : undefined;
+    const context = req.contextTar ? await BuildContext.unpack(req.contextTar, this.contextsDir, this.contextBounds) : req.contextDir ? new BuildContext(req.contextDir) : undefined;
     try {
       const text = req.dockerfile ?? (await context!.readFile(req.dockerfilePath ?? 'Dockerfile', 1 << 20)).toString('utf8');
       const plan = parseDockerfile(text, req.buildArgs);

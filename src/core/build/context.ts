@@ -9,9 +9,24 @@ import { createRequire } from 'node:module';
 import type { Ignore } from '@balena/dockerignore';
 import { execa } from 'execa';
 import picomatch from 'picomatch';
+import { ArchiveRefusedError, checkArchive } from '../../lib/archive-bounds.js';
 import { DockerfileError, ForkpointError, InvalidRequestError, PayloadTooLargeError } from '../errors.js';
 
 const MAX_ENTRIES = 200_000;
+
+/** What a build context may unpack to, checked before anything is unpacked. */
+export interface ContextBounds {
+  /** Bytes sent. */
+  maxSent: number;
+  /** Bytes of its tar stream decompressed (what unpacking writes, at most). */
+  maxUnpacked: number;
+  maxEntries: number;
+  /** Refuses (507) when the disk has no room for `bytes` more. */
+  room: (bytes: number) => Promise<void>;
+}
+
+/** Files, directories and links: no devices or fifos from a client onto the host. */
+const CONTEXT_MEMBERS = ['file', 'directory', 'symlink', 'link'] as const;
 // A CommonJS module whose typings say `export default` (Babel's shape): required as it is.
 const dockerignore = (createRequire(import.meta.url)('@balena/dockerignore') as { default: () => Ignore }).default;
 
@@ -32,17 +47,19 @@ export class BuildContext {
 
   constructor(readonly dir: string) {}
 
-  /** Unpacks a tar (gzip or not) a client sent into a new directory under `parent`; `dispose`
-   * removes it. GNU tar keeps members inside (no absolute names, no `..`, links made last);
-   * owners are not kept. More than `maxBytes` of it is refused. */
-  static async unpack(source: Readable, parent: string, maxBytes: number): Promise<BuildContext> {
+  /** Unpacks a tar (gzip, xz, bzip2, zstd or none) a client sent into a new directory under
+   * `parent`; `dispose` removes it. It is read through once first (archive-bounds.ts): past
+   * the bounds on what it unpacks to, or with a sparse member or a device, it is refused and
+   * nothing is unpacked. GNU tar then keeps members inside (no absolute names, no `..`, links
+   * made last); owners are not kept. */
+  static async unpack(source: Readable, parent: string, bounds: ContextBounds): Promise<BuildContext> {
     await mkdir(parent, { recursive: true, mode: 0o700 });
     const dir = await mkdtemp(join(parent, 'ctx-'));
     let bytes = 0;
     const limited = new Transform({
       transform(chunk: Buffer, _enc, cb) {
         bytes += chunk.length;
-        if (bytes > maxBytes) cb(new PayloadTooLargeError(`the build context is larger than ${maxBytes} bytes`));
+        if (bytes > bounds.maxSent) cb(new PayloadTooLargeError(`the build context is larger than ${bounds.maxSent} bytes`, { reason: 'CONTEXT_TOO_LARGE' }));
         else cb(null, chunk);
       },
     });
@@ -50,6 +67,13 @@ export class BuildContext {
     const archive = `${dir}.tar`;
     try {
       await pipeline(source, limited, createWriteStream(archive, { mode: 0o600 }));
+      const found = await checkArchive(archive, { maxBytes: bounds.maxUnpacked, maxEntries: bounds.maxEntries, types: CONTEXT_MEMBERS }).catch((err: unknown) => {
+        if (!(err instanceof ArchiveRefusedError)) throw err;
+        const details = { reason: err.reason };
+        if (err.reason === 'UNPACKED_TOO_LARGE' || err.reason === 'TOO_MANY_ENTRIES') throw new PayloadTooLargeError(`the build context is refused: ${err.message}`, details);
+        throw new InvalidRequestError(`the build context is refused: ${err.message}`, details, { cause: err });
+      });
+      await bounds.room(found.bytes);
       const r = await execa('tar', ['-x', '-f', archive, '--no-same-owner', '-C', dir], { reject: false });
       if (r.exitCode !== 0) throw new InvalidRequestError(`the build context is not a tar archive: ${r.stderr.trim().split('\n')[0]}`);
     } catch (err) {
