@@ -409,7 +409,7 @@ describe('attacks through builds, archives and templates', () => {
     ];
     for (const [name, body, status, reason] of cases) {
       expect(body.length, name).toBeLessThan(2 << 20);
-      const r = await fetch(`${s.url}/images/bomb-${name}/build`, { method: 'POST', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/x-tar' }, body });
+      const r = await fetch(`${s.url}/images/bomb-${name}/build`, { method: 'POST', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/x-tar' }, body: new Uint8Array(body) });
       const answer = (await r.json()) as { error: { code: string; details?: { reason?: string } } };
       expect([r.status, answer.error.details?.reason], name).toEqual([status, reason]);
       expect((await s.api('GET', `/images/bomb-${name}`)).status).toBe(404);
@@ -418,7 +418,7 @@ describe('attacks through builds, archives and templates', () => {
     expect(existsSync(join(s.dataDir, 'contexts')) ? (await execa('ls', ['-A', join(s.dataDir, 'contexts')])).stdout : '').toBe('');
     // The same context within the bounds builds.
     const ok = await make('ok.tar', 'tar -cf ok.tar -C src Dockerfile');
-    const built = await fetch(`${s.url}/images/bomb-ok/build`, { method: 'POST', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/x-tar' }, body: ok });
+    const built = await fetch(`${s.url}/images/bomb-ok/build`, { method: 'POST', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/x-tar' }, body: new Uint8Array(ok) });
     expect(built.status).toBe(201);
     await s.api('DELETE', '/images/bomb-ok');
   });
