@@ -1,3 +1,4 @@
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
 
@@ -110,8 +111,11 @@ describe('credentials × routes', () => {
         if (r.status !== 401) opened.push(`${method} ${url} → ${r.status}`);
       }
       expect(opened).toEqual([]);
-      expect((await call('GET', `/instances/${inst.id}/ports/8080/?fp_preview=${signed}`, {})).status).toBe(503); // in, nothing listens
-      expect((await call('GET', `/instances/${inst.id}/ports/8081/?fp_preview=${signed}`, {})).status).toBe(401);
+      // On its own host name it opens its port, and no other.
+      const on = async (host: string) => (await request(`${s.url}/?fp_preview=${signed}`, { headers: { host } })).statusCode;
+      expect(await on(`8080-${inst.id}.localhost`)).toBe(503); // in, and nothing listens
+      expect(await on(`8081-${inst.id}.localhost`)).toBe(401);
+      expect((await call('GET', `/instances/${inst.id}/ports/8080/?fp_preview=${signed}`, {})).status).toBe(401); // not under the API's origin
     } finally {
       await s.api('DELETE', `/instances/${inst.id}`);
     }

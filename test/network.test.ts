@@ -268,7 +268,7 @@ describe('the proxy to a port inside an instance', () => {
     const link = await s.api('POST', `/instances/${inst.id}/ports/3000/preview`, { ttl_s: 60 });
     expect(link.status).toBe(200);
     const linkUrl = new URL(link.body.url);
-    expect(linkUrl.host).toBe(`3000-${inst.id}.preview.test`);
+    expect(linkUrl.hostname).toBe(`3000-${inst.id}.preview.test`);
     // The browser resolves *.preview.test to this server; here the Host header says it.
     const viaLink = await request(`${s.url}/${linkUrl.search}`, { headers: { host: linkUrl.host } });
     expect(viaLink.statusCode).toBe(200);
@@ -278,20 +278,19 @@ describe('the proxy to a port inside an instance', () => {
     const withCookie = await request(`${s.url}/other`, { headers: { host: linkUrl.host, cookie: setCookie.split(';')[0]! } });
     expect(withCookie.statusCode).toBe(200);
     await withCookie.body.dump();
-    // Under the API's own address, the same link's signature works too (the cookie is scoped there).
+    // Under the API's own address a preview link opens nothing: a page served there would share
+    // the API's origin, and every other preview's.
     const token = linkUrl.searchParams.get('fp_preview')!;
     const underApi = await request(`${base}/x?fp_preview=${token}`);
-    expect(underApi.statusCode).toBe(200);
-    expect(String(underApi.headers['set-cookie'])).toContain(`Path=/instances/${inst.id}/ports/3000/`);
+    expect(underApi.statusCode).toBe(401);
+    expect(underApi.headers['set-cookie']).toBeUndefined();
     await underApi.body.dump();
     // A link does not open another port, another instance, or anything once tampered with.
-    for (const url of [`${s.url}/instances/${inst.id}/ports/3001/?fp_preview=${token}`, `${base}/?fp_preview=${token.slice(0, -2)}xx`, `${base}/?fp_preview=1.${token.split('.').slice(1).join('.')}`]) {
-      const r = await request(url);
-      expect(r.statusCode, url).toBe(401);
+    for (const [host, signed] of [[`3001-${inst.id}.preview.test`, token], [linkUrl.host, `${token.slice(0, -2)}xx`], [linkUrl.host, `1.${token.split('.').slice(1).join('.')}`]]) {
+      const r = await request(`${s.url}/?fp_preview=${signed}`, { headers: { host } });
+      expect(r.statusCode, `${host} ${signed}`).toBe(401);
       await r.body.dump();
     }
-    const cookieUnderApi = String(underApi.headers['set-cookie']).split(';')[0]!;
-
     const wsUrl = `${base.replace('http', 'ws')}/echo`;
     const refused = await new Promise<number>((resolve) => {
       const ws = new WebSocket(wsUrl);
@@ -299,13 +298,68 @@ describe('the proxy to a port inside an instance', () => {
       ws.on('error', () => {});
     });
     expect(refused).toBe(401);
-    for (const opts of [{ headers: { authorization: `Bearer ${s.token}` } }, { headers: { cookie: cookieUnderApi } }]) {
-      const ws = new WebSocket(wsUrl, opts);
+    // The preview's cookie on its own host name opens the WebSocket there.
+    const previewWs = `${s.url.replace('http', 'ws')}/echo`;
+    for (const [url, opts] of [[wsUrl, { headers: { authorization: `Bearer ${s.token}` } }], [previewWs, { headers: { host: linkUrl.host, cookie: setCookie.split(';')[0]! } }]] as const) {
+      const ws = new WebSocket(url, opts);
       await new Promise((r, j) => (ws.once('open', r), ws.once('error', j)));
       const echoed = new Promise<string>((r) => ws.once('message', (d) => r(d.toString())));
       ws.send('ping through the proxy');
       expect(await echoed).toBe('ping through the proxy');
       ws.close();
+    }
+  });
+});
+
+describe('previews of two tenants\' sandboxes', () => {
+  it('each preview is an origin of its own: a page of one reads neither the other nor the API, with the visitor\'s cookies', async () => {
+    const owner = async (name: string) => ({ authorization: `Bearer ${(await s.fp.store.tokens.create(name, 'test')).token}` });
+    const [ta, tb] = [await owner('preview-a'), await owner('preview-b')];
+    const serve = async (headers: Record<string, string>, marker: string) => {
+      const inst = (await s.api('POST', '/instances', {}, headers)).body;
+      await s.api('POST', `/instances/${inst.id}/exec`, { command: `mkdir -p /srv && echo ${marker} > /srv/index.html` }, headers);
+      await s.api('POST', `/instances/${inst.id}/processes`, { command: 'httpd -f -p 8080 -h /srv' }, headers);
+      await until('its server', async () => ((await s.api('POST', `/instances/${inst.id}/exec`, { command: 'netstat -tln' }, headers)).body.stdout as string).includes(':8080'));
+      const link = new URL((await s.api('POST', `/instances/${inst.id}/ports/8080/preview`, { ttl_s: 60 }, headers)).body.url as string);
+      // The visitor opens the link: its cookie is the preview host's.
+      const opened = await request(`${s.url}/${link.search}`, { headers: { host: link.host } });
+      expect((await opened.body.text()).trim()).toBe(marker);
+      return { id: inst.id as string, link, cookie: String(opened.headers['set-cookie']).split(';')[0]! };
+    };
+    const a = await serve(ta, 'PAGE-OF-A');
+    const b = await serve(tb, 'SECRET-OF-B');
+    const api = new URL(s.url);
+    // Three origins: A's preview, B's preview and the API.
+    expect(new Set([a.link.origin, b.link.origin, api.origin]).size).toBe(3);
+    // What a script of A's page can ask for. On A's origin every path is A's sandbox's: B's
+    // preview path lands in A, with or without B's cookie (a browser would not even send it).
+    for (const path of [`/instances/${b.id}/ports/8080/`, `/instances/${b.id}/ports/8080/?fp_preview=${b.link.searchParams.get('fp_preview')}`]) {
+      const r = await request(`${s.url}${path}`, { headers: { host: a.link.host, cookie: `${a.cookie}; ${b.cookie}` } });
+      expect(await r.body.text()).not.toContain('SECRET-OF-B');
+    }
+    // The API's origin, where a page once shared its origin with every preview: B's link and
+    // cookie open nothing there.
+    for (const headers of [{ cookie: b.cookie }, {}]) {
+      const r = await request(`${s.url}/instances/${b.id}/ports/8080/?fp_preview=${b.link.searchParams.get('fp_preview')}`, { headers });
+      expect(r.statusCode).toBe(401);
+      expect(await r.body.text()).not.toContain('SECRET-OF-B');
+    }
+    // The owner, with its token, still reaches its port under the API's address.
+    const own = await request(`${s.url}/instances/${b.id}/ports/8080/`, { headers: tb });
+    expect((await own.body.text()).trim()).toBe('SECRET-OF-B');
+    await s.api('DELETE', `/instances/${a.id}`, undefined, ta);
+    await s.api('DELETE', `/instances/${b.id}`, undefined, tb);
+  });
+
+  it('a server with previews off refuses to make a link, with its reason', async () => {
+    const off = await startServer({ previewDomain: 'none', networking: 'off' });
+    try {
+      const mine = await off.instance();
+      const r = await off.api('POST', `/instances/${mine.id}/ports/8080/preview`, { ttl_s: 60 });
+      expect(r.status).toBe(409);
+      expect(r.body.error.details).toEqual({ reason: 'PREVIEW_DOMAIN_REQUIRED' });
+    } finally {
+      await off.close();
     }
   });
 });

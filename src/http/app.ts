@@ -15,7 +15,7 @@ import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
 import { firecaseFace } from './routes/index.js';
-import { hostRoute, previewSource } from './routes/proxy.js';
+import { hostRoute, previewSourceFor } from './routes/proxy.js';
 import { openComputerRoutes } from './opencomputer/routes.js';
 import { closeStreams } from './streams/sse.js';
 import { httpServerOptions, installConnectionLimits, type ConnectionLimits } from './connection-limits.js';
@@ -68,7 +68,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // Upgrades are routed as GETs through the hooks (a bad token is a plain 401). The plugin's
   // own hooks come first: they close the socket of an upgrade that was answered, not upgraded.
   await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });
-  installAuth(app, opts.forkpoint.credentials, previewSource);
+  installAuth(app, opts.forkpoint.credentials, previewSourceFor(domain));
   // Streams to other nodes and to ports inside instances; no deadline on bodies (streams).
   // A forwarded call is answered when its node has done it: a command run and waited for may take
   // its whole timeout. A node that vanishes meanwhile is found by TCP keep-alive (undici's

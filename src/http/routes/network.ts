@@ -54,8 +54,8 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         tags,
         summary: 'A link that opens a port of the instance in a browser',
         description:
-          'Every request under `/instances/{id}/ports/{port}/` is proxied (HTTP and WebSocket) to that port inside the instance, for a client with the API token, or with this signed link until it expires (the link sets a cookie scoped to that path, so the page\\\'s own requests work too). ' +
-          'With `previewDomain` configured, `<port>-<instance id>.<domain>` (and OpenComputer\\\'s `sb-<instance id>-p<port>.<domain>`) reach the same at the root of the host.',
+          'A link to `<port>-<instance id>.<previewDomain>` (and OpenComputer\'s `sb-<instance id>-p<port>.<previewDomain>`): every request there is proxied (HTTP and WebSocket) to that port inside the instance, for anyone with this signed link until it expires (the link sets a cookie of that host name only, so the page\'s own requests work too). Each preview is an origin of its own: no page of one can read another, or the API. The preview domain is `localhost` unless configured (browsers resolve `*.localhost` to the machine they run on); with `none`, 409 with reason PREVIEW_DOMAIN_REQUIRED. ' +
+          'Under the API\'s own address, `/instances/{id}/ports/{port}/` is proxied the same for the API token (or the instance\'s access token), never for a preview link.',
         params: PortParams,
         body: optionalBody(PreviewRequest),
         ...OPTIONAL_BODY,

@@ -1,6 +1,6 @@
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import { WebSocket } from 'ws';
-import { InvalidRequestError } from '../../core/errors.js';
+import { ConflictError, InvalidRequestError } from '../../core/errors.js';
 import { sendError } from '../errors.js';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import type { PreviewSource } from '../auth.js';
@@ -10,8 +10,8 @@ export const PREVIEW_PARAM = 'fp_preview';
 const MAX_WS_BUFFERED = 4 << 20;
 
 /** `<port>-<instance id>.<domain>` or OpenComputer's `sb-<instance id>-p<port>.<domain>`. */
-export function hostRoute(domain: string | undefined, host: string | undefined): { id: string; port: number } | undefined {
-  if (!domain || !host) return undefined;
+export function hostRoute(domain: string, host: string | undefined): { id: string; port: number } | undefined {
+  if (domain === 'none' || !host) return undefined;
   const name = host.replace(/:\d+$/, '').toLowerCase();
   if (!name.endsWith(`.${domain.toLowerCase()}`)) return undefined;
   const label = name.slice(0, -domain.length - 1);
@@ -23,18 +23,30 @@ export function hostRoute(domain: string | undefined, host: string | undefined):
   return port >= 1 && port <= 65535 ? { id, port } : undefined;
 }
 
-/** Where a preview of the port lives: on its own host name with a preview domain, else under
- * the API's own address. */
+/** Where a preview of the port lives: a host name of its own under the preview domain, so that
+ * no two previews, and no preview and the API, share an origin (a page of one could read the
+ * other with the visitor's cookie). The API's own port goes with it when the API was reached on
+ * one (`localhost`, a domain without a proxy in front). */
 export function previewPath(fp: Forkpoint, apiHost: string | undefined, id: string, port: number): string {
   const domain = fp.config.previewDomain;
-  if (domain) return `http://${port}-${id}.${domain}/`;
-  return `http://${apiHost ?? `${fp.config.host}:${fp.config.port}`}/instances/${id}/ports/${port}/`;
+  if (domain === 'none') {
+    throw new ConflictError('previews are off on this server: it has no preview domain (FORKPOINT_PREVIEW_DOMAIN); the port is reachable with the API token under /instances/{id}/ports/{port}/', { reason: 'PREVIEW_DOMAIN_REQUIRED' });
+  }
+  const apiPort = /:(\d{1,5})$/.exec(apiHost ?? '')?.[1];
+  return `http://${port}-${id}.${domain}${apiPort ? `:${apiPort}` : ''}/`;
 }
 
-/** A preview link's signature: in the link's query, or in the cookie it set. */
-export const previewSource: PreviewSource = {
-  signed: (req: FastifyRequest): string | undefined => new URL(req.url, 'http://x').searchParams.get(PREVIEW_PARAM) ?? cookie(req, PREVIEW_PARAM),
-};
+/** A preview link's signature, in the link's query or in the cookie it set: on the preview's own
+ * host only. Under the API's origin (`/instances/{id}/ports/{port}/`) a preview credential opens
+ * nothing: a page of another preview served there would share its origin. */
+export function previewSourceFor(domain: string): PreviewSource {
+  return {
+    signed: (req: FastifyRequest): string | undefined => {
+      if (!hostRoute(domain, req.headers.host)) return undefined;
+      return new URL(req.url, 'http://x').searchParams.get(PREVIEW_PARAM) ?? cookie(req, PREVIEW_PARAM);
+    },
+  };
+}
 
 function cookie(req: FastifyRequest, name: string): string | undefined {
   for (const part of (req.headers.cookie ?? '').split(';')) {
@@ -73,11 +85,8 @@ export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
       const url = new URL(req.url, 'http://x');
       const fromQuery = url.searchParams.get(PREVIEW_PARAM);
       url.searchParams.delete(PREVIEW_PARAM);
-      if (req.credential?.kind === 'preview' && fromQuery) {
-        const routed = hostRoute(fp.config.previewDomain, req.headers.host);
-        const path = routed ? '/' : `/instances/${id}/ports/${port}/`;
-        reply.header('set-cookie', `${PREVIEW_PARAM}=${fromQuery}; Path=${path}; HttpOnly; SameSite=Lax; Max-Age=${7 * 86400}`);
-      }
+      // Host-only (no Domain): a cookie of this preview's host name and of no other.
+      if (req.credential?.kind === 'preview' && fromQuery) reply.header('set-cookie', `${PREVIEW_PARAM}=${fromQuery}; Path=/; HttpOnly; SameSite=Lax; Max-Age=${7 * 86400}`);
       const to = await fp.ports.target(req.owner, id, port);
       const prefix = `/instances/${id}/ports/${port}`;
       const rest = url.pathname.startsWith(prefix) ? url.pathname.slice(prefix.length) : url.pathname;
