@@ -1,10 +1,14 @@
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterEach, describe, expect, it } from 'vitest';
+import { subnetFor } from '../src/engine/network/addresses.js';
 import { ChildServer } from './helpers/child-server.js';
+
+const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 import { eventually, overlaysUnder, sleep } from './helpers/server.js';
 
 let dataDir: string;
@@ -25,6 +29,46 @@ const exec = async (s: ChildServer, id: string, body: Record<string, unknown>) =
   expect(r.status, JSON.stringify(r.body)).toBe(200);
   return r.body;
 };
+
+describe('one live server per data directory and per subnet', () => {
+  it('a second server on the same data directory, or on the same subnet, refuses to start and touches nothing', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-restart-'));
+    server = await ChildServer.start(dataDir);
+    const inst = (await server.api('POST', '/instances', { name: 'first' })).body;
+    await server.api('POST', `/instances/${inst.id}/processes`, { command: 'n=0; while true; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.1; done' });
+    const counter = async () => Number((await exec(server!, inst.id, { command: 'cat /tmp/c' })).stdout);
+    const hostNet = async () => ({
+      tables: (await execa('nft', ['list', 'tables'])).stdout.split('\n').sort(),
+      lo: (await execa('ip', ['-4', '-o', 'addr', 'show', 'dev', 'lo'])).stdout.split('\n').map((l) => l.split(/\s+/)[3]).sort(),
+    });
+    await eventually(async () => (await counter()) > 0);
+    const before = await hostNet();
+    const gateway = `${subnetFor(dataDir).replace(/\.0\/24$/, '.1')}/32`;
+    expect(before.lo).toContain(gateway);
+    const table = `table inet forkpoint_fp${createHash('sha256').update(subnetFor(dataDir)).digest('hex').slice(0, 3)}`;
+    expect(before.tables).toContain(table);
+    const other = await mkdtemp(join(tmpdir(), 'forkpoint-second-'));
+    try {
+      for (const [dir, cidr, what] of [[dataDir, subnetFor(other), 'the data directory'], [other, subnetFor(dataDir), "the sandboxes' subnet"]] as const) {
+        const second = await execa(process.execPath, [CLI, 'serve', '--port', '0'], { env: { ...process.env, FORKPOINT_DATA_DIR: dir, FORKPOINT_NETWORK_CIDR: cidr }, reject: false, timeout: 60_000 });
+        expect(second.exitCode, what).toBe(1);
+        expect(second.stderr).toContain(`${what}`);
+        expect(second.stderr).toContain('belongs to another live forkpoint server');
+        expect(second.stdout).not.toContain('listening');
+        // The first server's sandbox runs on, its network as it was.
+        const c = await counter();
+        await eventually(async () => (await counter()) > c);
+        expect((await server.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
+        // (Other servers of the suite may come and go meanwhile: only the first's are checked.)
+        const after = await hostNet();
+        expect(after.tables).toContain(table);
+        expect(after.lo).toContain(gateway);
+      }
+    } finally {
+      await rm(other, { recursive: true, force: true });
+    }
+  });
+});
 
 describe('server restart', () => {
   it('re-adopts running sandboxes: processes, shell sessions and files carry on', async () => {

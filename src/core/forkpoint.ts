@@ -24,6 +24,7 @@ import { TemplateService } from './templates.js';
 import { parseHostPortRange, PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
 import { requireRoom } from './space.js';
+import { HostLocks } from '../lib/host-locks.js';
 import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
 import { ChainSquasher } from './squash.js';
@@ -44,6 +45,8 @@ export interface HealthReport {
 }
 
 const BUILD_CACHE_DAYS = 7;
+/** Where the servers of this host lock their subnets (one live server per subnet). */
+const NETWORK_LOCKS = '/run/forkpoint/networks';
 
 /** The core: store, engine and services, wired once. Routes talk to this and nothing below. */
 export class Forkpoint {
@@ -82,6 +85,7 @@ export class Forkpoint {
   /** The nodes sharing the store, and where each instance is. */
   readonly cluster: Cluster;
   private previewLinks: PreviewLinks | undefined;
+  private hostLocks: HostLocks | undefined;
   private readonly jobs: JobQueue;
 
   private constructor(
@@ -154,6 +158,15 @@ export class Forkpoint {
 
   /** Starts the engine side: agent layer, images, and recovery of what a previous run left. */
   async start(): Promise<void> {
+    // Before anything is touched: one live server per data directory and per subnet (a second
+    // one would adopt the first's sandboxes, or replace its firewall and gateway).
+    this.hostLocks = await HostLocks.take([
+      { path: join(this.config.dataDir, 'server.lock'), what: `the data directory ${this.config.dataDir}` },
+      ...(this.config.networking === 'on' ? [{ path: join(NETWORK_LOCKS, `${this.config.networkCidr.replace('/', '_')}.lock`), what: `the sandboxes' subnet ${this.config.networkCidr}` }] : []),
+    ]).catch(async (err: unknown) => {
+      await this.store.close();
+      throw err;
+    });
     try {
       await this.startParts();
     } catch (err) {
@@ -260,6 +273,8 @@ export class Forkpoint {
       await this.engine.network.destroy().catch((err: unknown) => this.log.warn({ err }, 'could not remove the sandboxes\' network'));
     }
     await this.store.close();
+    this.hostLocks?.release();
+    this.hostLocks = undefined;
   }
 
   /** Deletes an instance with its checkpoints (forks of them live on). */
