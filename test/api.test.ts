@@ -1,5 +1,18 @@
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
+
+/** Prometheus' text format, every sample by its name and labels; a line it cannot read fails. */
+function parsePrometheus(text: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (-?[0-9.eE+-]+|NaN|\+Inf|-Inf)(?: \d+)?$/.exec(line);
+    if (!m) throw new Error(`not Prometheus text: ${line}`);
+    out.set(m[1]!, Number(m[2]));
+  }
+  return out;
+}
 
 let s: TestServer;
 beforeAll(async () => {
@@ -15,6 +28,33 @@ describe('API basics', () => {
     expect(r.body.engine.criu.ok).toBe(true);
     expect(r.body.engine.criu.version).toMatch(/^4\.\d+/);
     expect(r.body.engine.overlay).toBe(true);
+  });
+
+  it('/readyz says ready with its checks; /metrics is Prometheus text whose counters move with the API, for an operator only', async () => {
+    const ready = await s.api('GET', '/readyz', undefined, {});
+    expect([ready.status, ready.body]).toEqual([200, { ready: true, checks: { engine: true, database: true, draining: false } }]);
+    const scrape = async () => {
+      const r = await request(`${s.url}/metrics`, { headers: { authorization: `Bearer ${s.token}` } });
+      expect(r.statusCode).toBe(200);
+      expect(r.headers['content-type']).toMatch(/^text\/plain/);
+      return parsePrometheus(await r.body.text());
+    };
+    const count = (m: Map<string, number>, route: string) => m.get(`forkpoint_http_request_duration_seconds_count{method="GET",route="${route}",status="200"}`) ?? 0;
+    const before = await scrape();
+    for (let i = 0; i < 3; i++) expect((await s.api('GET', '/instances')).status).toBe(200);
+    const inst = await s.instance();
+    const c = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {});
+    expect([c.status, c.body.checkpoint?.status ?? c.body.status]).toEqual([200, 'ready']);
+    const after = await scrape();
+    expect(count(after, '/instances') - count(before, '/instances')).toBe(3);
+    expect(after.get('forkpoint_checkpoint_pause_seconds_count')! - (before.get('forkpoint_checkpoint_pause_seconds_count') ?? 0)).toBe(1);
+    expect(after.get('forkpoint_instances{status="running"}')).toBeGreaterThanOrEqual(1);
+    expect(after.get('forkpoint_data_disk_free_bytes')).toBeGreaterThan(0);
+    expect(after.has('forkpoint_job_queue_depth')).toBe(true);
+    const { token } = await s.fp.store.tokens.create('not-an-operator', 'test');
+    expect((await s.api('GET', '/metrics', undefined, { authorization: `Bearer ${token}` })).status).toBe(403);
+    expect((await s.api('GET', '/metrics', undefined, {})).status).toBe(401);
+    await s.api('DELETE', `/instances/${inst.id}`);
   });
 
   it('needs a token: none, or a wrong one, is 401 in the envelope', async () => {

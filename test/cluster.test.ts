@@ -251,6 +251,10 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
       for (const n of [a, b]) {
         const away = await n.api('GET', '/instances');
         expect([away.status, away.body.error?.code], JSON.stringify(away.body)).toEqual([503, 'UNAVAILABLE']);
+        // Not ready while its database is away (alive all the same).
+        const ready = await n.api('GET', '/readyz');
+        expect([ready.status, ready.body.ready, ready.body.checks.database]).toEqual([503, false, false]);
+        expect((await n.api('GET', '/healthz')).status).toBe(200);
       }
       await sleep(4000);
     } finally {
@@ -259,6 +263,8 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     for (const n of [a, b]) {
       expect([n.proc.exitCode, n.proc.signalCode]).toEqual([null, null]);
       await until('the node answering from the database again', async () => (await n.api('GET', '/instances')).status === 200, 20_000);
+      const ready = await n.api('GET', '/readyz');
+      expect([ready.status, ready.body.checks]).toEqual([200, { engine: true, database: true, object_store: true, draining: false }]);
     }
     // Past the time a node waits, once back, before it judges the others' silence.
     for (let i = 0; i < 16; i++) {

@@ -411,6 +411,7 @@ export class CheckpointService {
       await requireRoom(this.engine);
       const images = c.memory ? c.id : undefined;
       const made: string[] = [];
+      const t = performance.now();
       const results = await Promise.allSettled(
         Array.from({ length: count }, async (_, i) => {
           const rec = await this.instances.newRecord(
@@ -435,7 +436,7 @@ export class CheckpointService {
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       if (!failed) {
         const forks = results.map((r) => (r as PromiseFulfilledResult<InstanceRecord>).value);
-        this.events.emit(source.id, 'fork', { checkpoint_id: c.id, instance_ids: forks.map((f) => f.id) });
+        this.events.emit(source.id, 'fork', { checkpoint_id: c.id, instance_ids: forks.map((f) => f.id), ms: Math.round((performance.now() - t) * 100) / 100 });
         return forks;
       }
       // All or nothing: a call that answers with an error leaves no instance of its own behind.

@@ -47,6 +47,15 @@ export class DurableCheckpoints {
     return this.objects !== undefined;
   }
 
+  /** Whether the object store answers; undefined without one. */
+  async reachable(): Promise<boolean | undefined> {
+    if (!this.objects) return undefined;
+    return this.objects.reachable().then(
+      () => true,
+      () => false,
+    );
+  }
+
   async state(checkpointId: string): Promise<DurableState> {
     const d = await this.store.durable.get(checkpointId);
     return { durable: d !== undefined, uploadedBytes: d?.uploadedBytes ?? null };

@@ -33,13 +33,21 @@ export class EventBus {
   private readonly recent = new Map<string, InstanceEvent[]>();
   private readonly listeners = new Map<string, Set<(e: InstanceEvent) => void>>();
 
+  private readonly taps = new Set<(e: InstanceEvent) => void>();
+
+  /** Every event of every instance (metrics). Returns the unsubscribe. */
+  tap(listener: (e: InstanceEvent) => void): () => void {
+    this.taps.add(listener);
+    return () => this.taps.delete(listener);
+  }
+
   emit(instanceId: string, type: InstanceEventType, data: Record<string, unknown> = {}): void {
     const event: InstanceEvent = { seq: ++this.seq, type, instance_id: instanceId, at: new Date().toISOString(), data };
     let kept = this.recent.get(instanceId);
     if (!kept) this.recent.set(instanceId, (kept = []));
     kept.push(event);
     if (kept.length > KEPT) kept.shift();
-    for (const l of this.listeners.get(instanceId) ?? []) {
+    for (const l of [...(this.listeners.get(instanceId) ?? []), ...this.taps]) {
       try {
         l(event);
       } catch {

@@ -24,6 +24,7 @@ import { TemplateService } from './templates.js';
 import { parseHostPortRange, PortService } from './ports.js';
 import { PreviewLinks } from './previews.js';
 import { requireRoom } from './space.js';
+import { Metrics } from './metrics.js';
 import { HostLocks } from '../lib/host-locks.js';
 import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
@@ -43,6 +44,21 @@ export interface HealthReport {
     user_namespaces: 'on' | 'off';
   };
 }
+
+/** What `/readyz` says: whether this node should be sent work, and why not. */
+export interface Readiness {
+  ready: boolean;
+  checks: {
+    engine: boolean;
+    database: boolean;
+    /** Absent without an object store. */
+    object_store?: boolean;
+    draining: boolean;
+  };
+}
+
+/** How long a readiness check waits for the database or the object store. */
+const READY_TIMEOUT_MS = 2000;
 
 const BUILD_CACHE_DAYS = 7;
 /** Where the servers of this host lock their subnets (one live server per subnet). */
@@ -66,6 +82,7 @@ export class Forkpoint {
   /** Commands streamed and attached to: exec sessions, async runs, terminals. */
   readonly executions: ExecutionService;
   readonly events: EventBus;
+  readonly metrics: Metrics;
   /** How services reach a sandbox: hibernated instances wake, idle ones hibernate. */
   readonly access: SandboxAccess;
   /** Port forwards, and how the HTTP proxy reaches an instance's port. */
@@ -86,6 +103,8 @@ export class Forkpoint {
   readonly cluster: Cluster;
   private previewLinks: PreviewLinks | undefined;
   private hostLocks: HostLocks | undefined;
+  /** Shutting down: not ready for new work. */
+  private draining = false;
   private readonly jobs: JobQueue;
 
   private constructor(
@@ -128,6 +147,17 @@ export class Forkpoint {
     this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, squasher, this.events, this.executions, log);
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
     this.durable = new DurableCheckpoints(this.store, this.engine, objectStoreOf(config), join(this.layout.spill, 'blobs'), log);
+    this.metrics = new Metrics({
+      instancesByStatus: async () => {
+        const by: Record<string, number> = {};
+        for (const r of await this.instances.local()) by[r.status] = (by[r.status] ?? 0) + 1;
+        return by;
+      },
+      jobQueueDepth: () => this.jobs.depth,
+      durableBacklog: async () => (this.durable.enabled ? (await this.store.durable.pending()).length : 0),
+      diskFreeBytes: () => this.engine.freeBytes(),
+    });
+    this.metrics.watch(this.events);
     this.checkpoints.observe({
       ready: (id) => this.durable.schedule(id),
       removed: (id) => void this.durable.forget(id).catch((err: unknown) => log.warn({ err, checkpoint: id }, 'could not forget a durable checkpoint')),
@@ -229,6 +259,19 @@ export class Forkpoint {
     return token;
   }
 
+  /** Whether this node should be sent work: its engine's parts are there, the database and the
+   * object store (when configured) answer within a moment, and it is not shutting down. */
+  async readiness(): Promise<Readiness> {
+    const within = <T>(p: Promise<T>): Promise<T> => Promise.race([p, new Promise<never>((_, reject) => setTimeout(() => reject(new Error('timed out')), READY_TIMEOUT_MS).unref())]);
+    const [health, database, objects] = await Promise.all([
+      this.health(),
+      within(this.store.ping()).then(() => true, () => false),
+      within(this.durable.reachable()).catch(() => false),
+    ]);
+    const checks: Readiness['checks'] = { engine: health.ok, database, draining: this.draining, ...(objects === undefined ? {} : { object_store: objects }) };
+    return { ready: checks.engine && checks.database && checks.object_store !== false && !checks.draining, checks };
+  }
+
   async health(): Promise<HealthReport> {
     const { criu, cgroups } = await this.engine.health();
     const overlay = await readFile('/proc/filesystems', 'utf8')
@@ -258,6 +301,8 @@ export class Forkpoint {
   }
 
   async close(): Promise<void> {
+    this.draining = true;
+    this.metrics.close();
     await this.cluster.leave();
     this.access.stopIdleMonitor();
     this.expiry.stop();

@@ -55,6 +55,11 @@ export class JobQueue {
     return p;
   }
 
+  /** Jobs queued or running. */
+  get depth(): number {
+    return this.running.size;
+  }
+
   /** Whether the job is queued or running. */
   has(jobId: string): boolean {
     return this.running.has(jobId);

@@ -76,6 +76,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(replyFrom, { undici: { headersTimeout: MAX_EXEC_TIMEOUT_MS + 60_000, bodyTimeout: 0 } });
   installClusterRouting(app, opts.forkpoint);
   app.addHook('preClose', async () => closeStreams(app.server));
+  // By the route's pattern, not its URL: ids would make every request a series of its own.
+  app.addHook('onResponse', async (request, reply) => {
+    opts.forkpoint.metrics.observeRequest(request.method, request.routeOptions.url ?? 'unmatched', reply.statusCode, reply.elapsedTime / 1000);
+  });
   // The plugin leaves WebSocket routes out of the document; ours are part of the contract.
   app.addHook('onRoute', (route) => {
     if (route.websocket && route.schema) route.schema = { ...route.schema, hide: false };

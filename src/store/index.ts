@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { CheckpointStore } from './checkpoints.js';
 import { openDb, type Db, type SqlDialect } from './db.js';
 import { DurableStore } from './durable.js';
@@ -26,6 +27,8 @@ export interface Store {
    * Inside, only `tx` may be used: the embedded database has one connection, which the
    * transaction holds until it ends. */
   transaction<T>(fn: (tx: Store) => Promise<T>): Promise<T>;
+  /** Asks the database something trivial: it answers, or this throws. */
+  ping(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -48,6 +51,9 @@ function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>): Store
     durable: new DurableStore(db),
     templates: new TemplateStore(db),
     nodes: new NodeStore(db),
+    ping: async () => {
+      await sql`select 1`.execute(db);
+    },
     transaction: (fn) => (db.isTransaction ? fn(store) : db.transaction().execute((trx) => fn(storeOn(trx, dialect, close)))),
     close,
   };

@@ -45,6 +45,11 @@ export class ObjectStore {
     }
   }
 
+  /** Whether the bucket answers (readiness). */
+  async reachable(): Promise<void> {
+    await this.s3.send(new HeadBucketCommand({ Bucket: this.cfg.bucket }));
+  }
+
   private key(name: string): string {
     return `${this.cfg.prefix}${name}`;
   }

@@ -13,3 +13,15 @@ export const Health = z
     }),
   })
   .meta({ id: 'Health' });
+
+export const Readiness = z
+  .object({
+    ready: z.boolean(),
+    checks: z.object({
+      engine: z.boolean().describe("CRIU, overlayfs, root and the agent are there (what /healthz's `ok` says)"),
+      database: z.boolean().describe('the store answered within 2 s'),
+      object_store: z.boolean().optional().describe('the bucket answered within 2 s; absent without an object store'),
+      draining: z.boolean().describe('the server is shutting down'),
+    }),
+  })
+  .meta({ id: 'Readiness' });
