@@ -5,7 +5,8 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connect, migrate, schemaVersion, type Connection } from '../src/store/db.js';
 import { openStore, type Store } from '../src/store/index.js';
-import type { InstanceRecord } from '../src/store/instances.js';
+import type { InstanceRecord, InstanceStatus } from '../src/store/instances.js';
+import { allowed, Lifecycle, TRANSITIONS, TransitionConflictError, type Transition } from '../src/core/lifecycle.js';
 import { migrations } from '../src/store/migrations.js';
 import { TestPostgres } from './helpers/postgres.js';
 
@@ -38,7 +39,7 @@ const instance = (id: string, createdAt: string, extra: Partial<InstanceRecord> 
   env: { A: '1' }, limits: { memoryMb: 256, pids: 64, cpuPercent: 100, diskMb: null }, metadata: { k: 'v' }, pid: null, pidStart: null,
   sourceInstanceId: null, sourceCheckpointId: null, maxCheckpoints: null, headCheckpointId: null, hibernationId: null, idleTimeoutS: null,
   address: null, egress: { egress: 'allow', allow: [], deny: [] }, imageRef: null, workdir: null, expiresAt: null, onExpiry: null, error: null,
-  createdAt, updatedAt: createdAt, node: null, uidBase: null, ...extra,
+  createdAt, updatedAt: createdAt, node: null, uidBase: null, version: 0, ...extra,
 });
 
 describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
@@ -123,12 +124,69 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
       const p2 = await store.instances.page('alice', 10, p1.nextCursor!);
       expect([p2.items.map((r) => r.id), p2.nextCursor]).toEqual([['inst_3', 'inst_2', 'inst_1'], null]);
       expect((await store.instances.addresses()).sort()).toEqual(['10.0.0.1', '10.0.0.2', '10.0.0.3', '10.0.0.4', '10.0.0.5']);
-      const next = await store.instances.update('inst_2', { status: 'stopped', layers: ['l2', 'l1'], baseLayer: true, expiresAt: '2026-01-01T00:01:00Z' });
+      const next = await store.instances.update('inst_2', { layers: ['l2', 'l1'], baseLayer: true, expiresAt: '2026-01-01T00:01:00Z' });
       expect(await store.instances.get('inst_2')).toEqual(next);
+      expect([next.status, next.version, next.layers]).toEqual(['running', 1, ['l2', 'l1']]);
       expect((await store.instances.expired('2026-01-01T00:02:00Z')).map((r) => r.id)).toEqual(['inst_2']);
       expect(await store.instances.countOnImage(null, 'default')).toBe(6);
       await store.instances.delete('inst_2');
       expect(await store.instances.get('inst_2')).toBeUndefined();
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('the lifecycle: every allowed transition moves, every other is a named 409, and nothing else writes a status', async () => {
+    const store = await open();
+    try {
+      const lifecycle = new Lifecycle(store, 'node-a');
+      const statuses: InstanceStatus[] = ['starting', 'running', 'hibernated', 'stopped', 'error', 'lost'];
+      let n = 0;
+      for (const transition of Object.keys(TRANSITIONS) as Transition[]) {
+        for (const from of statuses) {
+          const id = `inst_t${++n}`;
+          await store.instances.insert(instance(id, '2026-01-01T00:00:00Z', { status: from, node: 'node-a' }));
+          const moved = await lifecycle.move(id, transition, { error: 'why' }).catch((e: unknown) => e);
+          const now = (await store.instances.get(id))!;
+          if (allowed(transition, from)) {
+            expect([transition, from, (moved as InstanceRecord).status, now.status, now.version], `${transition} from ${from}`).toEqual([transition, from, TRANSITIONS[transition].to, TRANSITIONS[transition].to, 1]);
+          } else {
+            expect(moved, `${transition} from ${from}`).toBeInstanceOf(TransitionConflictError);
+            expect((moved as TransitionConflictError).details).toMatchObject({ reason: 'TRANSITION_NOT_ALLOWED', transition, status: from });
+            expect([now.status, now.version, now.error]).toEqual([from, 0, null]); // untouched
+          }
+        }
+      }
+      expect(n).toBe(Object.keys(TRANSITIONS).length * statuses.length);
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('the lifecycle: two transitions racing on one instance, exactly one wins; a write read before another node took the instance is refused when it lands', async () => {
+    const store = await open();
+    try {
+      const a = new Lifecycle(store, 'node-a');
+      await store.instances.insert(instance('inst_race', '2026-01-01T00:00:00Z', { status: 'running', node: 'node-a' }));
+      const raced = await Promise.allSettled([a.move('inst_race', 'hibernate'), a.move('inst_race', 'hibernate'), a.move('inst_race', 'hibernate')]);
+      expect(raced.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+      for (const r of raced.filter((x): x is PromiseRejectedResult => x.status === 'rejected')) expect(r.reason).toBeInstanceOf(TransitionConflictError);
+      expect((await store.instances.get('inst_race'))!.status).toBe('hibernated');
+
+      // Node A reads its instance; node B, judging A dead, takes it; A's write lands after.
+      await store.instances.insert(instance('inst_stale', '2026-01-01T00:00:00Z', { status: 'running', node: 'node-a' }));
+      const readByA = (await store.instances.get('inst_stale'))!;
+      expect(await store.instances.markLost(['node-a'])).toContain('inst_stale');
+      expect(await store.instances.claimLost('inst_stale', 'node-b')).toBe(true);
+      expect(await store.instances.compareAndSet('inst_stale', readByA.version, 'node-a', { status: 'stopped', pid: null })).toBeUndefined();
+      const late = await a.move('inst_stale', 'stop').catch((e: unknown) => e);
+      expect((late as TransitionConflictError).details).toMatchObject({ reason: 'TRANSITION_NOT_THIS_NODE' });
+      // A plain write of A's (metadata, say) lands, and leaves B's node and status as they are.
+      await store.instances.update('inst_stale', { metadata: { late: 'yes' } });
+      const now = (await store.instances.get('inst_stale'))!;
+      expect([now.node, now.status, now.metadata]).toEqual(['node-b', 'starting', { late: 'yes' }]);
+      // B's own transitions go on.
+      expect((await new Lifecycle(store, 'node-b').move('inst_stale', 'boot')).status).toBe('running');
     } finally {
       await store.close();
     }

@@ -223,7 +223,7 @@ export class CheckpointService {
       await bestEffort(() => this.store.layers.remove(layerId), this.log);
       await bestEffort(() => this.engine.disk.removeCheckpointImages(c.id), this.log);
       if (!this.engine.sandbox(inst.id)) {
-        await bestEffort(() => this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message }), this.log);
+        await this.instances.failed(inst.id, (err as Error).message);
       }
       return this.fail(c, (err as Error).message);
     }
@@ -343,7 +343,7 @@ export class CheckpointService {
         this.events.emit(inst.id, 'rollback', { checkpoint_id: c.id, ms: Math.round((performance.now() - t) * 100) / 100 });
         return rec;
       } catch (err) {
-        await this.store.instances.update(inst.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+        await this.instances.failed(inst.id, (err as Error).message);
         throw this.instances.engineFailure(err);
       }
     });
@@ -377,7 +377,7 @@ export class CheckpointService {
         this.log.info({ instance: id, checkpoint: c.id }, 'lost instance recovered on this node');
         return running;
       } catch (err) {
-        await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the recovery failed: ${(err as Error).message}` });
+        await this.instances.failed(id, `the recovery failed: ${(err as Error).message}`);
         throw this.instances.engineFailure(err);
       }
     });

@@ -344,7 +344,7 @@ export class Forkpoint {
     for (const rec of await this.instances.local()) {
       if (this.engine.sandbox(rec.id) || (await this.engine.isMounted(rec.id))) {
         await this.engine.stop(rec.id).catch(() => {});
-        await this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+        await this.instances.lifecycle.move(rec.id, 'stop', { pid: null, pidStart: null });
       }
     }
   }

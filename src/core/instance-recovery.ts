@@ -41,7 +41,7 @@ export class InstanceRecovery {
       const wasLost = rec.status === 'lost';
       if (wasLost) {
         rec.status = rec.hibernationId ? 'hibernated' : rec.pid ? 'running' : 'stopped';
-        if (rec.status !== 'running') await this.store.instances.update(rec.id, { status: rec.status });
+        if (!(await this.store.instances.reclaimLost(rec.id, rec.node!, rec.status))) continue; // another node took it meanwhile
       }
       if (rec.status !== 'running' && rec.status !== 'starting') continue;
       const launched = rec.status === 'starting' ? await this.engine.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
@@ -55,10 +55,10 @@ export class InstanceRecovery {
       await this.engine.stop(rec.id).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'cleanup failed'));
       if (rec.status === 'starting') {
         const what = rec.sourceCheckpointId ? `forked from checkpoint ${rec.sourceCheckpointId}` : 'created';
-        await this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: `the server stopped while the instance was being ${what}` });
+        await this.instances.failed(rec.id, `the server stopped while the instance was being ${what}`);
         this.log.warn({ instance: rec.id }, 'instance cut short by a server stop; marked error');
       } else {
-        await this.store.instances.update(rec.id, { status: 'stopped', pid: null, pidStart: null });
+        await this.instances.lifecycle.move(rec.id, 'stop', { pid: null, pidStart: null });
         this.log.info({ instance: rec.id }, 'sandbox did not survive; marked stopped');
       }
     }

@@ -7,7 +7,8 @@ import type { SandboxRuntime } from '../engine/runtime.js';
 import type { Sandbox } from '../engine/sandbox.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
-import type { InstanceRecord, Limits, Page } from '../store/instances.js';
+import type { InstancePatch, InstanceRecord, Limits, Page } from '../store/instances.js';
+import { Lifecycle } from './lifecycle.js';
 import { DEFAULT_POLICY, parseEntry, type EgressPolicy } from '../engine/network/index.js';
 import { macOf } from '../engine/network/addresses.js';
 import { engineFailure } from './engine-failure.js';
@@ -66,7 +67,12 @@ export class InstanceService {
     private readonly log: Logger,
     /** The node this server is: instances it makes are its, and only its are its to run. */
     readonly nodeId: string,
-  ) {}
+  ) {
+    this.lifecycle = new Lifecycle(store, nodeId);
+  }
+
+  /** Every status change of this node's instances goes through it. */
+  readonly lifecycle: Lifecycle;
 
   /** An address no instance (of any node) has; a named 503 when the subnet is full. */
   freeAddress(used: Iterable<string>): string {
@@ -204,6 +210,7 @@ export class InstanceService {
       ...from,
       node: this.nodeId,
       uidBase: null,
+      version: 0,
     };
     // One owner's records are taken one at a time on a node, so that two creates cannot both
     // fit the last of its quota.
@@ -298,17 +305,23 @@ export class InstanceService {
   private async bootRecord(rec: InstanceRecord, opts: { freshUpper: boolean }): Promise<InstanceRecord> {
     try {
       const sb = await this.engine.boot(this.spec(rec), opts);
-      return await this.store.instances.update(rec.id, { status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
+      return await this.lifecycle.move(rec.id, 'boot', { pid: sb.pid, pidStart: sb.startTime, error: null });
     } catch (err) {
       this.log.error({ err, instance: rec.id }, 'boot failed');
-      await this.store.instances.update(rec.id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+      await this.failed(rec.id, (err as Error).message);
       throw this.engineFailure(err);
     }
   }
 
-  /** Marks the record as running on the given sandbox. */
-  running(id: string, sb: Sandbox, patch: Partial<InstanceRecord> = {}): Promise<InstanceRecord> {
-    return this.store.instances.update(id, { ...patch, status: 'running', pid: sb.pid, pidStart: sb.startTime, error: null });
+  /** Marks the record as running on the given sandbox, restored (or woken) in its place. */
+  running(id: string, sb: Sandbox, patch: InstancePatch = {}, how: 'restore' | 'wake' = 'restore'): Promise<InstanceRecord> {
+    return this.lifecycle.move(id, how, { ...patch, pid: sb.pid, pidStart: sb.startTime, error: null });
+  }
+
+  /** Marks the instance failed with its reason; a failure to say so (it moved on meanwhile, or
+   * the store is away) is logged, not thrown over the failure itself. */
+  async failed(id: string, reason: string): Promise<void> {
+    await this.lifecycle.move(id, 'fail', { pid: null, pidStart: null, error: reason }).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not mark the instance failed'));
   }
 
   /** Freezes what the instance wrote into a new layer under it, as a disk checkpoint does
@@ -317,7 +330,7 @@ export class InstanceService {
   async commit(id: string): Promise<string[]> {
     return this.locks.run(id, async () => {
       await this.engine.stop(id);
-      const rec = await this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
+      const rec = await this.lifecycle.move(id, 'stop', { pid: null, pidStart: null });
       const layerId = newId('lyr');
       await this.store.layers.add(layerId, id);
       try {
@@ -344,7 +357,7 @@ export class InstanceService {
     const rec = await this.locks.run(id, async () => {
       await this.engine.stop(id);
       await this.dropHibernation((await this.store.instances.get(id))!);
-      return this.store.instances.update(id, { status: 'stopped', pid: null, pidStart: null });
+      return this.lifecycle.move(id, 'stop', { pid: null, pidStart: null });
     });
     this.events.emit(id, 'instance.stopped');
     return rec;
@@ -452,14 +465,14 @@ export class InstanceService {
       } catch (err) {
         await this.store.layers.remove(layerId);
         await this.engine.disk.removeCheckpointImages(hibernationId);
-        if (!this.engine.sandbox(id)) await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: (err as Error).message });
+        if (!this.engine.sandbox(id)) await this.failed(id, (err as Error).message);
         throw this.engineFailure(err);
       }
       const layers = [layerId, ...rec.layers];
       const next = await this.store.transaction(async (tx) => {
         await tx.layers.settle(layerId);
         await tx.layers.setRefs(`instance:${id}`, layers);
-        return tx.instances.update(id, { status: 'hibernated', layers, hibernationId, pid: null, pidStart: null });
+        return this.lifecycle.move(id, 'hibernate', { layers, hibernationId, pid: null, pidStart: null }, tx);
       });
       await this.engine.disk.syncLayer(layerId);
       await this.store.layers.markSynced(layerId);
@@ -480,11 +493,11 @@ export class InstanceService {
         sb = await this.engine.restore(this.spec(rec), rec.hibernationId, { setHostname: false, connections: 'restore' });
       } catch (err) {
         this.log.error({ err, instance: id }, 'wake failed');
-        await this.store.instances.update(id, { status: 'error', pid: null, pidStart: null, error: `the wake failed: ${(err as Error).message}` });
+        await this.failed(id, `the wake failed: ${(err as Error).message}`);
         throw this.engineFailure(err);
       }
       await this.engine.disk.removeCheckpointImages(rec.hibernationId);
-      const next = await this.running(id, sb, { hibernationId: null });
+      const next = await this.running(id, sb, { hibernationId: null }, 'wake');
       this.events.emit(id, 'instance.woken', { ms: Math.round((performance.now() - t) * 100) / 100 });
       return next;
     });

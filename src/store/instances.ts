@@ -57,9 +57,23 @@ export interface InstanceRecord {
   /** The first host uid of its range: its ids 0..65535 are the host's uidBase.., in a user
    * namespace of its own; null: none (the host's ids, `user_namespace: false`). */
   uidBase: number | null;
+  /** How many writes the row has had (a transition's compare-and-set is on it). */
+  version: number;
 }
 
 type Row = Selectable<InstancesTable>;
+
+/** What a plain update may write: anything but identity, status and node. */
+export type InstancePatch = Partial<Omit<InstanceRecord, 'id' | 'owner' | 'createdAt' | 'updatedAt' | 'status' | 'node' | 'version'>>;
+
+/** The columns of a patch, as stored. */
+function columnsOf(patch: InstancePatch): Partial<Row> {
+  const full = toRow(patch as InstanceRecord) as Partial<Row>;
+  const keys = new Set(Object.keys(patch).map(columnOf));
+  return Object.fromEntries(Object.entries(full).filter(([k]) => keys.has(k))) as Partial<Row>;
+}
+
+const columnOf = (field: string) => field.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 
 const fromRow = (r: Row): InstanceRecord => ({
   id: r.id,
@@ -92,6 +106,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   updatedAt: r.updated_at,
   node: r.node,
   uidBase: r.uid_base,
+  version: Number(r.version),
 });
 
 /** Where an instance may open connections to (the engine's EgressPolicy, as stored). */
@@ -106,7 +121,7 @@ export interface Page<T> {
   nextCursor: string | null;
 }
 
-const toRow = (rec: InstanceRecord): Row => ({
+const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   id: rec.id,
   owner: rec.owner,
   name: rec.name,
@@ -162,7 +177,7 @@ export class InstanceStore {
 
   /** Instances from before nodes belong to the one server there was: the first node to start. */
   async adoptUnplaced(node: string): Promise<void> {
-    await this.db.updateTable('instances').set({ node }).where('node', 'is', null).execute();
+    await this.db.updateTable('instances').set((eb) => ({ node, version: eb('version', '+', 1) })).where('node', 'is', null).execute();
   }
 
   /** The instances of nodes that stopped answering become `lost`; answers their ids. */
@@ -173,7 +188,7 @@ export class InstanceStore {
       if (rows.length === 0) return [];
       const now = new Date().toISOString();
       // pid and pid_start stay: a node that comes back re-adopts what still runs.
-      await trx.updateTable('instances').set({ status: 'lost', updated_at: now }).where('node', 'in', nodes).where('status', '!=', 'lost').execute();
+      await trx.updateTable('instances').set((eb) => ({ status: 'lost' as const, updated_at: now, version: eb('version', '+', 1) })).where('node', 'in', nodes).where('status', '!=', 'lost').execute();
       return rows.map((r) => r.id);
     });
   }
@@ -190,7 +205,7 @@ export class InstanceStore {
   async reclaimLost(id: string, node: string, status: InstanceStatus): Promise<boolean> {
     const r = await this.db
       .updateTable('instances')
-      .set({ status, updated_at: new Date().toISOString() })
+      .set((eb) => ({ status, updated_at: new Date().toISOString(), version: eb('version', '+', 1) }))
       .where('id', '=', id)
       .where('node', '=', node)
       .where('status', '=', 'lost')
@@ -203,7 +218,7 @@ export class InstanceStore {
   async claimLost(id: string, node: string): Promise<boolean> {
     const r = await this.db
       .updateTable('instances')
-      .set({ node, status: 'starting', updated_at: new Date().toISOString() })
+      .set((eb) => ({ node, status: 'starting' as const, updated_at: new Date().toISOString(), version: eb('version', '+', 1) }))
       .where('id', '=', id)
       .where('status', '=', 'lost')
       .executeTakeFirst();
@@ -268,13 +283,32 @@ export class InstanceStore {
     return { items, nextCursor: rows.length > limit ? items[items.length - 1]!.id : null };
   }
 
-  async update(id: string, patch: Partial<Omit<InstanceRecord, 'id' | 'owner' | 'createdAt'>>): Promise<InstanceRecord> {
-    const cur = await this.get(id);
-    if (!cur) throw new Error(`instance ${id} vanished from the store`);
-    const next: InstanceRecord = { ...cur, ...patch, updatedAt: new Date().toISOString() };
-    const { id: _id, owner: _owner, created_at: _created, source_instance_id: _si, source_checkpoint_id: _sc, ...changed } = toRow(next);
-    await this.db.updateTable('instances').set(changed).where('id', '=', id).execute();
+  /** Writes the patch's fields, and only those: never the status or the node (the lifecycle's
+   * and the cluster's, by compare-and-set). */
+  async update(id: string, patch: InstancePatch): Promise<InstanceRecord> {
+    const changed = columnsOf(patch);
+    await this.db
+      .updateTable('instances')
+      .set((eb) => ({ ...changed, updated_at: new Date().toISOString(), version: eb('version', '+', 1) }))
+      .where('id', '=', id)
+      .execute();
+    const next = await this.get(id);
+    if (!next) throw new Error(`instance ${id} vanished from the store`);
     return next;
+  }
+
+  /** Writes `patch` (a status change with what goes with it) if the row is still at `version`
+   * and on `node`; undefined if another write came first. */
+  async compareAndSet(id: string, version: number, node: string | null, patch: InstancePatch & { status: InstanceStatus }): Promise<InstanceRecord | undefined> {
+    const r = await this.db
+      .updateTable('instances')
+      .set({ ...columnsOf(patch), status: patch.status, updated_at: new Date().toISOString(), version: version + 1 })
+      .where('id', '=', id)
+      .where('version', '=', version)
+      .where((eb) => (node === null ? eb('node', 'is', null) : eb('node', '=', node)))
+      .executeTakeFirst();
+    if (r.numUpdatedRows === 0n) return undefined;
+    return this.get(id);
   }
 
   /** How many of the owner's instances stand on the image (by its own name or a built one's). */

@@ -253,4 +253,12 @@ export const migrations: readonly Migration[] = [
       -- restores are made in the same mode (older checkpoints: without)
       ALTER TABLE checkpoints ADD COLUMN user_namespace INTEGER NOT NULL DEFAULT 0;`,
   },
+  {
+    version: 15,
+    name: 'instance versions',
+    sql: `
+      -- how many writes the row has had: a status change is a compare-and-set on it (the
+      -- lifecycle's), so that a write read before another's lands after it is refused, not kept
+      ALTER TABLE instances ADD COLUMN version INTEGER NOT NULL DEFAULT 0;`,
+  },
 ];

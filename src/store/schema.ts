@@ -1,3 +1,4 @@
+import type { Generated } from 'kysely';
 /** The tables as the query builder sees them: one set of queries for SQLite and PostgreSQL.
  * Booleans are 0/1 integers and structured values JSON text in both, so that a row reads the
  * same whichever database holds it. */
@@ -91,6 +92,7 @@ export interface InstancesTable {
   updated_at: string;
   node: string | null;
   uid_base: number | null;
+  version: Generated<number>;
 }
 
 export interface CheckpointsTable {
