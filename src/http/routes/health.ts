@@ -40,7 +40,7 @@ export const healthRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         tags: ['health'],
         summary: 'Prometheus metrics',
         description: 'In Prometheus\' text format: API requests by route and status, checkpoint pause and ready time, failed checkpoints, rollbacks, forks, wakes, instances of this node by status, the job queue, the durable upload backlog, free disk, and the process\'s own. For an operator\'s token (FORKPOINT_OPERATORS).',
-        response: { 200: { description: 'The metrics', content: { 'text/plain': { schema: z.string() } } }, 401: errorResponses[401], 403: errorResponses[403], 500: errorResponses[500] },
+        response: { 200: { description: 'The metrics', content: { 'text/plain': { schema: z.string() } } }, ...errorResponses },
       },
     }, async (_req, reply) => {
       const { contentType, body } = await fp.metrics.text();
