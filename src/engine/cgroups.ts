@@ -25,6 +25,17 @@ export class Cgroups {
     this.version = existsSync(join(ROOT, 'cgroup.controllers')) ? 2 : 1;
   }
 
+  /** Whether the process is in the instance's groups (or below them): a pid read from a file
+   * names that sandbox's process only while this holds, not a host process that took the pid. */
+  async holds(id: string, pid: number): Promise<boolean> {
+    const text = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
+    const mine = `/${this.group}/${id}`;
+    return text.split('\n').some((line) => {
+      const path = line.slice(line.indexOf(':', line.indexOf(':') + 1) + 1);
+      return path === mine || path.startsWith(`${mine}/`);
+    });
+  }
+
   private v1Dir(controller: string, id: string): string {
     return join(ROOT, controller, this.group, id);
   }

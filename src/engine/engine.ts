@@ -282,9 +282,19 @@ export class Engine implements SandboxRuntime {
       if (spec.network) await sb.call((a) => a.writeFile('/etc/resolv.conf', this.network.resolvConf, 0o644)).catch((err: unknown) => this.log.warn({ err, instance: spec.id }, 'could not write the sandbox\'s resolv.conf'));
       return sb;
     } catch (err) {
-      await this.teardown(spec.id);
+      await this.abandonLaunch(spec.id);
       throw err;
     }
+  }
+
+  /** After a boot or restore failed past its launch (the link, the agent's connection, the
+   * hostname): its processes are killed before its disk and groups go, so that none outlives
+   * the failure, the instance's deletion or a restart. */
+  private async abandonLaunch(id: string): Promise<void> {
+    this.live.delete(id);
+    const launched = await this.leftoverPid(id);
+    if (launched) await killTree(launched.pid, launched.startTime).catch((err: unknown) => this.log.warn({ err, instance: id, pid: launched.pid }, 'could not kill what a failed launch started'));
+    await this.teardown(id);
   }
 
   /** Restores a memory image onto a fresh upper over the spec's layers (an image of an older
@@ -310,7 +320,7 @@ export class Engine implements SandboxRuntime {
       return sb;
     } catch (err) {
       restorer.worker.end();
-      await this.teardown(spec.id);
+      await this.abandonLaunch(spec.id);
       throw err;
     } finally {
       this.restorers.refillSoon();
@@ -530,8 +540,8 @@ export class Engine implements SandboxRuntime {
         return { ...launched, result: undefined };
       } catch (err) {
         restorer?.worker.end();
-        this.live.delete(spec.id);
-        await this.teardown(spec.id).catch(() => {});
+        await oldGone.catch(() => {});
+        await this.abandonLaunch(spec.id).catch(() => {});
         throw err;
       }
     }, undefined, { rollback: true }).finally(() => this.restorers.refillSoon());
@@ -548,7 +558,7 @@ export class Engine implements SandboxRuntime {
     const pid = Number(await readFile(join(this.layout.run(id), 'pid'), 'utf8').catch(() => '0'));
     if (!Number.isInteger(pid) || pid <= 0) return undefined;
     const startTime = await processStartTime(pid).catch(() => undefined);
-    return startTime ? { pid, startTime } : undefined;
+    return startTime && (await this.cgroups.holds(id, pid)) ? { pid, startTime } : undefined;
   }
 
   async health(): Promise<RuntimeHealth> {
