@@ -187,6 +187,30 @@ describe('checkpoint jobs', () => {
     expect(ids).not.toContain(a.id);
   });
 
+  it('a rollback racing the retention that would delete its checkpoint: the rollback lands, retention takes another, nothing ends in error', async () => {
+    const inst = await s.instance({ name: 'raced', max_checkpoints: 3 });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'n=0; while true; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.05; done' });
+    const first = await checkpoint(inst.id, { memory: true });
+    await checkpoint(inst.id, { memory: true });
+    // A checkpoint in flight holds the instance; the rollback to the oldest chooses it and waits;
+    // a third checkpoint asks retention for room, and the oldest ready one is the rollback's.
+    const inFlight = s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true });
+    await sleep(5);
+    const rolled = s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: first.id });
+    await sleep(5);
+    const third = s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
+    const [a, r, c] = await Promise.all([inFlight, rolled, third]);
+    expect([a.status, a.body.status]).toEqual([200, 'ready']);
+    // 404 only if retention took it before the rollback chose it (the sleeps make that rare).
+    expect([200, 404], JSON.stringify(r.body)).toContain(r.status);
+    expect([c.status, c.body.status], JSON.stringify(c.body)).toEqual([200, 'ready']);
+    const now = (await s.api('GET', `/instances/${inst.id}`)).body;
+    expect([now.status, now.error]).toEqual(['running', null]);
+    const ids = ((await s.api('GET', `/instances/${inst.id}/checkpoints`)).body.items as { id: string }[]).map((x) => x.id);
+    if (r.status === 200) expect(ids).toContain(first.id); // chosen, it stays: retention took another
+    expect(ids).toHaveLength(3);
+  });
+
   it('copies no file data: the frozen layer holds the very inode, and the disk barely grows', async () => {
     const inst = await s.instance({ name: 'bigfile' });
     await s.exec(inst.id, { command: 'head -c 67108864 /dev/urandom > /root/big', timeout_ms: 30_000 });

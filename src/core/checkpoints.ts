@@ -327,6 +327,17 @@ export class CheckpointService {
   }
 
   async rollback(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
+    // Pinned from the moment it is chosen: retention (a checkpoint taken meanwhile with
+    // delete_oldest) or a delete cannot take it from under the rollback.
+    const unpin = this.pin((await this.get(owner, instanceId, checkpointId)).id);
+    try {
+      return await this.rollbackPinned(owner, instanceId, checkpointId);
+    } finally {
+      unpin();
+    }
+  }
+
+  private async rollbackPinned(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
     const c = await this.ready(await this.get(owner, instanceId, checkpointId));
     await this.observer.needed(c.id);
     return this.locks.run(instanceId, async () => {
@@ -453,7 +464,7 @@ export class CheckpointService {
   async delete(owner: string, instanceId: string, id: string): Promise<void> {
     const c = await this.get(owner, instanceId, id);
     if (c.status === 'processing') throw new ConflictError(`checkpoint ${id} is still processing`);
-    if (this.pinned(id)) throw new ConflictError(`checkpoint ${id} is being forked from; delete it once the fork is done`, { checkpoint: id });
+    if (this.pinned(id)) throw new ConflictError(`checkpoint ${id} is being forked from or rolled back to; delete it once that is done`, { checkpoint: id });
     await this.removeRecord(c);
     await this.instances.collectLayers();
   }
