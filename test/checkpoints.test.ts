@@ -162,6 +162,30 @@ describe('checkpoint jobs', () => {
     expect((await s.api('GET', `/instances/${inst.id}/checkpoints`)).body.items[0].status).toBe('failed');
   });
 
+  it('an idle instance that cannot be hibernated is not dumped again at every idle timeout: it backs off', async () => {
+    const inst = await s.instance({ name: 'unsleeping' });
+    await installKit(s, inst.id, await kit);
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: `${KIT} holdlock /root/lock` });
+    await eventually(async () => (await s.exec(inst.id, { command: 'cat /proc/locks' })).stdout.includes('FLOCK'));
+    const engine = s.fp.engine;
+    const real = engine.hibernate.bind(engine);
+    let tries = 0;
+    engine.hibernate = async (...args: Parameters<typeof engine.hibernate>) => {
+      if (args[0].id === inst.id) tries++;
+      return real(...args);
+    };
+    try {
+      expect((await s.api('PATCH', `/instances/${inst.id}`, { idle_timeout_s: 1 })).status).toBe(200);
+      await sleep(6000);
+      // Once, then not before its backoff (30 s); it used to be every ~1.3 s.
+      expect(tries).toBe(1);
+      expect((await s.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
+    } finally {
+      engine.hibernate = real;
+      await s.api('DELETE', `/instances/${inst.id}`);
+    }
+  });
+
   it('an established TCP connection is no reason to fail: the checkpoint is ready and the connection goes on', async () => {
     const inst = await s.instance({ name: 'connected' });
     await s.api('POST', `/instances/${inst.id}/processes`, { command: 'sleep 600 | nc -l -p 9000 > /root/received' });

@@ -2,12 +2,15 @@ import type { Logger } from 'pino';
 import type { Sandbox } from '../engine/sandbox.js';
 import type { Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
+import { Backoff } from '../lib/backoff.js';
 import { engineFailure } from './engine-failure.js';
 import { ConflictError } from './errors.js';
 import type { InstanceService } from './instances.js';
 
 /** How often the idle monitor looks. */
 const IDLE_TICK_MS = 250;
+/** An instance whose hibernation failed is tried again after this, doubling to an hour. */
+const HIBERNATE_RETRY = { firstMs: 30_000, lastMs: 3_600_000 };
 
 /**
  * The way the core's services reach an instance's sandbox: a hibernated instance is woken
@@ -20,6 +23,7 @@ export class SandboxAccess {
   private readonly inUse = new Map<string, number>();
   private timer: NodeJS.Timeout | undefined;
   private sweeping = false;
+  private readonly failedHibernations = new Backoff<string>(HIBERNATE_RETRY);
 
   constructor(
     private readonly instances: InstanceService,
@@ -93,12 +97,17 @@ export class SandboxAccess {
           this.lastUse.set(rec.id, now); // first seen (a restart): idle from now on
           continue;
         }
-        if (this.inUse.has(rec.id) || now - last < rec.idleTimeoutS! * 1000) continue;
+        if (this.inUse.has(rec.id) || now - last < rec.idleTimeoutS! * 1000 || !this.failedHibernations.ready(rec.id, now)) continue;
         await this.instances.hibernate(rec.owner, rec.id, { ifIdle: () => !this.inUse.has(rec.id) && Date.now() - (this.lastUse.get(rec.id) ?? 0) >= rec.idleTimeoutS! * 1000 }).then(
-          () => this.log.info({ instance: rec.id, idleTimeoutS: rec.idleTimeoutS }, 'hibernated after its idle timeout'),
+          () => {
+            this.failedHibernations.succeeded(rec.id);
+            this.log.info({ instance: rec.id, idleTimeoutS: rec.idleTimeoutS }, 'hibernated after its idle timeout');
+          },
           (err: unknown) => {
-            this.touch(rec.id); // not again at once
-            this.log.warn({ err, instance: rec.id }, 'idle hibernation failed');
+            // Not again at its next idle timeout: one that cannot be checkpointed would be
+            // dumped every few seconds for ever.
+            const { delayMs, failures } = this.failedHibernations.failed(rec.id);
+            this.log.warn({ err, instance: rec.id, failures, retryInMs: delayMs }, 'idle hibernation failed; tried again later');
           },
         );
       }

@@ -10,6 +10,7 @@ import type { SandboxRuntime } from '../engine/runtime.js';
 import type { DurableManifest } from '../store/durable.js';
 import type { Store } from '../store/index.js';
 import type { ObjectStore } from '../store/object-store.js';
+import { backoffDelay } from '../lib/backoff.js';
 import { UnavailableError } from './errors.js';
 
 /** A failed upload is tried again after this, then twice as long each time, up to RETRY_LAST_MS. */
@@ -78,7 +79,7 @@ export class DurableCheckpoints {
   }
 
   private retryLater(checkpointId: string, failures: number, err: unknown): void {
-    const delayMs = Math.min(RETRY_FIRST_MS * 2 ** (failures - 1), RETRY_LAST_MS);
+    const delayMs = backoffDelay({ firstMs: RETRY_FIRST_MS, lastMs: RETRY_LAST_MS }, failures);
     this.log.warn({ err, checkpoint: checkpointId, failures, retryInMs: delayMs }, 'upload to the object store failed; tried again later');
     if (this.closed) return;
     const timer = setTimeout(() => this.enqueue(checkpointId, failures), delayMs);
