@@ -1,0 +1,107 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadConfig } from '../../src/config.js';
+import { Forkpoint } from '../../src/core/forkpoint.js';
+import { buildApp } from '../../src/http/app.js';
+import { VERSION } from '../../src/version.js';
+
+// Each face's envelope and its auth, through `app.inject`: no root, no engine started, no
+// sandbox, no socket.
+let dir: string;
+let fp: Forkpoint;
+let app: FastifyInstance;
+let owner: string;
+let tenant: string;
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'fp-unit-'));
+  fp = await Forkpoint.open(loadConfig({ env: {}, flags: { dataDir: dir, bodyLimitBytes: 4096 } }), pino({ level: 'silent' }), VERSION);
+  owner = (await fp.store.tokens.create('default', 'unit')).token;
+  tenant = (await fp.store.tokens.create('tenant', 'unit')).token;
+  app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: 4096 });
+  await app.ready();
+});
+afterAll(async () => {
+  await app?.close();
+  await fp?.store.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+const call = async (method: 'GET' | 'POST' | 'DELETE', url: string, headers: Record<string, string> = {}, payload?: string | object) => {
+  const r = await app.inject({ method, url, headers: { ...(payload !== undefined ? { 'content-type': 'application/json' } : {}), ...headers }, ...(payload !== undefined ? { payload } : {}) });
+  return { status: r.statusCode, body: r.body ? (JSON.parse(r.body) as Record<string, any>) : null, length: Number(r.headers['content-length']), raw: r.body };
+};
+const bearer = (t: string) => ({ authorization: `Bearer ${t}` });
+
+describe('the Firecase face: {"error": {"code", "message", "details"}}', () => {
+  it('answers every failure in its envelope with a stable code, under / and /v1', async () => {
+    for (const base of ['', '/v1']) {
+      const none = await call('GET', `${base}/instances`);
+      expect([none.status, none.body?.error.code]).toEqual([401, 'UNAUTHENTICATED']);
+      expect((await call('GET', `${base}/instances`, bearer(owner))).body).toEqual({ items: [], next_cursor: null });
+      const missing = await call('GET', `${base}/instances/inst_nope`, bearer(owner));
+      expect([missing.status, missing.body?.error]).toEqual([404, { code: 'NOT_FOUND', message: 'instance inst_nope not found', details: { instance: 'inst_nope' } }]);
+      const invalid = await call('POST', `${base}/instances`, bearer(owner), { name: 5 });
+      expect([invalid.status, invalid.body?.error.code, invalid.body?.error.details.issues[0].path]).toEqual([400, 'INVALID_REQUEST', '/name']);
+      const malformed = await call('POST', `${base}/instances`, bearer(owner), '{"name": ');
+      expect([malformed.status, malformed.body?.error.code]).toEqual([400, 'INVALID_REQUEST']);
+      const large = await call('POST', `${base}/instances`, bearer(owner), { metadata: { big: 'x'.repeat(5000) } });
+      expect([large.status, large.body?.error.code]).toEqual([413, 'PAYLOAD_TOO_LARGE']);
+      const nodes = await call('GET', `${base}/nodes`, bearer(tenant));
+      expect([nodes.status, nodes.body?.error.code]).toEqual([403, 'FORBIDDEN']);
+    }
+    const unknown = await call('GET', '/no/such/route', bearer(owner));
+    expect([unknown.status, unknown.body?.error.code]).toEqual([404, 'NOT_FOUND']);
+  });
+
+  it('an answer carries exactly the bytes it announces', async () => {
+    for (const [method, url] of [['GET', '/instances'], ['GET', '/instances/inst_nope'], ['GET', '/openapi.json']] as const) {
+      const r = await call(method, url, bearer(owner));
+      expect(r.length, url).toBe(Buffer.byteLength(r.raw));
+    }
+  });
+});
+
+describe('the OpenComputer face: {"error": "message"}', () => {
+  it('answers its failures in its own envelope', async () => {
+    const none = await call('GET', '/api/sandboxes');
+    expect([none.status, typeof none.body?.error]).toEqual([401, 'string']);
+    const missing = await call('GET', '/api/sandboxes/inst_nope', bearer(owner));
+    expect([missing.status, missing.body]).toEqual([404, { error: 'instance inst_nope not found' }]);
+    const invalid = await call('POST', '/api/sandboxes', bearer(owner), { timeout: 'soon' });
+    expect([invalid.status, typeof invalid.body?.error]).toEqual([400, 'string']);
+    expect((await call('GET', '/api/sandboxes', bearer(owner))).body).toEqual([]);
+  });
+});
+
+describe('the E2B face: {"code": status, "message"}', () => {
+  it('answers its control plane and envd failures as E2B does', async () => {
+    const none = await call('GET', '/sandboxes');
+    expect([none.status, none.body?.code, typeof none.body?.message]).toEqual([401, 401, 'string']);
+    const missing = await call('GET', '/sandboxes/inst_nope', { 'x-api-key': owner });
+    expect([missing.status, missing.body?.code]).toEqual([404, 404]);
+    const invalid = await call('POST', '/sandboxes', { 'x-api-key': owner }, {});
+    expect([invalid.status, invalid.body?.code]).toEqual([400, 400]);
+    const envd = await call('GET', '/files?path=/etc/passwd', { 'x-api-key': owner });
+    expect([envd.status, envd.body?.code]).toEqual([403, 403]);
+    const forged = await call('GET', '/files?path=/etc/passwd', { 'e2b-sandbox-id': 'inst_nope', 'x-access-token': 'tok_x.y' });
+    expect([forged.status, forged.body?.code]).toEqual([401, 401]);
+    expect((await call('GET', '/v2/sandboxes', { 'x-api-key': owner })).body).toEqual([]);
+  });
+});
+
+describe('public routes', () => {
+  it('serve the documents and health without a token; readiness says what is missing', async () => {
+    const doc = await call('GET', '/openapi.json');
+    expect([doc.status, doc.body?.openapi]).toEqual([200, '3.1.0']);
+    const health = await call('GET', '/healthz');
+    expect([health.status, health.body?.version]).toEqual([200, VERSION]);
+    const ready = await call('GET', '/readyz');
+    expect(ready.body?.checks.database).toBe(true);
+    expect(ready.status).toBe(ready.body?.ready ? 200 : 503);
+  });
+});
