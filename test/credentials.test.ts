@@ -121,7 +121,7 @@ describe('credentials × routes', () => {
     }
   });
 
-  it('revoking an API token revokes the access tokens it was given; another token\'s live on', async () => {
+  it('revoking an API token revokes the access tokens and preview links it was given; another token\'s live on', async () => {
     const { token, record } = await s.fp.store.tokens.create('default', 'short-lived');
     const made = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 120 }, { 'x-api-key': token });
     expect(made.status).toBe(201);
@@ -131,7 +131,12 @@ describe('credentials × routes', () => {
       const list = (t: string) => call('POST', '/process.Process/List', { 'e2b-sandbox-id': id, 'x-access-token': t });
       expect((await list(made.body.envdAccessToken)).status).toBe(200);
       expect((await list(viaOwn)).status).toBe(200);
+      const link = async (t: string) => new URL((await s.api('POST', `/instances/${id}/ports/8080/preview`, { ttl_s: 60 }, { authorization: `Bearer ${t}` })).body.url as string);
+      const [itsLink, ownLink] = [await link(token), await link(s.token)];
+      const open = async (l: URL) => (await request(`${s.url}/${l.search}`, { headers: { host: l.host } })).statusCode;
+      expect([await open(itsLink), await open(ownLink)]).toEqual([503, 503]); // in, and nothing listens
       await s.fp.store.tokens.revoke(record.id);
+      expect([await open(itsLink), await open(ownLink)]).toEqual([401, 503]);
       expect((await list(made.body.envdAccessToken)).status).toBe(401);
       expect((await call('GET', `/instances/${id}/ports/8080/`, { 'e2b-sandbox-id': id, 'x-access-token': made.body.envdAccessToken })).status).toBe(401);
       expect((await list(viaOwn)).status).toBe(200);

@@ -16,7 +16,8 @@ export interface SandboxCredential {
   sandboxId: string;
 }
 
-/** A preview link or its cookie: one port of one sandbox, until it expires. */
+/** A preview link or its cookie: one port of one sandbox, until it expires or the API token
+ * that made it is revoked. */
 export interface PreviewCredential {
   kind: 'preview';
   owner: string;
@@ -54,13 +55,24 @@ export class Credentials {
     const rec = await this.store.instances.get(sandboxId);
     const madeBy = rec && this.links().verifyAccess(token, rec.owner, sandboxId);
     if (!rec || !madeBy) return undefined;
-    const parent = await this.store.tokens.get(madeBy);
-    if (!parent || parent.revokedAt || parent.owner !== rec.owner) return undefined;
+    if (!(await this.lives(madeBy, rec.owner))) return undefined;
     return { kind: 'sandbox', owner: rec.owner, sandboxId };
   }
 
-  previewLink(signed: string, sandboxId: string, port: number): PreviewCredential | undefined {
-    const owner = this.links().verify(signed, sandboxId, port);
-    return owner === undefined ? undefined : { kind: 'preview', owner, sandboxId, port };
+  async previewLink(signed: string, sandboxId: string, port: number): Promise<PreviewCredential | undefined> {
+    const link = this.links().verify(signed, sandboxId, port);
+    if (!link || !(await this.lives(link.tokenId, link.owner))) return undefined;
+    return { kind: 'preview', owner: link.owner, sandboxId, port };
+  }
+
+  /** A preview link of a port, for the API token that asks. */
+  previewLinkFor(by: OwnerCredential, sandboxId: string, port: number, ttlS: number): { token: string; expiresAt: Date } {
+    return this.links().sign(by.owner, sandboxId, port, ttlS, by.tokenId);
+  }
+
+  /** Whether the API token a derived credential was made from is still the owner's, unrevoked. */
+  private async lives(tokenId: string, owner: string): Promise<boolean> {
+    const parent = await this.store.tokens.get(tokenId);
+    return Boolean(parent && !parent.revokedAt && parent.owner === owner);
   }
 }

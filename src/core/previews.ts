@@ -21,27 +21,29 @@ export class PreviewLinks {
     return new PreviewLinks(Buffer.from(secret, 'hex'));
   }
 
-  private mac(owner: string, id: string, port: number, expires: number): string {
-    return createHmac('sha256', this.secret).update(`${owner}\n${id}\n${port}\n${expires}`).digest('base64url');
+  private mac(owner: string, id: string, port: number, expires: number, tokenId: string): string {
+    return createHmac('sha256', this.secret).update(`${owner}\n${id}\n${port}\n${expires}\n${tokenId}`).digest('base64url');
   }
 
-  /** `<expiry>.<owner>.<signature>`, good for `ttlS` seconds. */
-  sign(owner: string, id: string, port: number, ttlS: number): { token: string; expiresAt: Date } {
+  /** `<expiry>.<owner>.<token id>.<signature>`, good for `ttlS` seconds, made for the API token
+   * that asked (whose revocation ends it: the verifier checks that it lives). */
+  sign(owner: string, id: string, port: number, ttlS: number, tokenId: string): { token: string; expiresAt: Date } {
     const expires = Math.floor(Date.now() / 1000) + Math.min(Math.max(1, ttlS), MAX_PREVIEW_TTL_S);
     const o = Buffer.from(owner).toString('base64url');
-    return { token: `${expires}.${o}.${this.mac(owner, id, port, expires)}`, expiresAt: new Date(expires * 1000) };
+    return { token: `${expires}.${o}.${tokenId}.${this.mac(owner, id, port, expires, tokenId)}`, expiresAt: new Date(expires * 1000) };
   }
 
-  /** The owner a valid, unexpired token of this instance's port speaks for. */
-  verify(token: string, id: string, port: number): string | undefined {
-    const m = /^(\d{1,12})\.([A-Za-z0-9_-]{1,400})\.([A-Za-z0-9_-]{43})$/.exec(token);
+  /** The owner a valid, unexpired link of this instance's port speaks for, and the API token it
+   * was made for. */
+  verify(token: string, id: string, port: number): { owner: string; tokenId: string } | undefined {
+    const m = /^(\d{1,12})\.([A-Za-z0-9_-]{1,400})\.(tok_[0-9a-z]{1,40})\.([A-Za-z0-9_-]{43})$/.exec(token);
     if (!m) return undefined;
     const expires = Number(m[1]);
     if (expires < Date.now() / 1000) return undefined;
     const owner = Buffer.from(m[2]!, 'base64url').toString('utf8');
-    const want = Buffer.from(this.mac(owner, id, port, expires));
-    const got = Buffer.from(m[3]!);
-    return want.length === got.length && timingSafeEqual(want, got) ? owner : undefined;
+    const want = Buffer.from(this.mac(owner, id, port, expires, m[3]!));
+    const got = Buffer.from(m[4]!);
+    return want.length === got.length && timingSafeEqual(want, got) ? { owner, tokenId: m[3]! } : undefined;
   }
 
   /** A sandbox's own access token (E2B's envd `X-Access-Token`), made for the API token that

@@ -5,6 +5,7 @@ import {
   CreatePortForwardRequest, errorResponses, IdParams, noContent, ok, optionalBody, OPTIONAL_BODY, PortForwardAnswer, PortForwardList, PortForwardParams,
   PortParams, PreviewLink, PreviewRequest,
 } from '../schemas/index.js';
+import { UnauthenticatedError } from '../../core/errors.js';
 import { PREVIEW_PARAM, previewPath } from './proxy.js';
 
 const forwardView = (f: PortForwardRecord) => ({
@@ -64,7 +65,9 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => {
       const { id, port } = req.params;
       await fp.instances.get(req.owner, id);
-      const { token, expiresAt } = fp.previews.sign(req.owner, id, port, req.body?.ttl_s ?? 3600);
-      return { url: `${previewPath(fp, req.headers.host, id, port)}?${PREVIEW_PARAM}=${token}`, expires_at: expiresAt.toISOString() };
+      if (req.credential?.kind !== 'owner') throw new UnauthenticatedError();
+      const url = previewPath(fp, req.headers.host, id, port);
+      const { token, expiresAt } = fp.credentials.previewLinkFor(req.credential, id, port, req.body?.ttl_s ?? 3600);
+      return { url: `${url}?${PREVIEW_PARAM}=${token}`, expires_at: expiresAt.toISOString() };
     });
   };
