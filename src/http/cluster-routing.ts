@@ -13,6 +13,8 @@ declare module 'fastify' {
      * else on the instance's node.
      */
     placement?: 'here' | 'new' | 'fork';
+    /** The path parameter that names the instance (default `id`). */
+    instanceParam?: string;
   }
 }
 
@@ -24,7 +26,7 @@ const ON_LOST = new Set(['GET', 'HEAD', 'DELETE']);
 
 const instanceIdOf = (req: FastifyRequest): string | undefined => {
   const params = req.params as Record<string, unknown> | undefined;
-  const id = params?.id ?? params?.sandboxID ?? req.sandboxId;
+  const id = params?.[req.routeOptions.config?.instanceParam ?? 'id'] ?? req.sandboxId;
   return typeof id === 'string' ? id : undefined;
 };
 

@@ -6,20 +6,62 @@ export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: unknown };
 }
 
-/** The OpenComputer-compatible face answers errors in OpenComputer's own envelope. */
-const isOpenComputer = (request: FastifyRequest) => request.url === '/api' || request.url.startsWith('/api/');
-/** E2B's control plane and envd's file routes answer `{code, message}` (the status as code). */
-const isE2b = (request: FastifyRequest) => /^\/(v2\/)?(sandboxes|snapshots)(\/|\?|$)|^\/(files|health)(\?|$)/.test(request.url) || request.sandboxId !== undefined;
+/** The API faces: each answers errors in its own envelope. */
+export type Face = 'firecase' | 'opencomputer' | 'e2b' | 'connect';
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** Whose envelope the route's errors are in: declared by its face (faceOf), default Firecase. */
+    face?: Face;
+  }
+}
+
+/** Connect RPC's error codes (E2B's envd speaks Connect) for forkpoint's. */
+const CONNECT_CODES: Record<ErrorCode, string> = {
+  INVALID_REQUEST: 'invalid_argument',
+  UNAUTHENTICATED: 'unauthenticated',
+  FORBIDDEN: 'permission_denied',
+  NOT_FOUND: 'not_found',
+  CONFLICT: 'failed_precondition',
+  QUOTA_EXCEEDED: 'resource_exhausted',
+  PAYLOAD_TOO_LARGE: 'resource_exhausted',
+  UNAVAILABLE: 'unavailable',
+  INSUFFICIENT_STORAGE: 'resource_exhausted',
+  DOCKERFILE_INVALID: 'invalid_argument',
+  BUILD_STEP_FAILED: 'failed_precondition',
+  INTERNAL: 'internal',
+};
+
+/** Marks every route a face's plugin adds as that face's. */
+export function declareFace(app: FastifyInstance, face: Face): void {
+  app.addHook('onRoute', (route) => {
+    route.config = { ...(route.config as object), face };
+  });
+}
+
+/** The face of a request: its route's; a port call with a sandbox's access token is E2B's (its
+ * SDK made it); a request no route matched, by the prefix it came with. */
+function faceOf(request: FastifyRequest): Face {
+  const declared = request.routeOptions.config?.face;
+  if (declared === 'connect') return declared;
+  if (request.sandboxId !== undefined) return 'e2b';
+  if (declared) return declared;
+  if (request.routeOptions.url) return 'firecase';
+  if (request.url === '/api' || request.url.startsWith('/api/')) return 'opencomputer';
+  return /^\/(v2\/)?(sandboxes|snapshots)(\/|\?|$)/.test(request.url) ? 'e2b' : 'firecase';
+}
 
 /**
  * One error answer for every failure, in the envelope of the face asked: the Firecase-style
- * `{"error": {"code", "message", "details"}}`, or OpenComputer's `{"error": "message"}` under
- * /api. The status comes from the stable code.
+ * `{"error": {"code", "message", "details"}}`, OpenComputer's `{"error": "message"}`, or E2B's
+ * `{"code": status, "message"}`. The status comes from the stable code.
  */
 export function sendError(reply: FastifyReply, code: ErrorCode, message: string, details?: unknown): FastifyReply {
   reply.code(httpStatusOf[code]).type('application/json; charset=utf-8');
-  if (isOpenComputer(reply.request)) return reply.send({ error: message });
-  if (isE2b(reply.request)) return reply.send({ code: httpStatusOf[code], message });
+  const face = faceOf(reply.request);
+  if (face === 'opencomputer') return reply.send({ error: message });
+  if (face === 'e2b') return reply.send({ code: httpStatusOf[code], message });
+  if (face === 'connect') return reply.send({ code: CONNECT_CODES[code], message });
   const body: ErrorBody = { error: { code, message, ...(details === undefined ? {} : { details }) } };
   return reply.send(body);
 }

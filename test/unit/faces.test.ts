@@ -91,6 +91,11 @@ describe('the E2B face: {"code": status, "message"}', () => {
     const forged = await call('GET', '/files?path=/etc/passwd', { 'e2b-sandbox-id': 'inst_nope', 'x-access-token': 'tok_x.y' });
     expect([forged.status, forged.body?.code]).toEqual([401, 401]);
     expect((await call('GET', '/v2/sandboxes', { 'x-api-key': owner })).body).toEqual([]);
+    // envd's processes and files speak Connect: its error codes are Connect's.
+    const rpc = await call('POST', '/process.Process/List', { 'x-api-key': owner }, {});
+    expect([rpc.status, rpc.body]).toEqual([403, { code: 'permission_denied', message: expect.any(String) }]);
+    const rpcNone = await call('POST', '/filesystem.Filesystem/Stat', {}, { path: '/' });
+    expect([rpcNone.status, rpcNone.body?.code]).toEqual([401, 'unauthenticated']);
   });
 });
 

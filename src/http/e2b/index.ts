@@ -2,6 +2,7 @@ import { createContextValues } from '@connectrpc/connect';
 import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
 import type { FastifyPluginAsync } from 'fastify';
 import type { Forkpoint } from '../../core/forkpoint.js';
+import { declareFace } from '../errors.js';
 import { callerKey, callerOfRequest, ENVD_PORT } from './caller.js';
 import { e2bControlRoutes } from './control.js';
 import { envdFileRoutes } from './files.js';
@@ -18,8 +19,11 @@ import { processService } from './process.js';
  */
 export const e2bFace = (fp: Forkpoint): FastifyPluginAsync =>
   async (app) => {
+    declareFace(app, 'e2b');
     app.addHook('onRoute', (route) => {
       route.schema = { ...route.schema, hide: true };
+      // E2B names a sandbox `sandboxID` in its paths: the routing key is declared, not guessed.
+      route.config = { ...(route.config as object), instanceParam: 'sandboxID' };
     });
     await app.register(e2bControlRoutes(fp));
     await app.register(envdFileRoutes(fp));
@@ -27,7 +31,7 @@ export const e2bFace = (fp: Forkpoint): FastifyPluginAsync =>
       // The plugin brings its own parsers (it reads Connect's bodies itself), JSON's included.
       rpc.removeContentTypeParser('application/json');
       rpc.addHook('onRoute', (route) => {
-        route.config = { ...(route.config as object), scope: 'sandbox' };
+        route.config = { ...(route.config as object), scope: 'sandbox', face: 'connect' };
       });
       await rpc.register(fastifyConnectPlugin, {
         routes: (router) => {

@@ -4,6 +4,7 @@ import type { Forkpoint } from '../../core/forkpoint.js';
 import type { CheckpointRecord } from '../../store/checkpoints.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import type { Readable } from 'node:stream';
+import { declareFace } from '../errors.js';
 import { sendWithOutputs } from '../output-json.js';
 import { noContent, ok, OPTIONAL_BODY, optionalBody } from '../schemas/common.js';
 import {
@@ -47,6 +48,7 @@ const checkpointView = (c: CheckpointRecord) => ({
  * Same core, same auth (its `X-API-Key` header); errors in OpenComputer's own envelope. */
 export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
+    declareFace(app, 'opencomputer');
     const tags = ['opencomputer'];
     const errors = ocErrorResponses;
 
