@@ -244,6 +244,43 @@ export class CheckpointService {
     this.squasher.consider(inst.id, layers.length);
   }
 
+  /**
+   * A memory checkpoint the server stopped in the middle of, if CRIU had dumped it whole: the
+   * dump ended the sandbox, so it is finished now as it would have been (the upper frozen into
+   * its layer, the sandbox restored from the image or the one restored before the stop taken
+   * back) and is ready; the instance's processes go on. Anything less is left to the rest of
+   * recovery (the checkpoint failed; the instance adopted, or stopped).
+   */
+  private async finishInterrupted(c: CheckpointRecord): Promise<void> {
+    const inst = await this.store.instances.get(c.instanceId);
+    if (!inst || !this.instances.isLocal(inst) || inst.status !== 'running' || !c.memory || !this.engine.disk.dumpComplete(c.id)) return;
+    const layer = (await this.store.layers.pending()).find((p) => p.instanceId === inst.id);
+    if (!layer) return;
+    const leftover = await this.engine.leftoverPid(inst.id);
+    // Still the sandbox the dump was of: the dump did not end it, so it was not done.
+    if (leftover && leftover.pid === inst.pid && leftover.startTime === inst.pidStart) return;
+    try {
+      if (!this.engine.disk.recoverFrozenLayer(layer.id, inst.id)) {
+        await this.engine.stop(inst.id);
+        await this.engine.freezeStopped(inst.id, layer.id);
+      }
+      const layers = [layer.id, ...inst.layers];
+      const spec = { ...this.instances.spec(inst), layers };
+      const adopted = leftover ? await this.engine.adopt(spec, leftover.pid, leftover.startTime) : undefined;
+      const sb = adopted ?? (await this.engine.restore(spec, c.id, { setHostname: false, connections: 'restore' }));
+      await this.persistFrozen(inst.id, c.id, layers, inst.baseLayer, null, layer.id);
+      await this.instances.running(inst.id, sb, { layers });
+      await this.engine.disk.syncLayer(layer.id);
+      await this.store.layers.markSynced(layer.id);
+      const [deltaBytes, memoryBytes] = await Promise.all([this.engine.disk.layerBytes(layer.id), this.engine.disk.checkpointImageBytes(c.id)]);
+      await this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
+      this.observer.ready(c.id);
+      this.log.warn({ instance: inst.id, checkpoint: c.id, adopted: Boolean(adopted) }, 'finished a checkpoint a server stop cut short; the instance runs on');
+    } catch (err) {
+      this.log.error({ err, instance: inst.id, checkpoint: c.id }, 'could not finish a checkpoint a server stop cut short');
+    }
+  }
+
   /** Why a checkpoint cannot be written now, if it cannot: its memory image needs about the
    * memory the sandbox uses. */
   private async spaceShortfall(inst: InstanceRecord, memory: boolean): Promise<string | undefined> {
@@ -522,6 +559,7 @@ export class CheckpointService {
   /** After a restart: a job cut short is `failed`; a layer frozen just before the crash is
    * given back to its instance; a layer never frozen is forgotten. */
   async recover(): Promise<void> {
+    for (const c of await this.store.checkpoints.withStatus('processing')) await this.finishInterrupted(c);
     for (const p of await this.store.layers.pending()) {
       const inst = await this.store.instances.get(p.instanceId);
       if (inst && !this.instances.isLocal(inst)) continue; // another node's, to settle at its start

@@ -44,10 +44,17 @@ export class InstanceRecovery {
         if (!(await this.store.instances.reclaimLost(rec.id, rec.node!, rec.status))) continue; // another node took it meanwhile
       }
       if (rec.status !== 'running' && rec.status !== 'starting') continue;
-      const launched = rec.status === 'starting' ? await this.engine.leftoverPid(rec.id) : rec.pid && rec.pidStart ? { pid: rec.pid, startTime: rec.pidStart } : undefined;
-      const sb = launched ? await this.engine.adopt(this.instances.spec(rec), launched.pid, launched.startTime) : undefined;
+      if (this.engine.sandbox(rec.id)) continue; // taken back already (a checkpoint finished after a stop)
+      // The sandbox the store names, or, if that one is gone, the one run/pid names: a restore
+      // (rollback, checkpoint) the server stopped after, before it could record the new pid.
+      const spec = this.instances.spec(rec);
+      let sb = rec.status === 'running' && rec.pid && rec.pidStart ? await this.engine.adopt(spec, rec.pid, rec.pidStart) : undefined;
+      if (!sb) {
+        const launched = await this.engine.leftoverPid(rec.id);
+        sb = launched ? await this.engine.adopt(spec, launched.pid, launched.startTime) : undefined;
+      }
       if (sb) {
-        if (rec.status === 'starting' || wasLost) await this.instances.running(rec.id, sb);
+        if (rec.status === 'starting' || wasLost || sb.pid !== rec.pid) await this.instances.running(rec.id, sb);
         this.log.info({ instance: rec.id, pid: sb.pid }, 're-adopted running sandbox');
         continue;
       }

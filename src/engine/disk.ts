@@ -126,6 +126,12 @@ export class Disk implements NodeDisk {
     return existsSync(this.layout.checkpoint(checkpointId));
   }
 
+  /** Whether CRIU finished dumping into the images: it writes the inventory last, after every
+   * task's image (criu/cr-dump.c, cr_dump_tasks). */
+  dumpComplete(imagesId: string): boolean {
+    return existsSync(join(this.layout.checkpoint(imagesId), 'inventory.img'));
+  }
+
   async checkpointImageBytes(checkpointId: string): Promise<number> {
     return diskUsage(this.layout.checkpoint(checkpointId));
   }

@@ -76,6 +76,9 @@ export interface NodeDisk {
   removeCheckpointImages(imagesId: string): Promise<void>;
   checkpointImageBytes(imagesId: string): Promise<number>;
   hasCheckpointImages(imagesId: string): boolean;
+  /** Whether a dump into the images ran to its end (a server that stopped during a checkpoint
+   * may find the dump done and the rest not). */
+  dumpComplete(imagesId: string): boolean;
 
   /** A layer as a tar (name-sorted, so the same layer packs to the same bytes). */
   exportLayer(layerId: string): Readable;
