@@ -131,6 +131,31 @@ describe('server restart', () => {
     expect((await exec(server, inst.id, { command: 'cat /root/f' })).stdout).toBe('safe\n');
   });
 
+  it('kill -9 of the server in the middle of a hibernation costs the sandbox nothing: after the restart it wakes with its counter', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-crash-'));
+    server = await ChildServer.start(dataDir);
+    const inst = (await server.api('POST', '/instances', { name: 'sleepy' })).body;
+    await server.api('POST', `/instances/${inst.id}/processes`, { command: 'n=0; while true; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.05; done' });
+    await server.api('POST', `/instances/${inst.id}/processes`, { command: 'x=$(head -c 150000000 /dev/zero | tr "\\0" a); sleep 600' });
+    await sleep(1500);
+    const before = Number((await exec(server, inst.id, { command: 'cat /tmp/c' })).stdout);
+    const hibernating = server.api('POST', `/instances/${inst.id}/hibernate`).catch(() => undefined);
+    await sleep(30);
+    const token = server.token;
+    await server.stop('SIGKILL');
+    await hibernating;
+    await sleep(3000); // let an orphaned criu finish whatever it was doing
+
+    server = await ChildServer.start(dataDir, token);
+    const status = (await server.api('GET', `/instances/${inst.id}`)).body.status;
+    expect(['running', 'hibernated']).toContain(status);
+    // An exec wakes a hibernated instance; the counter goes on from where it was.
+    const after = Number((await exec(server, inst.id, { command: 'cat /tmp/c' })).stdout);
+    expect(after).toBeGreaterThanOrEqual(before);
+    await eventually(async () => Number((await exec(server!, inst.id, { command: 'cat /tmp/c' })).stdout) > after);
+    expect((await server.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
+  });
+
   it('after a machine restart (every sandbox and mount gone) instances are stopped and ready checkpoints still work', async () => {
     dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-reboot-'));
     server = await ChildServer.start(dataDir);

@@ -560,6 +560,9 @@ export class CheckpointService {
    * given back to its instance; a layer never frozen is forgotten. */
   async recover(): Promise<void> {
     for (const c of await this.store.checkpoints.withStatus('processing')) await this.finishInterrupted(c);
+    for (const rec of await this.instances.local()) {
+      await this.instances.finishInterruptedHibernation(rec).catch((err: unknown) => this.log.error({ err, instance: rec.id }, 'could not finish a hibernation a server stop cut short'));
+    }
     for (const p of await this.store.layers.pending()) {
       const inst = await this.store.instances.get(p.instanceId);
       if (inst && !this.instances.isLocal(inst)) continue; // another node's, to settle at its start

@@ -459,12 +459,16 @@ export class InstanceService {
       const layerId = newId('lyr');
       const hibernationId = newId('hib');
       await this.store.layers.add(layerId, id);
+      // Recorded before the dump: a server stopped during it finds which image it was writing
+      // (finishInterruptedHibernation).
+      await this.store.instances.update(id, { hibernationId });
       let pauseMs: number;
       try {
         ({ pauseMs } = await this.engine.hibernate(this.spec(rec), layerId, hibernationId));
       } catch (err) {
         await this.store.layers.remove(layerId);
         await this.engine.disk.removeCheckpointImages(hibernationId);
+        await this.store.instances.update(id, { hibernationId: null });
         if (!this.engine.sandbox(id)) await this.failed(id, (err as Error).message);
         throw this.engineFailure(err);
       }
@@ -479,6 +483,36 @@ export class InstanceService {
       this.events.emit(id, 'instance.hibernated', { pause_ms: pauseMs });
       return next;
     });
+  }
+
+  /**
+   * A hibernation the server stopped in the middle of (the record names the image it was
+   * writing). If CRIU dumped it whole, the sandbox went into it: the hibernation is finished as
+   * it would have been (the upper frozen into its layer) and the instance is hibernated, its
+   * next use waking it, processes and all. Otherwise the image goes and the rest of recovery
+   * takes the sandbox back, or says it is gone.
+   */
+  async finishInterruptedHibernation(rec: InstanceRecord): Promise<void> {
+    if (rec.status !== 'running' || !rec.hibernationId || !this.isLocal(rec)) return;
+    const layer = (await this.store.layers.pending()).find((p) => p.instanceId === rec.id);
+    const leftover = await this.engine.leftoverPid(rec.id);
+    const stillThere = leftover && leftover.pid === rec.pid && leftover.startTime === rec.pidStart;
+    if (stillThere || !layer || !this.engine.disk.dumpComplete(rec.hibernationId)) {
+      await this.engine.disk.removeCheckpointImages(rec.hibernationId);
+      await this.store.instances.update(rec.id, { hibernationId: null });
+      return;
+    }
+    await this.engine.stop(rec.id);
+    if (!this.engine.disk.recoverFrozenLayer(layer.id, rec.id)) await this.engine.freezeStopped(rec.id, layer.id);
+    const layers = [layer.id, ...rec.layers];
+    await this.store.transaction(async (tx) => {
+      await tx.layers.settle(layer.id);
+      await tx.layers.setRefs(`instance:${rec.id}`, layers);
+      await this.lifecycle.move(rec.id, 'hibernate', { layers, pid: null, pidStart: null }, tx);
+    });
+    await this.engine.disk.syncLayer(layer.id);
+    await this.store.layers.markSynced(layer.id);
+    this.log.warn({ instance: rec.id, hibernation: rec.hibernationId }, 'finished a hibernation a server stop cut short; the next use wakes the instance');
   }
 
   /** Wakes a hibernated instance exactly as it was: memory, processes, sessions. */
