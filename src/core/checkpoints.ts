@@ -381,17 +381,30 @@ export class CheckpointService {
       const inst = (await this.store.instances.get(instanceId))!;
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
       const images = c.memory ? c.id : undefined;
+      const oldPid = this.engine.sandbox(inst.id)?.pid;
+      // Recorded before the old sandbox goes: from then on the instance stands on the
+      // checkpoint's layers whatever becomes of the server (a restart takes back the restored
+      // sandbox on them). The old layers stay referenced until the new sandbox runs.
+      await this.store.layers.setRefs(`instance:${inst.id}`, [...new Set([...c.layers, ...inst.layers])]);
+      await this.store.instances.update(inst.id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: c.id });
       try {
         const t = performance.now();
         const sb = await this.engine.replace(spec, images);
         await this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
         // A hibernated instance rolled back wakes on the checkpoint; its own memory image goes.
         await this.instances.dropHibernation(inst);
-        const rec = await this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
+        const rec = await this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: null });
         this.events.emit(inst.id, 'rollback', { checkpoint_id: c.id, ms: Math.round((performance.now() - t) * 100) / 100 });
         return rec;
       } catch (err) {
-        await this.instances.failed(inst.id, (err as Error).message);
+        if (oldPid !== undefined && (await this.engine.leftoverPid(inst.id))?.pid === oldPid) {
+          // Refused before the old sandbox was touched: it runs on, on its own layers.
+          await this.store.layers.setRefs(`instance:${inst.id}`, inst.layers);
+          await this.store.instances.update(inst.id, { layers: inst.layers, baseLayer: inst.baseLayer, agentLayer: inst.agentLayer, headCheckpointId: inst.headCheckpointId, restoringFrom: null });
+        } else {
+          await this.store.instances.update(inst.id, { restoringFrom: null });
+          await this.instances.failed(inst.id, (err as Error).message);
+        }
         throw this.instances.engineFailure(err);
       }
     });
@@ -467,7 +480,7 @@ export class CheckpointService {
             instead
               ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits }, ...userNamespaceOf(c) }
               : { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined, ...userNamespaceOf(c) },
-            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir },
+            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id },
           );
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {
@@ -477,7 +490,7 @@ export class CheckpointService {
             const sb = images ? await this.engine.restore(spec, images, { setHostname: true, connections: 'close' }) : await this.engine.boot(spec, { freshUpper: true });
             await admitted;
             if (images) await this.executions.adoptInFork(source.id, rec.id);
-            return this.instances.running(rec.id, sb);
+            return this.instances.running(rec.id, sb, { restoringFrom: null });
           });
         }),
       );

@@ -1,5 +1,6 @@
 import type { Logger } from 'pino';
 import type { SandboxRuntime } from '../engine/runtime.js';
+import type { InstanceRecord } from '../store/instances.js';
 import type { Store } from '../store/index.js';
 import type { InstanceService } from './instances.js';
 
@@ -54,12 +55,13 @@ export class InstanceRecovery {
         sb = launched ? await this.engine.adopt(spec, launched.pid, launched.startTime) : undefined;
       }
       if (sb) {
-        if (rec.status === 'starting' || wasLost || sb.pid !== rec.pid) await this.instances.running(rec.id, sb);
+        if (rec.status === 'starting' || wasLost || sb.pid !== rec.pid || rec.restoringFrom) await this.instances.running(rec.id, sb, { restoringFrom: null });
         this.log.info({ instance: rec.id, pid: sb.pid }, 're-adopted running sandbox');
         continue;
       }
       await this.killLeftover(rec.id);
       await this.engine.stop(rec.id).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'cleanup failed'));
+      if (rec.restoringFrom && (await this.redoRestore(rec))) continue;
       if (rec.status === 'starting') {
         const what = rec.sourceCheckpointId ? `forked from checkpoint ${rec.sourceCheckpointId}` : 'created';
         await this.instances.failed(rec.id, `the server stopped while the instance was being ${what}`);
@@ -73,6 +75,29 @@ export class InstanceRecovery {
       if (known.has(id)) continue;
       await this.killLeftover(id);
       await this.engine.destroy(id).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove a sandbox the store does not know'));
+    }
+  }
+
+  /**
+   * A rollback or a fork the server stopped in the middle of, its old sandbox gone and its new
+   * one not there: done again from its checkpoint (the record already stands on its layers), so
+   * that the instance is as the call would have left it.
+   */
+  private async redoRestore(rec: InstanceRecord): Promise<boolean> {
+    const c = await this.store.checkpoints.get(rec.restoringFrom!);
+    if (!c || c.status !== 'ready') return false;
+    try {
+      const spec = this.instances.spec(rec);
+      const sb = c.memory && this.engine.disk.hasCheckpointImages(c.id)
+        ? await this.engine.restore(spec, c.id, { setHostname: rec.status === 'starting', connections: 'close' })
+        : await this.engine.boot(spec, { freshUpper: true });
+      await this.instances.running(rec.id, sb, { restoringFrom: null });
+      this.log.warn({ instance: rec.id, checkpoint: c.id }, 'finished a restore a server stop cut short');
+      return true;
+    } catch (err) {
+      this.log.error({ err, instance: rec.id, checkpoint: c.id }, 'could not finish a restore a server stop cut short');
+      await this.store.instances.update(rec.id, { restoringFrom: null });
+      return false;
     }
   }
 

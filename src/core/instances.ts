@@ -207,6 +207,7 @@ export class InstanceService {
       error: null,
       createdAt: now,
       updatedAt: now,
+      restoringFrom: null,
       ...from,
       node: this.nodeId,
       uidBase: null,

@@ -57,6 +57,8 @@ export interface InstanceRecord {
   /** The first host uid of its range: its ids 0..65535 are the host's uidBase.., in a user
    * namespace of its own; null: none (the host's ids, `user_namespace: false`). */
   uidBase: number | null;
+  /** The checkpoint a restore under way (a rollback, a fork) brings it back from; null: none. */
+  restoringFrom: string | null;
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;
 }
@@ -106,6 +108,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   updatedAt: r.updated_at,
   node: r.node,
   uidBase: r.uid_base,
+  restoringFrom: r.restoring_from,
   version: Number(r.version),
 });
 
@@ -152,6 +155,7 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   updated_at: rec.updatedAt,
   node: rec.node,
   uid_base: rec.uidBase,
+  restoring_from: rec.restoringFrom,
 });
 
 export class InstanceStore {

@@ -261,4 +261,12 @@ export const migrations: readonly Migration[] = [
       -- lifecycle's), so that a write read before another's lands after it is refused, not kept
       ALTER TABLE instances ADD COLUMN version INTEGER NOT NULL DEFAULT 0;`,
   },
+  {
+    version: 16,
+    name: 'restores under way',
+    sql: `
+      -- the checkpoint a restore (a rollback, a fork) is bringing the instance back from, while
+      -- it runs: a server that stops meanwhile finishes it at its next start
+      ALTER TABLE instances ADD COLUMN restoring_from TEXT;`,
+  },
 ];

@@ -92,6 +92,7 @@ export interface InstancesTable {
   updated_at: string;
   node: string | null;
   uid_base: number | null;
+  restoring_from: string | null;
   version: Generated<number>;
 }
 
