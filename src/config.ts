@@ -22,6 +22,9 @@ export const configSchema = z.object({
    * (its instances become `lost`). */
   nodeHeartbeatS: z.coerce.number().positive().max(3600).default(5),
   nodeDeadAfterS: z.coerce.number().positive().max(86400).default(30),
+  /** How long a starting node waits for its database and object store to answer (a cluster
+   * booting together, a failover) before it gives up. */
+  startupWaitS: z.coerce.number().positive().max(86400).default(300),
   host: z.string().min(1).default('127.0.0.1'),
   port: z.coerce.number().int().min(0).max(65535).default(7878),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -146,6 +149,7 @@ const envNames: Record<keyof Config, string> = {
   nodeUrl: 'FORKPOINT_NODE_URL',
   nodeHeartbeatS: 'FORKPOINT_NODE_HEARTBEAT_S',
   nodeDeadAfterS: 'FORKPOINT_NODE_DEAD_AFTER_S',
+  startupWaitS: 'FORKPOINT_STARTUP_WAIT_S',
   host: 'FORKPOINT_HOST',
   port: 'FORKPOINT_PORT',
   logLevel: 'FORKPOINT_LOG_LEVEL',

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { Sandbox as OpenComputer } from '@opencomputer/sdk';
 import { Sandbox as E2B } from 'e2b';
 import pg from 'pg';
+import { execa } from 'execa';
 import S3rver from 's3rver';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
@@ -18,6 +19,7 @@ import { sleep, until } from './helpers/wait.js';
 // Two forkpoint nodes on this machine (separate processes, data directories, ports and
 // sandbox networks) sharing a real PostgreSQL and a real S3-API server (s3rver), both started
 // here on loopback or a socket in a temporary directory.
+const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 let postgres: TestPostgres;
 let s3: S3rver;
 let bucket: ObjectStore;
@@ -323,5 +325,32 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect(await entries(join(dirA, 'layers'))).toEqual([]);
     expect(await entries(join(dirA, 'checkpoints'))).toEqual([]);
     expect(await entries(join(dirA, 'instances'))).toEqual([]);
+  });
+
+  it('two nodes started at the same instant against an empty bucket and a database that comes up later both serve', async () => {
+    const database = await postgres.database('late');
+    const made = await execa(process.execPath, [CLI, 'token', 'create'], { env: { ...process.env, FORKPOINT_DATA_DIR: await tmp('forkpoint-token-'), FORKPOINT_DATABASE_URL: database } });
+    const token = made.stdout.trim();
+    const late = { ...env, FORKPOINT_DATABASE_URL: database, FORKPOINT_S3_BUCKET: 'fresh-bucket', FORKPOINT_S3_PREFIX: 'late/' };
+    const [dirC, dirD] = [await tmp('forkpoint-node-c-'), await tmp('forkpoint-node-d-')];
+    await postgres.pause();
+    let nodes: ChildServer[] = [];
+    try {
+      const starting = Promise.all([
+        ChildServer.start(dirC, token, { ...late, FORKPOINT_NODE_ID: 'node-c' }),
+        ChildServer.start(dirD, token, { ...late, FORKPOINT_NODE_ID: 'node-d' }),
+      ]);
+      starting.catch(() => {});
+      await sleep(3000); // both are waiting for the database meanwhile, not exiting
+      await postgres.resume();
+      nodes = await starting;
+      for (const n of nodes) {
+        expect((await n.api('GET', '/readyz')).status).toBe(200);
+        expect((await n.api('GET', '/instances')).status).toBe(200);
+      }
+    } finally {
+      await postgres.resume().catch(() => {});
+      for (const n of nodes) await n.stop();
+    }
   });
 });

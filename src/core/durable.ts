@@ -9,8 +9,8 @@ import type { Logger } from 'pino';
 import type { SandboxRuntime } from '../engine/runtime.js';
 import type { DurableManifest } from '../store/durable.js';
 import type { Store } from '../store/index.js';
-import type { ObjectStore } from '../store/object-store.js';
-import { backoffDelay } from '../lib/backoff.js';
+import { isObjectStoreAway, type ObjectStore } from '../store/object-store.js';
+import { backoffDelay, retryUntil } from '../lib/backoff.js';
 import { UnavailableError } from './errors.js';
 
 /** A failed upload is tried again after this, then twice as long each time, up to RETRY_LAST_MS. */
@@ -213,9 +213,16 @@ export class DurableCheckpoints {
   }
 
   /** At start: uploads what was left out, forgets what was deleted meanwhile. */
-  async recover(): Promise<void> {
+  async recover(waitS = 300): Promise<void> {
     if (!this.objects) return;
-    await this.objects.ensureBucket();
+    const objects = this.objects;
+    // The object store may come up after the node: wait for it, saying so.
+    await retryUntil(() => objects.ensureBucket(), {
+      policy: { firstMs: 250, lastMs: 10_000 },
+      deadlineMs: waitS * 1000,
+      retryable: isObjectStoreAway,
+      onRetry: (err, delayMs, failures) => this.log.warn({ err, retryInMs: delayMs, failures }, 'the object store is not answering yet; waiting for it'),
+    });
     for (const id of await this.store.durable.orphans()) await this.forget(id).catch(() => {});
     for (const id of await this.store.durable.pending()) this.schedule(id);
   }

@@ -26,6 +26,8 @@ import { PreviewLinks } from './previews.js';
 import { requireRoom } from './space.js';
 import { Metrics } from './metrics.js';
 import { HostLocks } from '../lib/host-locks.js';
+import { retryUntil } from '../lib/backoff.js';
+import { isStoreAway } from './errors.js';
 import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
 import { ChainSquasher } from './squash.js';
@@ -226,7 +228,7 @@ export class Forkpoint {
     // Build steps nobody built again for a week: their layers are kept for nothing.
     await this.builds.prune(new Date(Date.now() - BUILD_CACHE_DAYS * 86400_000));
     await this.templates.recover();
-    await this.durable.recover();
+    await this.durable.recover(this.config.startupWaitS);
     this.previewLinks = await PreviewLinks.open(this.layout.previewSecretFile, (proposed) => this.store.nodes.sharedSecret('preview', proposed));
     await this.ports.restore();
     this.access.startIdleMonitor();
@@ -352,8 +354,29 @@ export class Forkpoint {
 
 /** The store the configuration names: its PostgreSQL database, or the data directory's SQLite. */
 export function openConfiguredStore(config: Config, log?: Logger): Promise<Store> {
-  return openStore(config.databaseUrl ?? new DataLayout(config.dataDir).db, (err) => log?.warn({ err }, 'a pooled database connection broke'));
+  const open = () => openStore(config.databaseUrl ?? new DataLayout(config.dataDir).db, (err) => log?.warn({ err }, 'a pooled database connection broke'));
+  if (!config.databaseUrl) return open();
+  // A shared database may come up after the nodes (a cluster booting, a failover): wait for it.
+  return retryUntil(open, {
+    policy: STARTUP_RETRY,
+    deadlineMs: config.startupWaitS * 1000,
+    retryable: (err) => isStoreAway(err) || isUnreachable(err),
+    onRetry: (err, delayMs, failures) => log?.warn({ err, retryInMs: delayMs, failures }, 'the database is not answering yet; waiting for it'),
+  });
 }
+
+/** A service not there (yet): refused, no such socket, no route, no name, timed out. */
+function isUnreachable(err: unknown): boolean {
+  for (let e = err, depth = 0; e && depth < 5; e = (e as Error).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === 'string' && /^(ECONNREFUSED|ENOENT|ECONNRESET|ETIMEDOUT|EHOSTUNREACH|ENETUNREACH|EAI_AGAIN|ENOTFOUND)$/.test(code)) return true;
+    if (e instanceof AggregateError && e.errors.some(isUnreachable)) return true;
+  }
+  return false;
+}
+
+/** How a starting node waits for its database and object store. */
+const STARTUP_RETRY = { firstMs: 250, lastMs: 10_000 };
 
 /** The object store of the configuration, if it names one (all of it or nothing). */
 function objectStoreOf(c: Config): ObjectStore | undefined {

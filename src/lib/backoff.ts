@@ -35,3 +35,23 @@ export class Backoff<K> {
     this.failing.delete(key);
   }
 }
+
+/** Tries `attempt` until it succeeds, waiting by the policy between tries, for at most
+ * `deadlineMs` (then the last error is thrown). `retryable` says which failures are worth
+ * waiting out (default: all); `onRetry` is told of each (a log line). */
+export async function retryUntil<T>(
+  attempt: () => Promise<T>,
+  opts: { policy: BackoffPolicy; deadlineMs: number; retryable?: (err: unknown) => boolean; onRetry?: (err: unknown, delayMs: number, failures: number) => void },
+): Promise<T> {
+  const deadline = Date.now() + opts.deadlineMs;
+  for (let failures = 1; ; failures++) {
+    try {
+      return await attempt();
+    } catch (err) {
+      const delayMs = backoffDelay(opts.policy, failures);
+      if ((opts.retryable && !opts.retryable(err)) || Date.now() + delayMs > deadline) throw err;
+      opts.onRetry?.(err, delayMs, failures);
+      await new Promise((r) => setTimeout(r, delayMs));
+    }
+  }
+}

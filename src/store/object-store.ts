@@ -17,6 +17,11 @@ const REQUEST_TIMEOUT_MS = 120_000;
 
 /** An S3-compatible object store (AWS, R2, MinIO, ...), by the AWS SDK v3: durable checkpoints'
  * blobs and manifests. Path-style addressing, which every S3-compatible server speaks. */
+/** A failure worth waiting out: the store not reachable, or answering 5xx (not a refusal). */
+export function isObjectStoreAway(err: unknown): boolean {
+  return !(err instanceof S3ServiceException) || (err.$metadata.httpStatusCode ?? 500) >= 500;
+}
+
 export class ObjectStore {
   private readonly s3: S3Client;
 
@@ -41,7 +46,11 @@ export class ObjectStore {
       await this.s3.send(new HeadBucketCommand({ Bucket: this.cfg.bucket }));
     } catch (err) {
       if (!(err instanceof S3ServiceException) || err.$metadata.httpStatusCode !== 404) throw err;
-      await this.s3.send(new CreateBucketCommand({ Bucket: this.cfg.bucket }));
+      await this.s3.send(new CreateBucketCommand({ Bucket: this.cfg.bucket })).catch((e: unknown) => {
+        // Another node starting at the same moment made it first: it is there, as wanted.
+        if (e instanceof S3ServiceException && (e.name === 'BucketAlreadyOwnedByYou' || e.name === 'BucketAlreadyExists')) return;
+        throw e;
+      });
     }
   }
 
