@@ -192,6 +192,9 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
       for (const i of list) expect(i.network.sent_bytes === null).toBe(i.node !== (n === a ? 'node-a' : 'node-b'));
       const cps = await n.api('GET', `/instances/${inst.id}/checkpoints`);
       expect(cps.body.items.map((x: { id: string }) => x.id)).toContain(ckpt.id);
+      // A preview link names the host the client used, whichever node made it.
+      const link = new URL((await n.api('POST', `/instances/${inst.id}/ports/8080/preview`, { ttl_s: 60 })).body.url as string);
+      expect(link.port).toBe(new URL(n.url).port);
     }
     await exec(b, inst.id, 'echo written through B > /root/from-b');
     expect((await exec(a, inst.id, 'cat /root/from-b')).stdout).toBe('written through B\n');

@@ -85,7 +85,9 @@ function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: 
   // Not parsed yet (or a stream already): the body goes on as it came.
   if (req.body === undefined && req.method !== 'GET' && req.method !== 'HEAD') req.body = req.raw;
   return reply.from(base + req.url, {
-    rewriteRequestHeaders: (_r, headers) => ({ ...headers, [FORWARDED]: fp.cluster.nodeId }),
+    // The host the client used goes along (a load balancer's, if one said it): URLs the other
+    // node answers (preview links) name it, not this node's address.
+    rewriteRequestHeaders: (_r, headers) => ({ ...headers, [FORWARDED]: fp.cluster.nodeId, 'x-forwarded-host': req.headers['x-forwarded-host'] ?? req.headers.host ?? '' }),
     onError: (_r, { error }) => void sendError(reply, 'UNAVAILABLE', `the instance's node did not answer: ${error.message}`),
   });
 }

@@ -66,7 +66,9 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const { id, port } = req.params;
       await fp.instances.get(req.owner, id);
       if (req.credential?.kind !== 'owner') throw new UnauthenticatedError();
-      const url = previewPath(fp, req.headers.host, id, port);
+      // The host the client used: a load balancer's or another node's say so.
+      const forwarded = req.headers['x-forwarded-host'];
+      const url = previewPath(fp, (typeof forwarded === 'string' && forwarded ? forwarded.split(',')[0]!.trim() : undefined) ?? req.headers.host, id, port);
       const { token, expiresAt } = fp.credentials.previewLinkFor(req.credential, id, port, req.body?.ttl_s ?? 3600);
       return { url: `${url}?${PREVIEW_PARAM}=${token}`, expires_at: expiresAt.toISOString() };
     });
