@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -28,9 +29,24 @@ const program = new Command()
   .option('-c, --config <file>', 'JSON config file (also FORKPOINT_CONFIG)')
   .option('-d, --data-dir <dir>', 'data directory (also FORKPOINT_DATA_DIR)');
 
+/** Where the service and the CLI both read their settings unless told otherwise: a shell's
+ * `forkpoint token create` then speaks to the store the service uses. */
+export const DEFAULT_CONFIG_FILE = '/etc/forkpoint/config.json';
+
 function config(extra: Partial<Record<keyof Config, unknown>> = {}): Config {
   const g = program.opts<GlobalFlags>();
-  return loadConfig({ file: g.config, flags: { dataDir: g.dataDir, ...extra } });
+  const file = g.config ?? (process.env.FORKPOINT_CONFIG || !existsSync(DEFAULT_CONFIG_FILE) ? undefined : DEFAULT_CONFIG_FILE);
+  return loadConfig({ file, flags: { dataDir: g.dataDir, ...extra } });
+}
+
+/** The store a server of this configuration uses, for the token commands; refused where no
+ * server has ever run (a token there would be read by nothing). */
+async function serversStore(cfg: Config) {
+  const db = new DataLayout(cfg.dataDir).db;
+  if (!cfg.databaseUrl && !existsSync(db)) {
+    throw new Error(`no forkpoint server has used the data directory ${cfg.dataDir} (there is no ${db}): give the server's configuration, --config FILE (default ${DEFAULT_CONFIG_FILE}) or FORKPOINT_DATA_DIR / FORKPOINT_DATABASE_URL as the server has them`);
+  }
+  return storeOf(cfg);
 }
 
 program
@@ -70,7 +86,7 @@ token
   .option('-o, --owner <owner>', 'the owner everything made with it belongs to', 'default')
   .option('-n, --name <name>', 'a name to recognise it by', 'cli')
   .action(async (o: { owner: string; name: string }) => {
-    const store = await storeOf(config());
+    const store = await serversStore(config());
     const { token: t, record } = await store.tokens.create(o.owner, o.name);
     process.stdout.write(`${t}\n`);
     process.stderr.write(`token ${record.id} for owner ${record.owner}\n`);
@@ -80,7 +96,7 @@ token
   .command('list')
   .description('List tokens (ids, owners, never secrets)')
   .action(async () => {
-    const store = await storeOf(config());
+    const store = await serversStore(config());
     for (const r of await store.tokens.list()) {
       process.stdout.write(`${r.id}\t${r.owner}\t${r.name}\t${r.createdAt}\t${r.revokedAt ? `revoked ${r.revokedAt}` : 'active'}\n`);
     }
@@ -90,7 +106,7 @@ token
   .command('revoke <id>')
   .description('Revoke a token by id')
   .action(async (id: string) => {
-    const store = await storeOf(config());
+    const store = await serversStore(config());
     const ok = await store.tokens.revoke(id);
     await store.close();
     if (!ok) {

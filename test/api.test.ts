@@ -1,6 +1,12 @@
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { execa } from 'execa';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
+
+const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 
 /** Prometheus' text format, every sample by its name and labels; a line it cannot read fails. */
 function parsePrometheus(text: string): Map<string, number> {
@@ -69,6 +75,22 @@ describe('API basics', () => {
   it('accepts the token as Bearer and as X-API-Key', async () => {
     expect((await s.api('GET', '/instances')).status).toBe(200);
     expect((await s.api('GET', '/instances', undefined, { 'x-api-key': s.token })).status).toBe(200);
+  });
+
+  it('`forkpoint token create` writes where the server reads, and refuses a data directory no server has used', async () => {
+    const cli = (dataDir: string) => execa(process.execPath, [CLI, 'token', 'create', '--owner', 'cli-made'], { env: { ...process.env, FORKPOINT_DATA_DIR: dataDir, FORKPOINT_CONFIG: '' }, reject: false });
+    const made = await cli(s.dataDir);
+    expect(made.exitCode, made.stderr).toBe(0);
+    expect((await s.api('GET', '/instances', undefined, { authorization: `Bearer ${made.stdout.trim()}` })).status).toBe(200);
+    const elsewhere = await mkdtemp(join(tmpdir(), 'forkpoint-nodb-'));
+    try {
+      const refused = await cli(elsewhere);
+      expect(refused.exitCode).toBe(1);
+      expect(refused.stderr).toContain('no forkpoint server has used the data directory');
+      expect(await readdir(elsewhere)).toEqual([]);
+    } finally {
+      await rm(elsewhere, { recursive: true, force: true });
+    }
   });
 
   it('a revoked token stops working', async () => {
