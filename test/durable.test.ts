@@ -52,6 +52,16 @@ async function loseCheckpointData(instanceId: string, checkpointId: string): Pro
 }
 
 describe('durable checkpoints in an S3-compatible object store', () => {
+  it('?wait=durable answers once the checkpoint is in the object store, on create and on get', async () => {
+    const inst = await s.instance();
+    const made = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=durable`, {});
+    expect([made.status, made.body.status, made.body.durable]).toEqual([200, 'ready', true]);
+    expect(await bucket.list()).toContain(`manifests/${made.body.id}.json`);
+    const got = await s.api('GET', `/instances/${inst.id}/checkpoints/${made.body.id}?wait=durable`);
+    expect([got.status, got.body.durable]).toEqual([200, true]);
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
   it('uploads a ready checkpoint as blobs and a manifest; shared blobs once; deleting both empties the bucket', async () => {
     const inst = await s.instance();
     await s.exec(inst.id, { command: 'head -c 1048576 /dev/urandom > /root/one-mib && sleep 1000 &' });

@@ -108,7 +108,10 @@ describe.each(Object.entries(FILES))('OpenAPI %s (openapi/%s)', (version, file) 
     expect(op('/instances/{id}/files', 'put').requestBody.content['application/octet-stream'].schema).toMatchObject({ type: 'string', format: 'binary' });
     expect(op('/instances/{id}/files', 'get').responses['200'].content['application/octet-stream']).toBeTruthy();
     const wait = (op('/instances/{id}/checkpoints', 'post').parameters as Json[]).find((p) => p.name === 'wait')!;
-    expect(wait.schema.type).toBe('boolean');
+    // `true` or `false` typed boolean, or `durable`.
+    const kinds = (wait.schema.anyOf ?? wait.schema.oneOf) as Json[];
+    expect(kinds.map((k) => k.type)).toEqual(['boolean', 'string']);
+    expect(kinds[1]!.enum).toEqual(['durable']);
     expect(doc.servers[0].url).toBe('http://127.0.0.1:7878');
   });
 });

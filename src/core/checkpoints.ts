@@ -363,6 +363,16 @@ export class CheckpointService {
     return this.get(owner, instanceId, id);
   }
 
+  /** Waits until the checkpoint is no longer processing and, once ready, in the object store,
+   * within `timeoutMs` in all. */
+  async waitDurable(owner: string, instanceId: string, id: string, timeoutMs: number, durable: { enabled: boolean; waitFor(id: string, ms: number): Promise<boolean> }): Promise<CheckpointRecord> {
+    if (!durable.enabled) throw new ConflictError('this server has no object store: no checkpoint becomes durable here', { reason: 'NO_OBJECT_STORE' });
+    const deadline = Date.now() + timeoutMs;
+    const c = await this.wait(owner, instanceId, id, timeoutMs);
+    if (c.status === 'ready') await durable.waitFor(c.id, Math.max(0, deadline - Date.now()));
+    return c;
+  }
+
   async rollback(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
     // Pinned from the moment it is chosen: retention (a checkpoint taken meanwhile with
     // delete_oldest) or a delete cannot take it from under the rollback.

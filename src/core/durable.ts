@@ -30,6 +30,9 @@ export interface DurableState {
  * already there is not uploaded again; deleting checkpoints drops their references, and a blob
  * nothing references is deleted from the bucket.
  */
+/** How often a wait for durability looks. */
+const DURABLE_POLL_MS = 200;
+
 export class DurableCheckpoints {
   private queue: Promise<void> = Promise.resolve();
   /** Uploads that failed, waiting for their next try: the object store may be back by then. */
@@ -55,6 +58,16 @@ export class DurableCheckpoints {
       () => true,
       () => false,
     );
+  }
+
+  /** Resolves once the checkpoint is in the object store (true), or after `ms` (false). */
+  async waitFor(checkpointId: string, ms: number): Promise<boolean> {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      if ((await this.state(checkpointId)).durable) return true;
+      if (Date.now() >= deadline || this.closed) return false;
+      await new Promise((r) => setTimeout(r, Math.min(DURABLE_POLL_MS, Math.max(0, deadline - Date.now()))));
+    }
   }
 
   async state(checkpointId: string): Promise<DurableState> {

@@ -54,6 +54,8 @@ describe('the Firecase face: {"error": {"code", "message", "details"}}', () => {
       const nodes = await call('GET', `${base}/nodes`, bearer(tenant));
       expect([nodes.status, nodes.body?.error.code]).toEqual([403, 'FORBIDDEN']);
     }
+    const notDurable = await call('GET', '/instances/inst_x/checkpoints/ckpt_y?wait=durable', bearer(owner));
+    expect([notDurable.status, notDurable.body?.error.details]).toEqual([409, { reason: 'NO_OBJECT_STORE' }]);
     const unknown = await call('GET', '/no/such/route', bearer(owner));
     expect([unknown.status, unknown.body?.error.code]).toEqual([404, 'NOT_FOUND']);
   });

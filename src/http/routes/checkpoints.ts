@@ -14,6 +14,8 @@ const WAIT_MS = 120_000;
 export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     const checkpointView = async (c: CheckpointRecord) => baseView(c, await fp.durable.state(c.id));
+    const waited = (owner: string, id: string, checkpointId: string, how: true | 'durable') =>
+      how === 'durable' ? fp.checkpoints.waitDurable(owner, id, checkpointId, WAIT_MS, fp.durable) : fp.checkpoints.wait(owner, id, checkpointId, WAIT_MS);
     const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r));
     const tags = ['checkpoints'];
     app.post('/instances/:id/checkpoints', {
@@ -24,7 +26,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         description:
           'Answers 202 with status `processing`; the work runs in the job queue (one at a time per instance). ' +
           'The instance pauses for the dump and runs on; the checkpoint becomes `ready` once its layer is on disk, or `failed` with `error` (the instance runs on as before). ' +
-          'With `?wait=true` the answer (200) comes when it is no longer processing. The body may be left out.',
+          'With `?wait=true` the answer (200) comes when it is no longer processing; with `?wait=durable`, once it is also in the object store (`durable: true`; 409 without an object store). The body may be left out.',
         params: IdParams,
         querystring: WaitQuery,
         body: optionalBody(CreateCheckpointRequest),
@@ -39,7 +41,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const b = req.body ?? {};
       const { checkpoint } = await fp.checkpoints.create(req.owner, req.params.id, { label: b.label, memory: b.memory, retention: b.retention });
       if (!req.query.wait) return reply.code(202).send(await checkpointView(checkpoint));
-      return reply.code(200).send(await checkpointView(await fp.checkpoints.wait(req.owner, req.params.id, checkpoint.id, WAIT_MS)));
+      return reply.code(200).send(await checkpointView(await waited(req.owner, req.params.id, checkpoint.id, req.query.wait)));
     });
 
     app.get('/instances/:id/checkpoints', {
@@ -62,14 +64,14 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         operationId: 'getCheckpoint',
         tags,
         summary: 'Get a checkpoint',
-        description: 'With `?wait=true`, once it is no longer processing.',
+        description: 'With `?wait=true`, once it is no longer processing; with `?wait=durable`, once it is in the object store too.',
         params: CheckpointParams,
         querystring: WaitQuery,
         response: { 200: ok('The checkpoint', Checkpoint), ...errorResponses },
       },
     }, async (req) => {
       const c = req.query.wait
-        ? await fp.checkpoints.wait(req.owner, req.params.id, req.params.checkpoint_id, WAIT_MS)
+        ? await waited(req.owner, req.params.id, req.params.checkpoint_id, req.query.wait)
         : await fp.checkpoints.get(req.owner, req.params.id, req.params.checkpoint_id);
       return checkpointView(c);
     });

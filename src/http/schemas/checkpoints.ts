@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { Env, queryBoolean } from './common.js';
+import { Env } from './common.js';
 import { Instance } from './instances.js';
 
 /** Checkpoints, rollback, fork and lineage. */
@@ -13,7 +13,12 @@ export const CreateCheckpointRequest = z
   .strict()
   .meta({ id: 'CreateCheckpointRequest', examples: [{ label: 'before' }, { label: 'files only', memory: false }] });
 
-export const WaitQuery = z.object({ wait: queryBoolean().describe('answer once the checkpoint is no longer processing') });
+export const WaitQuery = z.object({
+  wait: z
+    .preprocess((v) => (v === 'true' || v === '1' ? true : v === 'false' || v === '0' ? false : v), z.union([z.boolean(), z.literal('durable')]))
+    .optional()
+    .describe('`true`: answer once the checkpoint is no longer processing; `durable`: once it is in the object store too (409 with reason NO_OBJECT_STORE on a server without one)'),
+});
 
 export const Checkpoint = z
   .object({
