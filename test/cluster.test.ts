@@ -294,6 +294,14 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
 
   it('node A stops hard: its instance becomes lost, and recover brings it back on B from its durable checkpoint', async () => {
     await a.stop('SIGKILL');
+    // Before A counts as dead: the first forward finds it gone, and from then its instance's
+    // view comes from the store here, while what needs its sandbox answers 503 with a reason.
+    const firstView = await b.api('GET', `/instances/${inst.id}`);
+    expect([200, 503]).toContain(firstView.status);
+    const view = await b.api('GET', `/instances/${inst.id}`);
+    expect([view.status, view.body.node]).toEqual([200, 'node-a']);
+    const busy = await b.api('POST', `/instances/${inst.id}/exec`, { command: 'true' });
+    expect([busy.status, busy.body.error?.details?.reason ?? busy.body.error?.code]).toEqual([503, 'NODE_UNREACHABLE']);
     await until('the instance lost', async () => (await b.api('GET', `/instances/${inst.id}`)).body.status === 'lost', 20_000);
     const refused = await b.api('POST', `/instances/${inst.id}/exec`, { command: 'true' });
     expect(refused.status).toBe(409);

@@ -12,6 +12,9 @@ export type Placement =
   | { kind: 'node'; node: NodeRecord }
   /** Its node stopped answering: `recover` brings it back elsewhere. */
   | { kind: 'lost'; node: string | null }
+  /** Its node did not answer a forward a moment ago (not yet judged dead): reads are answered
+   * from the store, the rest refused until it answers or is lost. */
+  | { kind: 'unreachable'; node: NodeRecord }
   | { kind: 'unknown' };
 
 export interface NodeView extends NodeRecord {
@@ -44,6 +47,8 @@ export class Cluster {
   /** Since when every heartbeat of this node has reached the store. Another node's silence
    * counts only after that long: when the store was away, every node was silent alike. */
   private reachedSince: number | undefined;
+  /** Nodes a forward could not reach, until when they count as unreachable here. */
+  private readonly unreachable = new Map<string, number>();
 
   constructor(
     private readonly store: Store,
@@ -111,7 +116,15 @@ export class Cluster {
     if (rec.status === 'lost') return { kind: 'lost', node: rec.node };
     const node = await this.store.nodes.get(rec.node);
     if (!node || !this.isLive(node)) return { kind: 'lost', node: rec.node };
+    if ((this.unreachable.get(node.id) ?? 0) > Date.now()) return { kind: 'unreachable', node };
     return { kind: 'node', node };
+  }
+
+  /** A forward to the node could not connect: for a heartbeat's time, reads of its instances
+   * are answered from the store instead of waiting on it (its heartbeat decides the rest). */
+  unreachableNow(nodeId: string): void {
+    this.unreachable.set(nodeId, Date.now() + this.timing.heartbeatMs);
+    this.log.warn({ node: nodeId }, 'a node did not answer a forward; reads of its instances come from the store meanwhile');
   }
 
   /** The instance a checkpoint is of (whose node has its data), if it exists. */

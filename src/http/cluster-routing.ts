@@ -23,6 +23,18 @@ const FORWARDED = 'x-forkpoint-forwarded-by';
 const TUNNEL_CONNECT_MS = 10_000;
 /** What a lost instance still answers anywhere: its view, its deletion. */
 const ON_LOST = new Set(['GET', 'HEAD', 'DELETE']);
+/** What an instance whose node does not answer still answers here, from the store. */
+const READS = new Set(['GET', 'HEAD']);
+
+/** A forward that never reached the node (refused, timed out connecting, reset before any
+ * answer), as opposed to a node that answered with an error. */
+function isConnectFailure(err: unknown): boolean {
+  for (let e = err, depth = 0; e && depth < 5; e = (e as Error).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === 'string' && /^(ECONNREFUSED|ECONNRESET|EHOSTUNREACH|ENETUNREACH|ETIMEDOUT|UND_ERR_CONNECT_TIMEOUT|UND_ERR_SOCKET)$/.test(code)) return true;
+  }
+  return false;
+}
 
 const instanceIdOf = (req: FastifyRequest): string | undefined => {
   const params = req.params as Record<string, unknown> | undefined;
@@ -72,12 +84,16 @@ async function route(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, fo
   if (where.kind === 'lost' && !ON_LOST.has(req.method)) {
     return sendError(reply, 'CONFLICT', `instance ${id} is lost: its node stopped answering; POST /instances/${id}/recover brings it back from its newest durable checkpoint`, { node: where.node });
   }
+  if (where.kind === 'unreachable') {
+    if (READS.has(req.method)) return undefined; // from the store, here
+    return sendError(reply, 'UNAVAILABLE', `instance ${id}'s node ${where.node.id} is not answering; try again in a moment`, { node: where.node.id, reason: 'NODE_UNREACHABLE' });
+  }
   if (where.kind !== 'node') return undefined;
   if (forwarded) return sendError(reply, 'CONFLICT', `instance ${id} is on node ${where.node.id}, not this one`, { node: where.node.id });
-  return forward(req, reply, fp, where.node.url);
+  return forward(req, reply, fp, where.node.url, where.node.id);
 }
 
-function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: string): FastifyReply | undefined {
+function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: string, nodeId?: string): FastifyReply | undefined {
   if (req.headers.upgrade?.toLowerCase() === 'websocket') {
     tunnel(req, reply, fp, base);
     return reply;
@@ -88,7 +104,10 @@ function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: 
     // The host the client used goes along (a load balancer's, if one said it): URLs the other
     // node answers (preview links) name it, not this node's address.
     rewriteRequestHeaders: (_r, headers) => ({ ...headers, [FORWARDED]: fp.cluster.nodeId, 'x-forwarded-host': req.headers['x-forwarded-host'] ?? req.headers.host ?? '' }),
-    onError: (_r, { error }) => void sendError(reply, 'UNAVAILABLE', `the instance's node did not answer: ${error.message}`),
+    onError: (_r, { error }) => {
+      if (nodeId && isConnectFailure(error)) fp.cluster.unreachableNow(nodeId);
+      void sendError(reply, 'UNAVAILABLE', `the instance's node did not answer: ${error.message}`);
+    },
   });
 }
 
