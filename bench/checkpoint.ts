@@ -13,7 +13,7 @@ import { benchServer, sample, stats, table, time, type Stats } from './lib.js';
 const N = Number(process.env.BENCH_N ?? 10);
 const LARGE_MB = Number(process.env.BENCH_LARGE_MB ?? 1024);
 const s = await benchServer();
-const engine = s.fp.engine;
+const engine = s.engine;
 const layout = engine.layout;
 const rows: { name: string; stats: Stats; unit?: string; target?: string }[] = [];
 

@@ -2,12 +2,12 @@
  * Issue 3: create → first exec, and exec round trip; through HTTP, next to the same
  * operations done directly on the engine in the same run (the baseline).
  */
-import { execOnce } from '../src/engine/exec.js';
+import { execOnce } from '../src/core/process/exec-once.js';
 import { benchServer, sample, table } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 30);
 const s = await benchServer();
-const engine = s.fp.engine;
+const engine = s.engine;
 const spec = (id: string) => ({
   id,
   hostname: id.replace('_', '-'),

@@ -96,12 +96,12 @@ try {
     let t = performance.now();
     await s.api('POST', `/instances/${idle}/exec`, { command: 'true' });
     runningExec.push(performance.now() - t);
-    const before = await s.fp.engine.memoryInUse(idle);
+    const before = await s.engine.memoryInUse(idle);
     t = performance.now();
     const h = await s.api('POST', `/instances/${idle}/hibernate`);
     if (h.body.status !== 'hibernated') throw new Error(JSON.stringify(h.body));
     hib.push(performance.now() - t);
-    freedIdle.push((before - (await s.fp.engine.memoryInUse(idle))) / 2 ** 20);
+    freedIdle.push((before - (await s.engine.memoryInUse(idle))) / 2 ** 20);
     t = performance.now();
     const r = await s.api('POST', `/instances/${idle}/exec`, { command: 'true' });
     if (r.status !== 200) throw new Error(JSON.stringify(r.body));
@@ -115,11 +115,11 @@ try {
   const hibBig: number[] = [];
   const wakeBig: number[] = [];
   for (let i = 0; i < Math.max(3, N / 4); i++) {
-    const before = await s.fp.engine.memoryInUse(big);
+    const before = await s.engine.memoryInUse(big);
     let t = performance.now();
     await s.api('POST', `/instances/${big}/hibernate`);
     hibBig.push(performance.now() - t);
-    freedBig.push((before - (await s.fp.engine.memoryInUse(big))) / 2 ** 20);
+    freedBig.push((before - (await s.engine.memoryInUse(big))) / 2 ** 20);
     t = performance.now();
     await s.api('POST', `/instances/${big}/exec`, { command: 'true' });
     wakeBig.push(performance.now() - t);

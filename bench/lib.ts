@@ -4,8 +4,10 @@ import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { loadConfig } from '../src/config.js';
-import { subnetFor } from '../src/engine/network/addresses.js';
+import { subnetFor } from '../src/lib/ipv4.js';
 import { Forkpoint } from '../src/core/forkpoint.js';
+import type { Engine } from '../src/engine/engine.js';
+import { localEngine } from '../src/local.js';
 import { buildApp } from '../src/http/app.js';
 import { VERSION } from '../src/version.js';
 
@@ -54,6 +56,8 @@ export function table(title: string, rows: { name: string; stats: Stats; unit?: 
 
 export interface BenchServer {
   fp: Forkpoint;
+  /** The real engine under the core. */
+  engine: Engine;
   url: string;
   token: string;
   api<T = any>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }>;
@@ -63,7 +67,9 @@ export interface BenchServer {
 export async function benchServer(opts: { unconfined?: boolean; networking?: 'on' | 'off'; config?: Record<string, string> } = {}): Promise<BenchServer> {
   const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, ...opts.config } });
-  const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION, { unconfinedForBenchmarks: opts.unconfined ?? false });
+  const log = pino({ level: 'silent' });
+  const engine = localEngine(cfg, log, { unconfinedForBenchmarks: opts.unconfined ?? false });
+  const fp = await Forkpoint.open(cfg, log, VERSION, () => engine);
   await fp.start();
   const token = (await fp.ensureInitialToken())!;
   const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });
@@ -81,6 +87,7 @@ export async function benchServer(opts: { unconfined?: boolean; networking?: 'on
   });
   return {
     fp,
+    engine,
     url,
     token,
     async api(method, path, body) {

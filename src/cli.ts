@@ -6,13 +6,14 @@ import { join } from 'node:path';
 import { Command } from 'commander';
 import { pino } from 'pino';
 import { loadConfig, type Config } from './config.js';
-import { Forkpoint, openConfiguredStore as storeOf } from './core/forkpoint.js';
+import { openConfiguredStore as storeOf } from './core/forkpoint.js';
+import { openLocalForkpoint } from './local.js';
 import { execa } from 'execa';
 import { buildOnServer } from './cli-build.js';
 import { importImageArchive } from './engine/image-archive.js';
 import { Images } from './engine/images.js';
 import { Mounter } from './engine/overlay.js';
-import { DataLayout } from './engine/layout.js';
+import { DataLayout } from './lib/data-layout.js';
 import { buildApp, openApiDocument } from './http/app.js';
 import type { OpenApiVersion } from './http/openapi.js';
 import { VERSION } from './version.js';
@@ -58,7 +59,7 @@ program
   .action(async (o: { port?: string; host?: string; logLevel?: string }) => {
     const cfg = config({ port: o.port, host: o.host, logLevel: o.logLevel });
     const log = pino({ level: cfg.logLevel });
-    const fp = await Forkpoint.open(cfg, log, VERSION);
+    const fp = await openLocalForkpoint(cfg, log, VERSION);
     await fp.start();
     const token = await fp.ensureInitialToken();
     if (token) {
@@ -186,7 +187,7 @@ export async function openApiText(version: OpenApiVersion): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'forkpoint-openapi-'));
   try {
     const cfg = loadConfig({ env: {}, flags: { dataDir: dir } });
-    const fp = await Forkpoint.open(cfg, pino({ level: 'silent' }), VERSION);
+    const fp = await openLocalForkpoint(cfg, pino({ level: 'silent' }), VERSION);
     const text = JSON.stringify(await openApiDocument(fp, version), null, 2) + '\n';
     await fp.close();
     return text;

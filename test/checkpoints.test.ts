@@ -39,7 +39,7 @@ describe('checkpoint → change → rollback', () => {
     const ck = await checkpoint(inst.id, { label: 'calm' });
     expect(ck).toMatchObject({ status: 'ready', memory: true, label: 'calm', instance_id: inst.id });
     expect(ck.memory_bytes).toBeGreaterThan(0);
-    const atCheckpoint = Number(await s.fp.engine.layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!) && (await import('node:fs')).readFileSync(join(s.fp.engine.layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!), 'tmp/n'), 'utf8'));
+    const atCheckpoint = Number(await s.engine.layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!) && (await import('node:fs')).readFileSync(join(s.engine.layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!), 'tmp/n'), 'utf8'));
     await s.exec(inst.id, { command: 'echo changed > /root/a; rm /root/b; echo new > /root/c' });
     await s.exec(inst.id, { command: 'cd / && export MOOD=angry', session: 'main' });
     await sleep(400);
@@ -98,7 +98,7 @@ describe('checkpoint jobs', () => {
     // A warm CRIU dumps within a millisecond of the pause: a socket the host has let go of
     // but the agent has not yet closed would fail the dump ("Unix socket N not found").
     const inst = await s.instance();
-    const sb = s.fp.engine.sandbox(inst.id)!;
+    const sb = s.engine.sandbox(inst.id)!;
     const agentSockets = () =>
       readdirSync(`/proc/${sb.pid}/fd`).map((fd) => { try { return readlinkSync(`/proc/${sb.pid}/fd/${fd}`); } catch { return ''; } }).filter((l) => l.startsWith('socket:'));
     const before = new Set(agentSockets());
@@ -152,11 +152,11 @@ describe('checkpoint jobs', () => {
     await installKit(s, inst.id, await kit);
     await s.api('POST', `/instances/${inst.id}/processes`, { command: `${KIT} holdlock /root/lock` });
     await eventually(async () => (await s.exec(inst.id, { command: 'cat /proc/locks' })).stdout.includes('FLOCK'));
-    const pid = s.fp.engine.sandbox(inst.id)!.pid;
+    const pid = s.engine.sandbox(inst.id)!.pid;
     const r = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: 'doomed' });
     expect(r.body.status).toBe('failed');
     expect(r.body.error).toMatch(/criu dump failed: .*lock/i);
-    expect(s.fp.engine.sandbox(inst.id)!.pid).toBe(pid);
+    expect(s.engine.sandbox(inst.id)!.pid).toBe(pid);
     expect((await s.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
     expect((await s.exec(inst.id, { command: 'cat /root/f; grep -c FLOCK /proc/locks' })).stdout).toBe('fine\n1\n');
     expect((await s.api('GET', `/instances/${inst.id}/checkpoints`)).body.items[0].status).toBe('failed');
@@ -167,7 +167,7 @@ describe('checkpoint jobs', () => {
     await installKit(s, inst.id, await kit);
     await s.api('POST', `/instances/${inst.id}/processes`, { command: `${KIT} holdlock /root/lock` });
     await eventually(async () => (await s.exec(inst.id, { command: 'cat /proc/locks' })).stdout.includes('FLOCK'));
-    const engine = s.fp.engine;
+    const engine = s.engine;
     const real = engine.hibernate.bind(engine);
     let tries = 0;
     engine.hibernate = async (...args: Parameters<typeof engine.hibernate>) => {
@@ -238,13 +238,13 @@ describe('checkpoint jobs', () => {
   it('copies no file data: the frozen layer holds the very inode, and the disk barely grows', async () => {
     const inst = await s.instance({ name: 'bigfile' });
     await s.exec(inst.id, { command: 'head -c 67108864 /dev/urandom > /root/big', timeout_ms: 30_000 });
-    const upperFile = join(s.fp.engine.layout.upper(inst.id), 'root/big');
+    const upperFile = join(s.engine.layout.upper(inst.id), 'root/big');
     const inode = statSync(upperFile).ino;
-    const before = await s.fp.engine.diskUsage(s.dataDir);
+    const before = await s.engine.diskUsage(s.dataDir);
     const ck = await checkpoint(inst.id, { memory: false });
     const layer = (await s.fp.store.checkpoints.get(ck.id))!.layers[0]!;
-    expect(statSync(join(s.fp.engine.layout.layer(layer), 'root/big')).ino).toBe(inode);
-    const grown = (await s.fp.engine.diskUsage(s.dataDir)) - before;
+    expect(statSync(join(s.engine.layout.layer(layer), 'root/big')).ino).toBe(inode);
+    const grown = (await s.engine.diskUsage(s.dataDir)) - before;
     expect(grown).toBeLessThan(64 * 1024 * 1024 * 0.1);
     expect(ck.delta_bytes).toBeGreaterThanOrEqual(64 * 1024 * 1024);
   });
@@ -271,7 +271,7 @@ describe('fork', () => {
     later.forEach((n, i) => expect(n).toBeGreaterThan(first[i]!));
     expect((await s.exec(inst.id, { command: 'ls /root' })).stdout).toBe('base\n');
     expect(forks.every((f) => f.source_checkpoint_id === ck.id)).toBe(true);
-    const pids = forks.map((f) => s.fp.engine.sandbox(f.id)!.pid);
+    const pids = forks.map((f) => s.engine.sandbox(f.id)!.pid);
     expect(new Set(pids).size).toBe(10);
     await Promise.all(forks.map((f) => s.api('DELETE', `/instances/${f.id}`)));
   });
@@ -320,7 +320,7 @@ describe('fork', () => {
     // The original goes too; the fork still stands on the layer.
     expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);
     expect((await s.exec(fork.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
-    expect(statSync(s.fp.engine.layout.layer(layers[0]!)).isDirectory()).toBe(true);
+    expect(statSync(s.engine.layout.layer(layers[0]!)).isDirectory()).toBe(true);
     const fork2 = (await s.api('POST', `/instances/${fork.id}/fork`, {})).body;
     expect((await s.exec(fork2.id, { command: 'cat /root/p' })).stdout).toBe('payload\n');
     expect((await s.api('DELETE', `/instances/${fork.id}`)).status).toBe(204);

@@ -204,7 +204,7 @@ describe('finding 4: the agent socket cannot be swapped for another sandbox\'s o
     });
     await new Promise<void>((r) => host.listen(hostSock, r));
     try {
-      const victimSocket = `/proc/${s.fp.engine.sandbox(victim.id)!.pid}/root/.fp/agent.sock`;
+      const victimSocket = `/proc/${s.engine.sandbox(victim.id)!.pid}/root/.fp/agent.sock`;
       for (const target of [victimSocket, hostSock]) {
         const pid = (await s.api('POST', `/instances/${attacker.id}/processes`, { command: `${KIT} swap ${target} 3` })).body.process_id;
         await sleep(100);
@@ -295,7 +295,7 @@ describe('finding 7: every request ends', () => {
 
   it('an exec whose agent connection drops still answers, with the command\'s real result', async () => {
     const inst = await s.instance({ name: 'dropper' });
-    const sb = s.fp.engine.sandbox(inst.id)!;
+    const sb = s.engine.sandbox(inst.id)!;
     const pending = s.api('POST', `/instances/${inst.id}/exec`, { command: 'sleep 0.5; echo done', timeout_ms: 60_000 });
     await sleep(200);
     (sb as unknown as { client: { socket: { destroy(): void } } }).client.socket.destroy();
@@ -306,7 +306,7 @@ describe('finding 7: every request ends', () => {
 
   it('an exec on a frozen agent ends at its timeout plus a grace, not never', async () => {
     const inst = await s.instance({ name: 'frozen' });
-    const sb = s.fp.engine.sandbox(inst.id)!;
+    const sb = s.engine.sandbox(inst.id)!;
     await s.exec(inst.id, { command: 'true' });
     process.kill(sb.pid, 'SIGSTOP');
     try {

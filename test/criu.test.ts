@@ -25,10 +25,10 @@ describe('the project\'s CRIU', () => {
     const before = await s.exec(inst.id, { command: 'sleep 0.2; nc 127.0.0.1 8080 </dev/null; netstat -ltn | grep -c :8080; pidof nc' });
     const [pong, listening, listenerPid] = before.stdout.trim().split('\n');
     expect([pong, listening]).toEqual(['pong', '1']);
-    const oldPid = s.fp.engine.sandbox(inst.id)!.pid;
+    const oldPid = s.engine.sandbox(inst.id)!.pid;
     const c = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true });
     expect(c.body.status, c.body.error).toBe('ready');
-    expect(s.fp.engine.sandbox(inst.id)!.pid).not.toBe(oldPid); // it really went through dump and restore
+    expect(s.engine.sandbox(inst.id)!.pid).not.toBe(oldPid); // it really went through dump and restore
     const after = await s.exec(inst.id, { command: 'nc 127.0.0.1 8080 </dev/null; pidof nc' });
     // The same listener process, restored with its socket: same in-sandbox pid, still answering.
     expect(after.stdout).toBe(`pong\n${listenerPid}\n`);

@@ -45,9 +45,9 @@ async function durable(id: string, ckpt: string) {
 async function loseCheckpointData(instanceId: string, checkpointId: string): Promise<string> {
   expect((await s.api('POST', `/instances/${instanceId}/stop`)).status).toBe(200);
   const rec = (await s.fp.store.checkpoints.get(checkpointId))!;
-  const layerDir = s.fp.engine.layout.layer(rec.layers[0]!);
+  const layerDir = s.engine.layout.layer(rec.layers[0]!);
   await rm(layerDir, { recursive: true, force: true });
-  await rm(s.fp.engine.layout.checkpoint(checkpointId), { recursive: true, force: true });
+  await rm(s.engine.layout.checkpoint(checkpointId), { recursive: true, force: true });
   return layerDir;
 }
 

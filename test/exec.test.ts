@@ -120,7 +120,7 @@ describe('background processes', () => {
   });
 
   it('the agent inside the sandbox stays small', async () => {
-    const sb = s.fp.engine.sandbox(id)!;
+    const sb = s.engine.sandbox(id)!;
     const status = await readFile(`/proc/${sb.pid}/status`, 'utf8');
     const rssKb = Number(/VmRSS:\s+(\d+)/.exec(status)![1]);
     expect(rssKb).toBeLessThan(8 * 1024);

@@ -303,7 +303,7 @@ describe('image archives', () => {
   it('a docker save archive and an OCI layout (two layers, a whiteout, an opaque directory) import with their config', async () => {
     const dir = join(work, 'save');
     await mkdir(dir);
-    const tarball = await dockerSave(dir, s.fp.images.path('default'));
+    const tarball = await dockerSave(dir, s.engine.images.path('default'));
     const r = await execa(process.execPath, [CLI, 'image', 'import', 'saved', tarball], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir }, reject: false });
     expect(r.stderr).toContain('imported saved (2 layers)');
     expect(r.exitCode).toBe(0);
@@ -321,7 +321,7 @@ describe('image archives', () => {
     expect((await sh(inst2.id, 'pwd; echo $FROM_IMAGE; ls /etc/app /old')).stdout).toBe('/etc/app\nyes\n/etc/app:\nkeep.txt\nnew.txt\n\n/old:\nb.txt\n');
     await s.api('DELETE', `/instances/${inst2.id}`);
     // No whiteout and no import leftovers stay.
-    expect((await execa('find', [s.fp.images.path(''), '-maxdepth', '1', '-name', '.import-*'])).stdout).toBe('');
+    expect((await execa('find', [s.engine.images.path(''), '-maxdepth', '1', '-name', '.import-*'])).stdout).toBe('');
     expect((await overlaysUnder(s.dataDir)).filter((m) => m.includes('/images/'))).toEqual([]);
   });
 });
@@ -371,7 +371,7 @@ describe('attacks through builds, archives and templates', () => {
     const l1 = join(dir, 'l1');
     const l2 = join(dir, 'l2');
     const out = join(dir, 'out2');
-    await execa('cp', ['-a', s.fp.images.path('default'), l1]);
+    await execa('cp', ['-a', s.engine.images.path('default'), l1]);
     await symlink(target, join(l1, 'evil'));
     await mkdir(join(l2, 'evil'), { recursive: true });
     await writeFile(join(l2, 'evil', 'pwned'), 'written through a link?\n');

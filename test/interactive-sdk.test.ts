@@ -157,14 +157,14 @@ describe('the published @opencomputer/sdk, interactively', () => {
     await sleep(500);
     const before = Number((await sb.exec.run('cat /tmp/counter')).stdout);
     expect(before).toBeGreaterThan(3);
-    const memoryBefore = await s.fp.engine.memoryInUse(sb.sandboxId);
+    const memoryBefore = await s.engine.memoryInUse(sb.sandboxId);
     expect(memoryBefore).toBeGreaterThan(0);
     await sb.hibernate();
     const rec = (await s.fp.store.instances.get(sb.sandboxId))!;
     expect(rec.status).toBe('hibernated');
-    expect(s.fp.engine.sandbox(sb.sandboxId)).toBeUndefined(); // no process left of it
+    expect(s.engine.sandbox(sb.sandboxId)).toBeUndefined(); // no process left of it
     expect((await Sandbox.connect(sb.sandboxId, opts)).status).toBe('hibernated');
-    expect(await s.fp.engine.memoryInUse(sb.sandboxId)).toBe(0); // its cgroup is gone with it
+    expect(await s.engine.memoryInUse(sb.sandboxId)).toBe(0); // its cgroup is gone with it
     await sb.wake();
     expect((await Sandbox.connect(sb.sandboxId, opts)).status).toBe('running');
     const after = Number((await sb.exec.run('cat /tmp/counter')).stdout);

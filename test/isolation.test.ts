@@ -74,8 +74,8 @@ describe('isolation', () => {
   it.runIf(s_cgroupV1())('opens only the standard devices, even ones an image carries', async () => {
     // An image made (or imported) on the host may hold any device node: here the host's
     // console, which root in the sandbox could otherwise open for writing.
-    const image = s.fp.engine.layout.image('withdev');
-    await execa('cp', ['-a', s.fp.engine.layout.image('default'), image]);
+    const image = s.engine.layout.image('withdev');
+    await execa('cp', ['-a', s.engine.layout.image('default'), image]);
     await execa('mknod', [join(image, 'console'), 'c', '5', '1']);
     const inst = await s.instance({ image: 'withdev' });
     const probe = 'true >/console; echo console=$?; true >/dev/null; echo null=$?; head -c 4 /dev/urandom | wc -c';
@@ -119,9 +119,9 @@ describe('the host is never reached through the sandbox\'s own files', () => {
 describe('resource limits', () => {
   it('a fork bomb is stopped by the pids limit and the server stays up', async () => {
     const bomb = await s.instance({ name: 'bomb', limits: { pids: 64 } });
-    const pid = s.fp.engine.sandbox(bomb.id)!.pid;
+    const pid = s.engine.sandbox(bomb.id)!.pid;
     await s.exec(bomb.id, { command: 'b() { b | b & }; b; sleep 3', timeout_ms: 3000 });
-    expect((await s.fp.engine.cgroups.events(bomb.id)).pidsRefused).toBeGreaterThan(0);
+    expect((await s.engine.cgroups.events(bomb.id)).pidsRefused).toBeGreaterThan(0);
     expect((await s.api('GET', '/healthz', undefined, {})).status).toBe(200);
     expect((await s.exec(a, { command: 'echo alive' })).stdout).toBe('alive\n');
     expect((await s.api('DELETE', `/instances/${bomb.id}`)).status).toBe(204);
@@ -135,7 +135,7 @@ describe('resource limits', () => {
     expect(r.exit_code).not.toBe(0);
     expect((await s.exec(hog.id, { command: 'echo still here' })).stdout).toBe('still here\n');
     expect((await s.api('GET', '/healthz', undefined, {})).status).toBe(200);
-    const events = await s.fp.engine.cgroups.events(hog.id);
+    const events = await s.engine.cgroups.events(hog.id);
     expect(events.oomKills).toBeGreaterThan(0);
   });
 });

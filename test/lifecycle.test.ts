@@ -30,11 +30,11 @@ describe('instance lifecycle', () => {
     const inst = await s.instance({ name: 'stopper' });
     await s.exec(inst.id, { command: 'echo kept > /root/file' });
     await s.api('POST', `/instances/${inst.id}/processes`, { command: 'exec sleep 999' });
-    const pid = s.fp.engine.sandbox(inst.id)!.pid;
+    const pid = s.engine.sandbox(inst.id)!.pid;
     const stopped = await s.api('POST', `/instances/${inst.id}/stop`);
     expect(stopped.body.status).toBe('stopped');
     expect(alive(pid)).toBe(false);
-    expect(await overlaysUnder(s.fp.engine.layout.instance(inst.id))).toEqual([]);
+    expect(await overlaysUnder(s.engine.layout.instance(inst.id))).toEqual([]);
     expect((await s.api('POST', `/instances/${inst.id}/exec`, { command: 'true' })).body.error.code).toBe('CONFLICT');
     const started = await s.api('POST', `/instances/${inst.id}/start`);
     expect(started.body.status).toBe('running');
@@ -44,8 +44,8 @@ describe('instance lifecycle', () => {
   it('delete leaves no process, no mount and no disk', async () => {
     const inst = await s.instance({ name: 'doomed' });
     await s.api('POST', `/instances/${inst.id}/processes`, { command: 'exec sleep 999' });
-    const pid = s.fp.engine.sandbox(inst.id)!.pid;
-    const dir = s.fp.engine.layout.instance(inst.id);
+    const pid = s.engine.sandbox(inst.id)!.pid;
+    const dir = s.engine.layout.instance(inst.id);
     expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);
     expect(alive(pid)).toBe(false);
     expect(await overlaysUnder(dir)).toEqual([]);
@@ -67,7 +67,7 @@ describe('instance lifecycle', () => {
 describe('images', () => {
   it('a rootfs tarball imported as a named image boots', async () => {
     const tarball = join(s.dataDir, 'rootfs.tar.gz');
-    await execa('tar', ['-czf', tarball, '-C', s.fp.engine.layout.image('default'), '.']);
+    await execa('tar', ['-czf', tarball, '-C', s.engine.layout.image('default'), '.']);
     await execa(process.execPath, [CLI, 'image', 'import', 'imported', tarball], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir } });
     const inst = await s.instance({ name: 'from-tar', image: 'imported' });
     expect(inst.image).toBe('imported');

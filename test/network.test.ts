@@ -4,7 +4,7 @@ import { readFile } from 'node:fs/promises';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { subnetFor } from '../src/engine/network/addresses.js';
+import { subnetFor } from '../src/lib/ipv4.js';
 import { startServer, type TestServer } from './helpers/server.js';
 import { startTestHost, type TestHost } from './helpers/testhost.js';
 import { buildAttackKit, installKit, KIT } from './helpers/attack-kit.js';
@@ -398,7 +398,7 @@ describe('a sandbox sends only as itself', () => {
       const theirs = victim.network.address as string;
       // As the victim (whose policy lets it reach the test host), and as the gateway.
       expect((await sh(spoofer.id, `${KIT} spoofudp ${theirs} ${net.address} 9999 SPOOFED-${tag}`)).stdout).toMatch(/spoofudp: (ok|refused)/);
-      await sh(spoofer.id, `${KIT} spoofudp ${s.fp.engine.network.gateway} ${net.address} 9999 GATEWAY-${tag}`);
+      await sh(spoofer.id, `${KIT} spoofudp ${s.engine.network.gateway} ${net.address} 9999 GATEWAY-${tag}`);
       // The victim's own datagram arrives (masqueraded, as all traffic out): the path works, and
       // the log is read after it.
       expect((await sh(victim.id, `${KIT} spoofudp ${theirs} ${net.address} 9999 GENUINE-${tag}`)).stdout).toMatch(/spoofudp: ok/);

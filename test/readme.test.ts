@@ -75,7 +75,7 @@ describe('README', () => {
     expect(outputs).toHaveLength(steps.length);
     if (process.env.UPDATE_README) {
       // Addresses as a server on the default subnet (10.88.0.0/16) would give them.
-      const subnet = s.fp.engine.network.gateway.replace(/\.1$/, '.');
+      const subnet = s.engine.network.gateway.replace(/\.1$/, '.');
       const body = steps.map((st, i) => [`$ ${st.command}`, ...(outputs[i] ? [outputs[i]!.replaceAll(subnet, '10.88.0.')] : [])].join('\n')).join('\n');
       await writeFile(README, readme.slice(0, from) + body + readme.slice(to));
       return;

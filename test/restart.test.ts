@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterEach, describe, expect, it } from 'vitest';
-import { subnetFor } from '../src/engine/network/addresses.js';
+import { subnetFor } from '../src/lib/ipv4.js';
 import { ChildServer } from './helpers/child-server.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;

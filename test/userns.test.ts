@@ -43,7 +43,7 @@ function hostIds(pid: number): number[] {
 
 /** Every host pid in the sandbox's pid namespace (its PID 1's). */
 function processesOf(id: string): number[] {
-  const init = s.fp.engine.sandbox(id)?.pid;
+  const init = s.engine.sandbox(id)?.pid;
   if (!init) throw new Error(`${id} is not running here`);
   const ns = readlinkSync(`/proc/${init}/ns/pid`);
   const pids: number[] = [];
@@ -75,7 +75,7 @@ describe('user namespaces, from inside and from the host', () => {
     expect(base).toBeGreaterThanOrEqual(s.fp.config.uidRangeStart);
     const maps = (await sh(inst.id, 'cat /proc/self/uid_map /proc/self/gid_map; id -u')).stdout.trim().split('\n').map((l: string) => l.trim().split(/\s+/).join(' '));
     expect(maps).toEqual([`0 ${base} ${RANGE}`, `0 ${base} ${RANGE}`, '0']);
-    expect(hostIds(s.fp.engine.sandbox(inst.id)!.pid)).toEqual(Array(8).fill(base));
+    expect(hostIds(s.engine.sandbox(inst.id)!.pid)).toEqual(Array(8).fill(base));
     expect((await s.api('GET', '/healthz')).body.engine.user_namespaces).toBe('on');
   });
 
@@ -139,7 +139,7 @@ describe('user namespaces, from inside and from the host', () => {
       expect(new Set(bases).size).toBe(live.size);
     }
     for (const id of live) {
-      expect(hostIds(s.fp.engine.sandbox(id)!.pid)[0]).toBe(await baseOf(id));
+      expect(hostIds(s.engine.sandbox(id)!.pid)[0]).toBe(await baseOf(id));
       if (id !== source.id) await s.api('DELETE', `/instances/${id}`);
     }
   });
@@ -148,8 +148,8 @@ describe('user namespaces, from inside and from the host', () => {
     const inst = await s.instance({ name: 'owners' });
     const base = await baseOf(inst.id);
     await sh(inst.id, 'echo x > /root/by-root; echo y > /tmp/by-user; chown 1000:1000 /tmp/by-user');
-    const upper = s.fp.engine.disk.upperOf(inst.id);
-    const merged = s.fp.engine.layout.merged(inst.id);
+    const upper = s.engine.disk.upperOf(inst.id);
+    const merged = s.engine.layout.merged(inst.id);
     expect([statSync(join(upper, 'root/by-root')).uid, statSync(join(upper, 'tmp/by-user')).uid]).toEqual([0, 1000]);
     expect([statSync(join(merged, 'root/by-root')).uid, statSync(join(merged, 'tmp/by-user')).uid]).toEqual([base, base + 1000]);
     // the image's own files too: canonical on disk, the range's through the overlay
@@ -204,7 +204,7 @@ describe('user namespaces, from inside and from the host', () => {
     const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
     const fork = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body;
     expect(fork.user_namespace).toBe(false);
-    expect(hostIds(s.fp.engine.sandbox(fork.id)!.pid)[0]).toBe(0);
+    expect(hostIds(s.engine.sandbox(fork.id)!.pid)[0]).toBe(0);
   });
 });
 
@@ -270,7 +270,7 @@ describe('uid ranges run out, and a server that holds capabilities', () => {
 describe('memory limits', () => {
   it('bound swap too: memory and swap together no more than the memory limit (cgroup v1), no swap (v2)', async () => {
     const inst = await s.instance({ name: 'noswap', limits: { memory_mb: 96 } });
-    const lines = readFileSync(`/proc/${s.fp.engine.sandbox(inst.id)!.pid}/cgroup`, 'utf8').split('\n');
+    const lines = readFileSync(`/proc/${s.engine.sandbox(inst.id)!.pid}/cgroup`, 'utf8').split('\n');
     const v1 = lines.find((l) => /^\d+:memory:/.test(l));
     if (v1) {
       const dir = join('/sys/fs/cgroup/memory', v1.split(':')[2]!);

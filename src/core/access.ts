@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { Sandbox } from '../engine/sandbox.js';
+import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import { Backoff } from '../lib/backoff.js';
@@ -32,7 +32,7 @@ export class SandboxAccess {
   ) {}
 
   /** The running sandbox, waking the instance if it hibernates. */
-  async sandbox(owner: string, id: string): Promise<{ sb: Sandbox; rec: InstanceRecord }> {
+  async sandbox(owner: string, id: string): Promise<{ sb: SandboxHandle; rec: InstanceRecord }> {
     let rec = await this.instances.get(owner, id);
     if (rec.status === 'hibernated') rec = await this.instances.wake(owner, id);
     const sb = this.instances.live(id);
@@ -43,7 +43,7 @@ export class SandboxAccess {
 
   /** Runs `fn` on the running sandbox, as activity for as long as it takes; engine and agent
    * failures come out as API errors. */
-  async use<T>(owner: string, id: string, fn: (sb: Sandbox, rec: InstanceRecord) => Promise<T>): Promise<T> {
+  async use<T>(owner: string, id: string, fn: (sb: SandboxHandle, rec: InstanceRecord) => Promise<T>): Promise<T> {
     const release = this.lease(id);
     try {
       const { sb, rec } = await this.sandbox(owner, id);

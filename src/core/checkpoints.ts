@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { SandboxRuntime } from '../engine/runtime.js';
+import type { SandboxRuntime } from '../seam/runtime.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';

@@ -1,11 +1,11 @@
 import type { Logger } from 'pino';
-import type { AgentProcessInfo } from '../engine/agent/frames.js';
-import { EngineError } from '../engine/errors.js';
-import { execOnce, type ExecResult } from '../engine/exec.js';
-import { Output } from '../engine/output.js';
-import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from '../engine/processes.js';
-import type { Sandbox } from '../engine/sandbox.js';
-import { SessionRegistry, ShellSession } from '../engine/session.js';
+import type { AgentProcessInfo } from '../seam/agent.js';
+import { EngineError } from '../seam/errors.js';
+import { execOnce, type ExecResult } from './process/exec-once.js';
+import { Output } from '../lib/output.js';
+import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from './process/background.js';
+import type { SandboxHandle } from '../seam/sandbox.js';
+import { SessionRegistry, ShellSession } from './process/shell-session.js';
 import type { InstanceRecord } from '../store/instances.js';
 import type { SandboxAccess } from './access.js';
 import { NotFoundError } from './errors.js';
@@ -79,7 +79,7 @@ export class CommandService {
 
   /** The named shell session, found again after a restore or a restart from the registry
    * the sandbox keeps in its own filesystem (so it travels with checkpoints and forks). */
-  private async session(rec: InstanceRecord, sb: Sandbox, name: string): Promise<ShellSession> {
+  private async session(rec: InstanceRecord, sb: SandboxHandle, name: string): Promise<ShellSession> {
     let byName = this.sessions.get(rec.id);
     if (!byName) this.sessions.set(rec.id, (byName = new Map()));
     const known = byName.get(name);

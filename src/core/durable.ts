@@ -6,7 +6,7 @@ import { Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createGunzip, createGzip } from 'node:zlib';
 import type { Logger } from 'pino';
-import type { SandboxRuntime } from '../engine/runtime.js';
+import type { SandboxRuntime } from '../seam/runtime.js';
 import type { DurableManifest } from '../store/durable.js';
 import type { Store } from '../store/index.js';
 import { isObjectStoreAway, type ObjectStore } from '../store/object-store.js';

@@ -1,5 +1,5 @@
-import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from '../engine/agent/errors.js';
-import { EngineError } from '../engine/errors.js';
+import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from '../seam/errors.js';
+import { EngineError } from '../seam/errors.js';
 import { ConflictError, ForkpointError, InsufficientStorageError, InvalidRequestError, isNoSpace, UnavailableError } from './errors.js';
 
 /** What an engine or agent failure means to an API caller. Anything not recognised is passed

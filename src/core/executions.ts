@@ -1,9 +1,9 @@
 import type { Logger } from 'pino';
-import { AgentClient, type ProcessListener } from '../engine/agent/client.js';
-import type { AgentProcessInfo } from '../engine/agent/frames.js';
-import { Output } from '../engine/output.js';
-import { readOutput } from '../engine/processes.js';
-import type { Sandbox } from '../engine/sandbox.js';
+import { newProcessId, type ProcessListener } from '../seam/agent.js';
+import type { AgentProcessInfo } from '../seam/agent.js';
+import { Output } from '../lib/output.js';
+import { readOutput } from './process/background.js';
+import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
 import type { ExecutionKind, ExecutionRecord } from '../store/executions.js';
 import type { InstanceRecord, Page } from '../store/instances.js';
@@ -128,7 +128,7 @@ export class ExecutionService {
     if (input.argv.length === 0 || !input.argv[0]) throw new InvalidRequestError('the command is empty');
     if (input.pty) checkTerminalSize(input.pty.rows, input.pty.cols);
     return this.access.use(owner, id, async (sb, rec) => {
-      const processId = AgentClient.newProcessId();
+      const processId = newProcessId();
       const record: ExecutionRecord = {
         instanceId: id,
         id: execIdOf(processId),
@@ -240,7 +240,7 @@ export class ExecutionService {
     w.collected?.stderr.dispose();
   }
 
-  private armOrphanTimer(w: Watch, sb: Sandbox): void {
+  private armOrphanTimer(w: Watch, sb: SandboxHandle): void {
     clearTimeout(w.orphanTimer);
     w.orphanTimer = undefined;
     if (w.ended || w.maxRunAfterDisconnectMs === undefined || (this.attached.get(key(w.instanceId, w.record.id)) ?? 0) > 0) return;
@@ -248,7 +248,7 @@ export class ExecutionService {
   }
 
   /** Kills a process from a timer: one gone already (its sandbox too) needs nothing more. */
-  private async kill(sb: Sandbox, processId: number): Promise<void> {
+  private async kill(sb: SandboxHandle, processId: number): Promise<void> {
     await sb.agent().then((a) => a.signal(processId, SIGKILL)).catch(() => {});
   }
 
@@ -391,7 +391,7 @@ export class ExecutionService {
     this.attached.set(k, (this.attached.get(k) ?? 0) + 1);
     const w = this.watches.get(k);
     if (w) clearTimeout(w.orphanTimer);
-    let sb: Sandbox;
+    let sb: SandboxHandle;
     try {
       ({ sb } = await this.access.sandbox(owner, id));
       sub = await sb.subscribe(

@@ -1,10 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { Logger } from 'pino';
-import { AgentError, type AgentClient } from '../engine/agent/client.js';
-import type { DirEntry, FileStat } from '../engine/agent/frames.js';
-import { ENOENT } from '../engine/agent/protocol.js';
-import type { Sandbox } from '../engine/sandbox.js';
+import { ENOENT, type AgentPort, type DirEntry, type FileStat } from '../seam/agent.js';
+import { AgentError } from '../seam/errors.js';
+import type { SandboxHandle } from '../seam/sandbox.js';
 import { engineFailure } from './engine-failure.js';
 import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
 import type { SandboxAccess } from './access.js';
@@ -34,7 +33,7 @@ export class FileService {
   }
 
   /** Runs one file operation on the instance's agent, with agent errors as API errors. */
-  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentClient, path: string, sb: Sandbox) => Promise<T>): Promise<T> {
+  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentPort, path: string, sb: SandboxHandle) => Promise<T>): Promise<T> {
     const p = this.path(path);
     try {
       const { sb } = await this.access.sandbox(owner, id);

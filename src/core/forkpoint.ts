@@ -1,11 +1,9 @@
-import { existsSync } from 'node:fs';
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
-import { Engine, type EngineOptions } from '../engine/engine.js';
-import { DataLayout } from '../engine/layout.js';
-import { Images } from '../engine/images.js';
+import { DataLayout } from '../lib/data-layout.js';
+import type { SandboxRuntime, SystemImages } from '../seam/runtime.js';
 import { openStore, type Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import { SandboxAccess } from './access.js';
@@ -69,11 +67,11 @@ const NETWORK_LOCKS = '/run/forkpoint/networks';
 /** The core: store, engine and services, wired once. Routes talk to this and nothing below. */
 export class Forkpoint {
   readonly store: Store;
-  /** The machine's sandboxes (the composition root holds the local engine itself). */
-  readonly engine: Engine;
+  /** The machine's sandboxes, through the engine seam (the composition root made it). */
+  readonly engine: SandboxRuntime;
   /** Where this server's files are: its database, tokens, secrets, spill and contexts. */
   readonly layout: DataLayout;
-  readonly images: Images;
+  readonly images: SystemImages;
   /** The images an owner can use: system rootfs directories and built ones. */
   readonly catalog: ImageCatalog;
   readonly instances: InstanceService;
@@ -115,21 +113,12 @@ export class Forkpoint {
     readonly version: string,
     store: Store,
     nodeId: string,
-    engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {},
+    runtime: SandboxRuntime,
   ) {
-    this.engine = new Engine({
-      dataDir: config.dataDir,
-      criuPath: config.criuPath,
-      criuCacheDir: config.criuCacheDir,
-      agentPath: config.agentPath,
-      logger: log,
-      network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(',') },
-      uidRanges: config.uidRanges,
-      ...engineOverrides,
-    });
-    this.layout = this.engine.layout;
+    this.engine = runtime;
+    this.layout = new DataLayout(config.dataDir);
     this.store = store;
-    this.images = new Images(this.layout.images);
+    this.images = runtime.images;
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
@@ -176,12 +165,14 @@ export class Forkpoint {
     this.bundled = new BundledTemplates(this.builds, this.templates, log);
   }
 
-  static async open(config: Config, log: Logger, version: string, engineOverrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
+  /** Opens the store and wires the services over the runtime `makeRuntime` makes (the local
+   * engine: src/local.ts; a fake one in the unit tests). */
+  static async open(config: Config, log: Logger, version: string, makeRuntime: () => SandboxRuntime): Promise<Forkpoint> {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
     const nodeId = await nodeIdOf(config.nodeId, new DataLayout(config.dataDir).nodeIdFile);
     const store = await openConfiguredStore(config, log);
     try {
-      return new Forkpoint(config, log, version, store, nodeId, engineOverrides);
+      return new Forkpoint(config, log, version, store, nodeId, makeRuntime());
     } catch (err) {
       await store.close();
       throw err;
@@ -275,13 +266,9 @@ export class Forkpoint {
   }
 
   async health(): Promise<HealthReport> {
-    const { criu, cgroups } = await this.engine.health();
-    const overlay = await readFile('/proc/filesystems', 'utf8')
-      .then((t) => /\toverlay$/m.test(t))
-      .catch(() => false);
-    const root = process.getuid?.() === 0;
+    const { criu, cgroups, overlay, root, agent } = await this.engine.health();
     return {
-      ok: criu.ok && overlay && root && existsSync(this.config.agentPath),
+      ok: criu.ok && overlay && root && agent,
       version: this.version,
       engine: {
         criu: { path: this.config.criuPath, version: criu.version, ok: criu.ok },

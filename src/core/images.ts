@@ -1,4 +1,4 @@
-import type { Images } from '../engine/images.js';
+import type { SystemImages } from '../seam/runtime.js';
 import type { Store } from '../store/index.js';
 import { EMPTY_CONFIG, imageHolder, type BuiltImageRecord, type ImageConfig } from '../store/images.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from './errors.js';
@@ -28,7 +28,7 @@ export interface ImageView {
 export class ImageCatalog {
   constructor(
     private readonly store: Store,
-    private readonly dirs: Images,
+    private readonly dirs: SystemImages,
   ) {}
 
   async resolve(owner: string, name: string): Promise<ResolvedImage> {

@@ -2,15 +2,15 @@ import { UidRangePool } from './uid-ranges.js';
 import { checkAgainstHost, checkOwnerQuota, hostCapacity, ownerQuotaOf, type HostCapacity, type OwnerUsage } from './quotas.js';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
-import type { SandboxSpec } from '../engine/engine.js';
-import type { SandboxRuntime } from '../engine/runtime.js';
-import type { Sandbox } from '../engine/sandbox.js';
+import type { SandboxSpec } from '../seam/runtime.js';
+import type { SandboxRuntime } from '../seam/runtime.js';
+import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { InstancePatch, InstanceRecord, Limits, Page } from '../store/instances.js';
 import { Lifecycle } from './lifecycle.js';
-import { DEFAULT_POLICY, parseEntry, type EgressPolicy } from '../engine/network/index.js';
-import { macOf } from '../engine/network/addresses.js';
+import { DEFAULT_POLICY, parseEntry, type EgressPolicy } from '../lib/egress-policy.js';
+import { macOf } from '../lib/ipv4.js';
 import { engineFailure } from './engine-failure.js';
 import type { EventBus } from './events.js';
 import type { ImageCatalog, ResolvedImage } from './images.js';
@@ -315,7 +315,7 @@ export class InstanceService {
   }
 
   /** Marks the record as running on the given sandbox, restored (or woken) in its place. */
-  running(id: string, sb: Sandbox, patch: InstancePatch = {}, how: 'restore' | 'wake' = 'restore'): Promise<InstanceRecord> {
+  running(id: string, sb: SandboxHandle, patch: InstancePatch = {}, how: 'restore' | 'wake' = 'restore'): Promise<InstanceRecord> {
     return this.lifecycle.move(id, how, { ...patch, pid: sb.pid, pidStart: sb.startTime, error: null });
   }
 
@@ -419,7 +419,7 @@ export class InstanceService {
   }
 
   /** The live sandbox of the instance, if it runs (SandboxAccess is how services reach it). */
-  live(id: string): Sandbox | undefined {
+  live(id: string): SandboxHandle | undefined {
     return this.engine.sandbox(id);
   }
 
@@ -523,7 +523,7 @@ export class InstanceService {
       const rec = (await this.store.instances.get(id))!;
       if (rec.status !== 'hibernated' || !rec.hibernationId) return rec;
       const t = performance.now();
-      let sb: Sandbox;
+      let sb: SandboxHandle;
       try {
         sb = await this.engine.restore(this.spec(rec), rec.hibernationId, { setHostname: false, connections: 'restore' });
       } catch (err) {

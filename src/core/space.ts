@@ -1,4 +1,4 @@
-import type { SandboxRuntime } from '../engine/runtime.js';
+import type { SandboxRuntime } from '../seam/runtime.js';
 import { InsufficientStorageError } from './errors.js';
 
 /** Room kept free under the data directory for the store, logs and the first writes of new

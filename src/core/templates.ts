@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { IMAGE_NAME } from '../engine/images.js';
+import { IMAGE_NAME } from '../seam/runtime.js';
 import type { Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import { templateOwner, type TemplateRecord } from '../store/templates.js';

@@ -1,13 +1,10 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
+import type { ResourceLimits } from '../seam/runtime.js';
 
-export interface ResourceLimits {
-  memoryMb: number;
-  pids: number;
-  cpuPercent: number;
-}
+export type { ResourceLimits } from '../seam/runtime.js';
 
 const ROOT = '/sys/fs/cgroup';
 const CPU_PERIOD_US = 100_000;

@@ -1,6 +1,6 @@
 import type { Readable, Writable } from 'node:stream';
 import protobuf from 'protobufjs';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 
 /** The part of CRIU's RPC messages (images/rpc.proto, proto2) forkpoint sends and reads;
  * the field numbers are CRIU's. */
@@ -45,10 +45,9 @@ const CLONE_NEWNET = 0x40000000;
  * nothing but the sandbox's own sockets live in it. */
 const NETWORK_LOCK = { NFTABLES: 2, SKIP: 3 } as const;
 
-/** What a restore does with the TCP connections in the image: bring them back (the same
- * instance, at the moment it was dumped: a wake) or restore them closed (a rollback to an older
- * moment, a fork: the peer knows nothing of them). */
-export type Connections = 'restore' | 'close';
+import type { Connections } from '../seam/runtime.js';
+
+export type { Connections } from '../seam/runtime.js';
 
 /** Deadlines: a relay's own requests are a few syscalls; CRIU starting up may wait for a busy
  * machine; a dump or restore grows with the sandbox's memory (~2 ms per MiB here). */

@@ -3,11 +3,11 @@ import { readdir, rm } from 'node:fs/promises';
 import { join, relative, resolve } from 'node:path';
 import type { Readable } from 'node:stream';
 import { diskUsage } from './disk-usage.js';
-import type { SandboxSpec } from './engine.js';
-import type { DataLayout } from './layout.js';
+import type { SandboxSpec } from '../seam/runtime.js';
+import type { DataLayout } from '../lib/data-layout.js';
 import { packTree, unpackTree } from './pack.js';
 import { run } from './run.js';
-import type { NodeDisk } from './runtime.js';
+import type { NodeDisk } from '../seam/runtime.js';
 import type { Volumes } from './volumes.js';
 
 // What the core names layers and checkpoints (store/ids.ts); anything else in their directories

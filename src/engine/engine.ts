@@ -1,17 +1,18 @@
-import { mkdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, rmSync } from 'node:fs';
 import { mkdir, readFile, rm, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
 import { Criu, lastError, tail } from './criu.js';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 import { isAlive, isAliveSync, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
 import { RestorerPool, type Restorer } from './restorers.js';
-import { DataLayout } from './layout.js';
+import { DataLayout } from '../lib/data-layout.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { Volumes } from './volumes.js';
+import { Images } from './images.js';
 import { imagesForRange } from './userns-image.js';
 import { raiseInotifyCeilings } from './kernel-limits.js';
 import { Disk } from './disk.js';
@@ -21,7 +22,7 @@ import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
-import type { RuntimeHealth, SandboxRuntime } from './runtime.js';
+import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec } from '../seam/runtime.js';
 
 import { Network, type SandboxNetwork } from './network/index.js';
 
@@ -41,31 +42,7 @@ export interface EngineOptions {
   uidRanges: number;
 }
 
-/** What the engine needs to know of an instance to run it. */
-export interface SandboxSpec {
-  id: string;
-  hostname: string;
-  image: string;
-  /** Frozen layers under the upper, newest first. */
-  layers: string[];
-  /** The oldest layer is a squashed full root: the image does not go under it. */
-  baseLayer: boolean;
-  agentLayer: string;
-  limits: ResourceLimits;
-  /** A size limit on everything the instance writes (volumes.ts); null: none. */
-  diskMb: number | null;
-  /** Its address on the sandboxes' network; null: only loopback. */
-  network: SandboxNetwork | null;
-  /** The first host uid (and gid) of its range: its ids 0..65535 are the host's
-   * uidBase..uidBase+65535, in a user namespace of its own. null: none (the host's ids). */
-  uidBase: number | null;
-}
-
-export interface FreezeResult {
-  layerId: string;
-  /** The pause the sandbox saw, dump to first answer, in ms. */
-  pauseMs: number;
-}
+export type { FreezeResult, SandboxSpec } from '../seam/runtime.js';
 
 interface PreparedRestore {
   imagesFd: number;
@@ -80,6 +57,7 @@ export class Engine implements SandboxRuntime {
   readonly criu: Criu;
   readonly cgroups = new Cgroups();
   readonly network: Network;
+  readonly images: Images;
   private readonly volumes: Volumes;
   /** Uppers, layers and memory images on this node's disk. */
   readonly disk: Disk;
@@ -90,6 +68,7 @@ export class Engine implements SandboxRuntime {
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
+    this.images = new Images(this.layout.images);
     this.volumes = new Volumes(this.layout.volumes);
     this.disk = new Disk(this.layout, this.volumes, opts.agentPath);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
@@ -563,7 +542,16 @@ export class Engine implements SandboxRuntime {
 
   async health(): Promise<RuntimeHealth> {
     const criu = await this.criu.version().catch(() => undefined);
-    return { criu: { version: criu?.version ?? null, ok: Boolean(criu?.ok) }, cgroups: this.cgroups.version };
+    const overlay = await readFile('/proc/filesystems', 'utf8')
+      .then((t) => /\toverlay$/m.test(t))
+      .catch(() => false);
+    return {
+      criu: { version: criu?.version ?? null, ok: Boolean(criu?.ok) },
+      cgroups: this.cgroups.version,
+      overlay,
+      root: process.getuid?.() === 0,
+      agent: existsSync(this.opts.agentPath),
+    };
   }
 
   /** Bytes free for forkpoint under the data directory. */

@@ -3,7 +3,7 @@ import { join, normalize } from 'node:path';
 import { execa } from 'execa';
 import { z } from 'zod';
 import { ArchiveRefusedError, checkArchive, type ArchiveBounds } from '../lib/archive-bounds.js';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type Images } from './images.js';
 import type { Mounter } from './overlay.js';
 

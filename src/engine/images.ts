@@ -3,24 +3,13 @@ import { mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 
-/** What an image says about the instances made from it (Dockerfile ENV, WORKDIR, USER, CMD...). */
-export interface ImageConfig {
-  env: Record<string, string>;
-  workdir: string | null;
-  user: string | null;
-  cmd: string[] | null;
-  entrypoint: string[] | null;
-  labels: Record<string, string>;
-  exposedPorts: number[];
-}
+import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type SystemImages } from '../seam/runtime.js';
 
-export const EMPTY_IMAGE_CONFIG: ImageConfig = { env: {}, workdir: null, user: null, cmd: null, entrypoint: null, labels: {}, exposedPorts: [] };
-
-export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+export { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig } from '../seam/runtime.js';
 
 /** Read-only rootfs trees, one directory per image. An image is a lower layer of every
  * instance on it, so it is never changed in place: a re-import is a new name. */
-export class Images {
+export class Images implements SystemImages {
   constructor(private readonly dir: string) {}
 
   path(name: string): string {

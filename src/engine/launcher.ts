@@ -4,7 +4,7 @@ import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import { CriuWorker } from './criu-worker.js';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 import { tail } from './criu.js';
 
 export interface Launched {

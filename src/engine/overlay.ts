@@ -1,6 +1,6 @@
 import { readFile } from 'node:fs/promises';
 import { run } from './run.js';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 
 /** The kernel cuts mount options at one page, silently: check before, verify after. */
 export const MAX_MOUNT_OPTIONS = 4095;

@@ -1,4 +1,4 @@
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 import { isAlive, isAliveSync } from './launcher.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

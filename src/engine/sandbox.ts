@@ -4,7 +4,8 @@ import { AgentClient, AgentClosedError, AgentError, AgentProtocolError, AgentTim
 import type { AgentProcessInfo } from './agent/frames.js';
 import type { SpawnRequest } from './agent/protocol.js';
 import { openAgentSocket, viaDescriptor } from './agent/socket.js';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
+import type { SandboxHandle, SubscribeOptions, Subscription } from '../seam/sandbox.js';
 import { isAliveSync } from './launcher.js';
 
 /** One follower of a process: it gets each byte once, from its own offsets on. */
@@ -28,16 +29,7 @@ interface Tracked {
   fan: ProcessListener;
 }
 
-export interface Subscription {
-  /** Stops following (the process runs on). */
-  close(): void;
-}
-
-export interface SubscribeOptions {
-  survivesRollback?: boolean;
-  /** Called once the scrollback from `offsets` on has been delivered (then output is live). */
-  onReplayed?: () => void;
-}
+export type { Subscription, SubscribeOptions } from '../seam/sandbox.js';
 
 /** How long a checkpoint may hold callers back before its pause starts (its job may be queued
  * behind other instances' jobs); after that they go on, and the checkpoint is of a later moment. */
@@ -49,7 +41,7 @@ const CONNECT_TIMEOUT_MS = 3000;
 /** The live side of one running sandbox: its PID 1 and the connection to its agent. During a
  * pause (checkpoint, rollback) the connection is closed, callers wait at the gate, and running
  * commands go on inside the sandbox to be picked up again after the restore. */
-export class Sandbox {
+export class Sandbox implements SandboxHandle {
   private client: AgentClient | undefined;
   private connecting: Promise<AgentClient> | undefined;
   private gate: Promise<void> | undefined;

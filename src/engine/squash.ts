@@ -1,8 +1,8 @@
 import { mkdir, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { EngineError } from './errors.js';
-import type { DataLayout } from './layout.js';
+import { EngineError } from '../seam/errors.js';
+import type { DataLayout } from '../lib/data-layout.js';
 import type { Mounter } from './overlay.js';
 import { run } from './run.js';
 

@@ -1,7 +1,7 @@
 import { copyFileSync, linkSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import protobuf from 'protobufjs';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 
 /** How many ids a sandbox's user namespace maps: its 0..65535 (native/fp.h FP_RANGE_SIZE). */
 export const RANGE_SIZE = 65536;

@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { EngineError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 import { isMounted } from './overlay.js';
 
 /** The smallest disk limit: ext4's own metadata and a 4 MiB journal need a few MiB of it. */

@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import type { FastifyReply } from 'fastify';
-import type { Output } from '../engine/output.js';
+import type { Output } from '../lib/output.js';
 
 /** How command output goes into JSON strings: UTF-8 text (bytes that are not UTF-8 become
  * U+FFFD), or base64 for output that must come back byte for byte. */

@@ -1,6 +1,6 @@
 import type { FileInfo } from '../core/files.js';
-import type { AgentProcessInfo } from '../engine/agent/frames.js';
-import type { ExecResult } from '../engine/exec.js';
+import type { AgentProcessInfo } from '../seam/agent.js';
+import type { ExecResult } from '../core/process/exec-once.js';
 import type { JsonField, OutputEncoding } from './output-json.js';
 import type { DurableState } from '../core/durable.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';

@@ -2,7 +2,7 @@ import type { Selectable } from 'kysely';
 import type { Db } from './db.js';
 import type { Tables } from './schema.js';
 
-import { EMPTY_IMAGE_CONFIG as EMPTY_CONFIG, type ImageConfig } from '../engine/images.js';
+import { EMPTY_IMAGE_CONFIG as EMPTY_CONFIG, type ImageConfig } from '../seam/runtime.js';
 
 export { EMPTY_CONFIG, type ImageConfig };
 

@@ -1,4 +1,4 @@
-import { subnetFor } from '../../src/engine/network/addresses.js';
+import { subnetFor } from '../../src/lib/ipv4.js';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { request } from 'undici';

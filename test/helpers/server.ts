@@ -5,8 +5,10 @@ import type { FastifyInstance } from 'fastify';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { loadConfig, type ConfigInput } from '../../src/config.js';
-import { subnetFor } from '../../src/engine/network/addresses.js';
+import { subnetFor } from '../../src/lib/ipv4.js';
 import { Forkpoint } from '../../src/core/forkpoint.js';
+import type { Engine } from '../../src/engine/engine.js';
+import { localEngine } from '../../src/local.js';
 import { buildApp } from '../../src/http/app.js';
 import { VERSION } from '../../src/version.js';
 
@@ -20,6 +22,8 @@ export interface TestServer {
   token: string;
   dataDir: string;
   fp: Forkpoint;
+  /** The real engine under the core, for what only the host can show (pids, mounts, files). */
+  engine: Engine;
   app: FastifyInstance;
   /** JSON over real HTTP with the server's token (or the given headers). */
   api<T = any>(method: string, path: string, body?: unknown, headers?: Record<string, string>): Promise<Reply<T>>;
@@ -34,7 +38,9 @@ export interface TestServer {
 export async function startServer(config: Partial<ConfigInput> = {}, existingDataDir?: string): Promise<TestServer> {
   const dataDir = existingDataDir ?? (await mkdtemp(join(tmpdir(), 'forkpoint-test-')));
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', ...config } });
-  const fp = await Forkpoint.open(cfg, pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' }), VERSION);
+  const log = pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' });
+  const engine = localEngine(cfg, log);
+  const fp = await Forkpoint.open(cfg, log, VERSION, () => engine);
   await fp.start();
   const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.layout.initialTokenFile, 'utf8')).trim();
   let app: FastifyInstance;
@@ -68,6 +74,7 @@ export async function startServer(config: Partial<ConfigInput> = {}, existingDat
     token,
     dataDir,
     fp,
+    engine,
     app,
     api,
     async instance(body = {}) {

@@ -8,6 +8,7 @@ import { loadConfig } from '../../src/config.js';
 import { Forkpoint } from '../../src/core/forkpoint.js';
 import { buildApp } from '../../src/http/app.js';
 import { VERSION } from '../../src/version.js';
+import { FakeEngine } from '../fakes/fake-engine.js';
 
 // Each face's envelope and its auth, through `app.inject`: no root, no engine started, no
 // sandbox, no socket.
@@ -19,7 +20,7 @@ let tenant: string;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'fp-unit-'));
-  fp = await Forkpoint.open(loadConfig({ env: {}, flags: { dataDir: dir, bodyLimitBytes: 4096 } }), pino({ level: 'silent' }), VERSION);
+  fp = await Forkpoint.open(loadConfig({ env: {}, flags: { dataDir: dir, bodyLimitBytes: 4096 } }), pino({ level: 'silent' }), VERSION, () => new FakeEngine());
   owner = (await fp.store.tokens.create('default', 'unit')).token;
   tenant = (await fp.store.tokens.create('tenant', 'unit')).token;
   app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: 4096 });

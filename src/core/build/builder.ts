@@ -2,7 +2,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
-import { IMAGE_NAME } from '../../engine/images.js';
+import { IMAGE_NAME } from '../../seam/runtime.js';
 import type { Store } from '../../store/index.js';
 import { cacheHolder, type ImageConfig } from '../../store/images.js';
 import { BuildStepError, DockerfileError, InvalidRequestError } from '../errors.js';

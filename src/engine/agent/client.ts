@@ -1,20 +1,15 @@
 import { connect, type Socket } from 'node:net';
-import { randomInt } from 'node:crypto';
-import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from './errors.js';
+import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from '../../seam/errors.js';
+import { ENOENT, newProcessId, type AgentPort, type ProcessListener } from '../../seam/agent.js';
 import { decodeFrame, parseDir, parseList, parseStat, type AgentMessage, type AgentProcessInfo, type DirEntry, type FileStat } from './frames.js';
-import { ENOENT, FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
+import { FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
 
 /** FP_PING_DUMP_FOLLOWS (native/protocol.h). */
 const PING_DUMP_FOLLOWS = 1;
 
-export { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from './errors.js';
+export { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from '../../seam/errors.js';
 
-export interface ProcessListener {
-  onOutput(stream: 1 | 2, offset: number, data: Buffer): void;
-  onExit(exitCode: number, signal: number): void;
-  /** The agent no longer knows the process (the sandbox was rolled back or restarted). */
-  onLost(err: AgentError): void;
-}
+export type { ProcessListener } from '../../seam/agent.js';
 
 export interface ClientEvents {
   /** The connection is gone; `expected` when `close()` asked for it. */
@@ -37,7 +32,7 @@ export const REQUEST_TIMEOUT_MS = 30_000;
  * a unix socket whose peer is outside the sandbox. Everything the agent sends is validated
  * (frames.ts); anything else closes this connection, and no exception leaves it.
  */
-export class AgentClient {
+export class AgentClient implements AgentPort {
   private readonly decoder = new FrameDecoder();
   private readonly listeners = new Map<number, ProcessListener>();
   private readonly pending = new Map<number, Pending>();
@@ -76,7 +71,7 @@ export class AgentClient {
   }
 
   static newProcessId(): number {
-    return randomInt(1, 0xffffffff);
+    return newProcessId();
   }
 
   /** The last line of defence: whatever goes wrong with this connection's input stays here. */

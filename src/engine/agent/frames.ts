@@ -1,5 +1,8 @@
 import { z } from 'zod';
-import { AgentProtocolError } from './errors.js';
+import { AgentProtocolError } from '../../seam/errors.js';
+import type { AgentProcessInfo, DirEntry, FileStat } from '../../seam/agent.js';
+
+export type { AgentProcessInfo, DirEntry, FileStat } from '../../seam/agent.js';
 import { T, type Frame } from './protocol.js';
 
 /**
@@ -84,17 +87,6 @@ const ProcessLine = z.object({
   command: z.string().max(256),
 });
 
-export interface AgentProcessInfo {
-  id: number;
-  pid: number;
-  running: boolean;
-  exitCode: number;
-  signal: number;
-  pty: boolean;
-  stdoutBytes: number;
-  stderrBytes: number;
-  command: string;
-}
 
 const MAX_LIST_LINES = 1024;
 
@@ -110,14 +102,6 @@ export function parseList(payload: Buffer): AgentProcessInfo[] {
   });
 }
 
-export interface FileStat {
-  type: 'dir' | 'file' | 'link' | 'other';
-  size: number;
-  mode: number;
-  mtimeMs: number;
-  /** Where a symlink points (as written in it). */
-  target: string | null;
-}
 
 const StatLine = z.object({
   type: z.enum(['d', 'f', 'l', 'o']),
@@ -135,11 +119,6 @@ export function parseStat(payload: Buffer): FileStat {
   return { type: TYPES[v.type], size: v.size, mode: parseInt(v.mode, 8), mtimeMs: v.mtimeMs, target: v.type === 'l' ? v.target : null };
 }
 
-export interface DirEntry {
-  name: string;
-  type: 'dir' | 'file' | 'link' | 'other';
-  size: number;
-}
 
 const DirLine = z.object({
   name: z.string().min(1).max(255).refine((n) => !n.includes('/') && n !== '.' && n !== '..', 'a file name'),

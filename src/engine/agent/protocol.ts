@@ -1,5 +1,6 @@
 /** Mirror of native/protocol.h: a 12-byte little-endian header, then the payload. */
-import { AgentProtocolError } from './errors.js';
+import { AgentProtocolError } from '../../seam/errors.js';
+import type { SpawnRequest } from '../../seam/agent.js';
 
 export const HEADER_LEN = 12;
 export const MAX_FRAME = 8 << 20;
@@ -34,7 +35,7 @@ export const T = {
 } as const;
 
 /** errno values the engine tells apart. */
-export const ENOENT = 2;
+export { ENOENT } from '../../seam/agent.js';
 
 export const WRITE_TRUNCATE = 1;
 export const SPAWN_PTY = 1;
@@ -59,12 +60,7 @@ export function encodeFrame(type: number, id: number, payload: Buffer = Buffer.a
   return h;
 }
 
-export interface SpawnRequest {
-  argv: string[];
-  env: string[];
-  cwd: string;
-  pty?: { rows: number; cols: number; echo: boolean } | undefined;
-}
+export type { SpawnRequest } from '../../seam/agent.js';
 
 export function encodeSpawn(req: SpawnRequest): { payload: Buffer; flags: number } {
   const head = Buffer.alloc(8);

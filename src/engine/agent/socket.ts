@@ -1,5 +1,5 @@
 import { closeSync, constants, fstatSync, openSync } from 'node:fs';
-import { EngineError } from '../errors.js';
+import { EngineError } from '../../seam/errors.js';
 
 /** open(2)'s O_PATH (Linux, every architecture Node runs on here); Node does not export it. */
 const O_PATH = 0o10000000;

@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import dnsPacket from 'dns-packet';
 import type { Logger } from 'pino';
-import { nameMatches, parseEntry, type EgressPolicy } from './policy.js';
+import { nameMatches, parseEntry, type EgressPolicy } from '../../lib/egress-policy.js';
 
 /** How long an upstream has to answer before the next one is asked. */
 const UPSTREAM_TIMEOUT_MS = 2000;

@@ -1,18 +1,14 @@
 import { execa } from 'execa';
-import { EngineError } from '../errors.js';
-import { ALWAYS_CLOSED, parseEntry, PRIVATE, type EgressPolicy } from './policy.js';
+import { EngineError } from '../../seam/errors.js';
+import type { FirewallEntry } from '../../seam/runtime.js';
+import { ALWAYS_CLOSED, parseEntry, PRIVATE, type EgressPolicy } from '../../lib/egress-policy.js';
 
 const ID = /^inst_[a-z0-9]{1,40}$/;
 /** What a sandbox's refused connection gets: an immediate "administratively prohibited", so that
  * its tools fail at once instead of waiting out their timeouts. */
 const REJECT = 'reject with icmpx type admin-prohibited';
 
-/** What the firewall knows of one sandbox. */
-export interface FirewallEntry {
-  id: string;
-  address: string;
-  policy: EgressPolicy;
-}
+export type { FirewallEntry } from '../../seam/runtime.js';
 
 const chainOf = (id: string) => `egress_${id}`;
 const learnedOf = (id: string) => `learned_${id}`;

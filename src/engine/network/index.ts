@@ -2,15 +2,16 @@ import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
-import { EngineError } from '../errors.js';
-import { gatewayOf, macOf, nextFree, parseCidr, toIp, type Subnet } from './addresses.js';
+import { EngineError } from '../../seam/errors.js';
+import type { NetworkCounters } from '../../seam/runtime.js';
+import { gatewayOf, macOf, nextFree, parseCidr, toIp, type Subnet } from '../../lib/ipv4.js';
 import { DnsForwarder, hostResolvers } from './dns.js';
 import { Firewall, type FirewallEntry } from './firewall.js';
 import { linkCounters, newHostIf, setUpLink, type LinkRequest, type SandboxNetwork } from './link.js';
-import type { EgressPolicy } from './policy.js';
+import type { EgressPolicy } from '../../lib/egress-policy.js';
 
-export type { EgressPolicy } from './policy.js';
-export { DEFAULT_POLICY, parseEntry } from './policy.js';
+export type { EgressPolicy } from '../../lib/egress-policy.js';
+export { DEFAULT_POLICY, parseEntry } from '../../lib/egress-policy.js';
 export type { SandboxNetwork } from './link.js';
 export type { FirewallEntry } from './firewall.js';
 
@@ -23,10 +24,7 @@ export interface NetworkOptions {
   log: Logger;
 }
 
-export interface NetworkCounters {
-  sentBytes: number;
-  receivedBytes: number;
-}
+export type { NetworkCounters } from '../../seam/runtime.js';
 
 /**
  * The sandboxes' network on this host: one routed veth per sandbox (no bridge), the host's

@@ -1,13 +1,11 @@
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { EngineError } from '../errors.js';
+import { EngineError } from '../../seam/errors.js';
 import { run } from '../run.js';
 
-/** A sandbox's place on the network: its address and MAC (derived from the address). */
-export interface SandboxNetwork {
-  address: string;
-  mac: string;
-}
+import type { SandboxNetwork } from '../../seam/runtime.js';
+
+export type { SandboxNetwork } from '../../seam/runtime.js';
 
 /** What `fp-agent net-setup` (or a restorer's 'N' request) makes: see native/netlink.c. */
 export interface LinkRequest {

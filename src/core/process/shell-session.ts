@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import { AgentClient, AgentError } from './agent/client.js';
-import type { Sandbox } from './sandbox.js';
-import type { ExecResult } from './exec.js';
-import { EngineError } from './errors.js';
-import { KILL_GRACE_MS } from './exec.js';
-import { Output } from './output.js';
+import { newProcessId } from '../../seam/agent.js';
+import { AgentError } from '../../seam/errors.js';
+import type { SandboxHandle } from '../../seam/sandbox.js';
+import type { ExecResult } from './exec-once.js';
+import { EngineError } from '../../seam/errors.js';
+import { KILL_GRACE_MS } from './exec-once.js';
+import { Output } from '../../lib/output.js';
 
 const SIGINT = 2;
 const SIGKILL = 9;
@@ -38,17 +39,17 @@ export class ShellSession {
   private constructor(
     readonly name: string,
     readonly processId: number,
-    private readonly sandbox: Sandbox,
+    private readonly sandbox: SandboxHandle,
   ) {}
 
   /** Opens a bash session, or a POSIX sh one on images without bash. */
-  static async open(sandbox: Sandbox, name: string, env: string[]): Promise<ShellSession> {
+  static async open(sandbox: SandboxHandle, name: string, env: string[]): Promise<ShellSession> {
     const shells: [string[], string[]][] = [
       [['/bin/bash', '--noprofile', '--rcfile', '/.fp/shellrc', '--noediting', '-i'], env],
       [['/bin/sh', '-i'], [...env, 'ENV=/.fp/shellrc']],
     ];
     for (const [i, [argv, shellEnv]] of shells.entries()) {
-      const session = new ShellSession(name, AgentClient.newProcessId(), sandbox);
+      const session = new ShellSession(name, newProcessId(), sandbox);
       try {
         await sandbox.start(
           session.processId,
@@ -69,7 +70,7 @@ export class ShellSession {
 
   /** Re-follows a session found running in the sandbox (after a restart, a rollback or in a
    * fork), from its current output offsets on. */
-  static async adopt(sandbox: Sandbox, name: string, processId: number, offsets: [number, number]): Promise<ShellSession> {
+  static async adopt(sandbox: SandboxHandle, name: string, processId: number, offsets: [number, number]): Promise<ShellSession> {
     const session = new ShellSession(name, processId, sandbox);
     await sandbox.follow(processId, offsets, {
       onOutput: (_s, _o, data) => session.onOutput(data),
@@ -228,7 +229,7 @@ function homeOf(env: string[]): string {
 export class SessionRegistry {
   static readonly PATH = '/.fp/sessions';
 
-  constructor(private readonly sandbox: Sandbox) {}
+  constructor(private readonly sandbox: SandboxHandle) {}
 
   async read(): Promise<Map<string, number>> {
     const file = await this.sandbox.call((a) => a.readFile(SessionRegistry.PATH, 64 * 1024));

@@ -1,8 +1,88 @@
 import type { Readable } from 'node:stream';
-import type { Connections } from './criu-worker.js';
-import type { FreezeResult, SandboxSpec } from './engine.js';
-import type { EgressPolicy, FirewallEntry, NetworkCounters, SandboxNetwork } from './network/index.js';
-import type { Sandbox } from './sandbox.js';
+import type { EgressPolicy } from '../lib/egress-policy.js';
+import type { SandboxHandle } from './sandbox.js';
+
+/** A sandbox's place on the network: its address and MAC (derived from the address). */
+export interface SandboxNetwork {
+  address: string;
+  mac: string;
+}
+
+/** What the firewall knows of one sandbox. */
+export interface FirewallEntry {
+  id: string;
+  address: string;
+  policy: EgressPolicy;
+}
+
+export interface NetworkCounters {
+  sentBytes: number;
+  receivedBytes: number;
+}
+
+export interface ResourceLimits {
+  memoryMb: number;
+  pids: number;
+  cpuPercent: number;
+}
+
+/** What the engine needs to know of an instance to run it. */
+export interface SandboxSpec {
+  id: string;
+  hostname: string;
+  image: string;
+  /** Frozen layers under the upper, newest first. */
+  layers: string[];
+  /** The oldest layer is a squashed full root: the image does not go under it. */
+  baseLayer: boolean;
+  agentLayer: string;
+  limits: ResourceLimits;
+  /** A size limit on everything the instance writes; null: none. */
+  diskMb: number | null;
+  /** Its address on the sandboxes' network; null: only loopback. */
+  network: SandboxNetwork | null;
+  /** The first host uid (and gid) of its range: its ids 0..65535 are the host's
+   * uidBase..uidBase+65535, in a user namespace of its own. null: none (the host's ids). */
+  uidBase: number | null;
+}
+
+export interface FreezeResult {
+  layerId: string;
+  /** The pause the sandbox saw, dump to first answer, in ms. */
+  pauseMs: number;
+}
+
+/** What a restore does with the connections the sandbox had when it was dumped: restores them
+ * (a rollback or wake of the same instance) or closes them (a fork, a template). */
+export type Connections = 'restore' | 'close';
+
+/** What an image says about the instances made from it (Dockerfile ENV, WORKDIR, USER, CMD...). */
+export interface ImageConfig {
+  env: Record<string, string>;
+  workdir: string | null;
+  user: string | null;
+  cmd: string[] | null;
+  entrypoint: string[] | null;
+  labels: Record<string, string>;
+  exposedPorts: number[];
+}
+
+export const EMPTY_IMAGE_CONFIG: ImageConfig = { env: {}, workdir: null, user: null, cmd: null, entrypoint: null, labels: {}, exposedPorts: [] };
+
+/** What an image may be called. */
+export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+
+/** The host's system images: rootfs directories set-up made or an operator imported. */
+export interface SystemImages {
+  exists(name: string): boolean;
+  /** What the image is: changes when its contents are replaced. */
+  identity(name: string): string;
+  createdAt(name: string): string;
+  config(name: string): ImageConfig | undefined;
+  list(): Promise<{ name: string; createdAt: string }[]>;
+  /** Copies set-up's images into the data directory; the ones that could not be, with why. */
+  seedFrom(seedDir: string): Promise<{ name: string; error: string }[]>;
+}
 
 /** What the core asks of the sandboxes' network: addresses, policies, counters. */
 export interface NetworkRuntime {
@@ -19,6 +99,12 @@ export interface NetworkRuntime {
 export interface RuntimeHealth {
   criu: { version: string | null; ok: boolean };
   cgroups: 1 | 2;
+  /** The kernel has OverlayFS. */
+  overlay: boolean;
+  /** The engine runs as root. */
+  root: boolean;
+  /** The sandboxes' agent binary is there. */
+  agent: boolean;
 }
 
 /**
@@ -29,6 +115,8 @@ export interface RuntimeHealth {
  */
 export interface SandboxRuntime {
   readonly network: NetworkRuntime;
+  /** The host's system images. */
+  readonly images: SystemImages;
   /** The agent layer new boots get (a fresh boot maps no file of an older agent). */
   readonly currentAgentLayer: string;
 
@@ -37,14 +125,14 @@ export interface SandboxRuntime {
   health(): Promise<RuntimeHealth>;
 
   /** The live sandbox of an instance, if it runs here. */
-  sandbox(id: string): Sandbox | undefined;
-  boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<Sandbox>;
+  sandbox(id: string): SandboxHandle | undefined;
+  boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<SandboxHandle>;
   /** Restores the memory image of checkpoint (or hibernation) `imagesId` as the instance. */
-  restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<Sandbox>;
+  restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<SandboxHandle>;
   /** Takes back a sandbox a previous server left running, if it is still the same process. */
-  adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<Sandbox | undefined>;
+  adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<SandboxHandle | undefined>;
   /** Replaces the instance's sandbox by the given state (a rollback): memory image or fresh boot. */
-  replace(spec: SandboxSpec, imagesId: string | undefined): Promise<Sandbox>;
+  replace(spec: SandboxSpec, imagesId: string | undefined): Promise<SandboxHandle>;
   stop(id: string): Promise<void>;
   destroy(id: string): Promise<void>;
   /** Instances whose disks are mounted here (what a crash may have left). */

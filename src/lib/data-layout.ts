@@ -61,7 +61,7 @@ export class DataLayout {
   get volumes(): string {
     return join(this.root, 'volumes');
   }
-  /** Command output past the first MiB per stream, until it is sent (engine/output.ts). */
+  /** Command output past the first MiB per stream, until it is sent (lib/output.ts). */
   get spill(): string {
     return join(this.root, 'spill');
   }

@@ -1,7 +1,7 @@
-import { AgentClient } from './agent/client.js';
-import type { Sandbox } from './sandbox.js';
-import { EngineError } from './errors.js';
-import { Output } from './output.js';
+import { newProcessId } from '../../seam/agent.js';
+import type { SandboxHandle } from '../../seam/sandbox.js';
+import { EngineError } from '../../seam/errors.js';
+import { Output } from '../../lib/output.js';
 
 export interface ExecRequest {
   argv: string[];
@@ -36,9 +36,9 @@ const SIGKILL = 9;
 export const KILL_GRACE_MS = 5000;
 
 /** Runs one command on pipes and waits for it. On timeout its whole process group is killed. */
-export async function execOnce(sandbox: Sandbox, req: ExecRequest): Promise<ExecResult> {
+export async function execOnce(sandbox: SandboxHandle, req: ExecRequest): Promise<ExecResult> {
   const started = performance.now();
-  const id = AgentClient.newProcessId();
+  const id = newProcessId();
   const out = new Output(req.maxOutputBytes, req.spillDir);
   const err = new Output(req.maxOutputBytes, req.spillDir);
   let timedOut = false;

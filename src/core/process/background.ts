@@ -1,6 +1,6 @@
-import { AgentClient } from './agent/client.js';
-import type { Sandbox } from './sandbox.js';
-import type { AgentProcessInfo } from './agent/frames.js';
+import { newProcessId } from '../../seam/agent.js';
+import type { SandboxHandle } from '../../seam/sandbox.js';
+import type { AgentProcessInfo } from '../../seam/agent.js';
 
 export interface BackgroundRequest {
   argv: string[];
@@ -11,8 +11,8 @@ export interface BackgroundRequest {
 
 /** Starts a process that outlives the request; the agent keeps its output in a bounded
  * scrollback until someone reads it. */
-export async function startBackground(sandbox: Sandbox, req: BackgroundRequest): Promise<{ id: number; pid: number }> {
-  const id = AgentClient.newProcessId();
+export async function startBackground(sandbox: SandboxHandle, req: BackgroundRequest): Promise<{ id: number; pid: number }> {
+  const id = newProcessId();
   const ignore = { onOutput: () => {}, onExit: () => {}, onLost: () => {} };
   const pid = await sandbox.start(
     id,
@@ -39,7 +39,7 @@ export interface OutputChunk {
 
 /** Reads what a process wrote from the given offsets on: what the scrollback still holds. */
 export async function readOutput(
-  sandbox: Sandbox,
+  sandbox: SandboxHandle,
   id: number,
   from: { stdout: number; stderr: number },
 ): Promise<OutputChunk | undefined> {
@@ -75,15 +75,15 @@ export async function readOutput(
   }
 }
 
-export async function signalProcess(sandbox: Sandbox, id: number, signo: number): Promise<void> {
+export async function signalProcess(sandbox: SandboxHandle, id: number, signo: number): Promise<void> {
   (await sandbox.agent()).signal(id, signo);
 }
 
-export async function listProcesses(sandbox: Sandbox): Promise<AgentProcessInfo[]> {
+export async function listProcesses(sandbox: SandboxHandle): Promise<AgentProcessInfo[]> {
   return sandbox.list();
 }
 
-export async function forgetProcess(sandbox: Sandbox, id: number): Promise<void> {
+export async function forgetProcess(sandbox: SandboxHandle, id: number): Promise<void> {
   (await sandbox.agent()).forget(id);
 }
 

@@ -1,5 +1,5 @@
 import { isIP } from 'node:net';
-import { parseCidr, toIp } from './addresses.js';
+import { parseCidr, toIp } from './ipv4.js';
 
 /** Where a sandbox may open connections to. Entries are IPv4 addresses, CIDRs or host names
  * (`example.com`, or `*.example.com` for its subdomains). A `deny` entry wins over an `allow`

@@ -1,0 +1,23 @@
+import type { Logger } from 'pino';
+import type { Config } from './config.js';
+import { Forkpoint } from './core/forkpoint.js';
+import { Engine, type EngineOptions } from './engine/engine.js';
+
+/** The composition root of a node: the core over this host's engine. The one place that knows
+ * both (the core knows the engine only through src/seam). */
+export function openLocalForkpoint(config: Config, log: Logger, version: string, overrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
+  return Forkpoint.open(config, log, version, () => localEngine(config, log, overrides));
+}
+
+export function localEngine(config: Config, log: Logger, overrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Engine {
+  return new Engine({
+    dataDir: config.dataDir,
+    criuPath: config.criuPath,
+    criuCacheDir: config.criuCacheDir,
+    agentPath: config.agentPath,
+    logger: log,
+    network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(',') },
+    uidRanges: config.uidRanges,
+    ...overrides,
+  });
+}

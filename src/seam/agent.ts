@@ -1,0 +1,79 @@
+import { randomInt } from 'node:crypto';
+
+/** What the core may ask of a sandbox's agent: processes and files, by plain data. The engine's
+ * agent client implements it over the sandbox's socket (every frame checked there); a fake
+ * engine implements it in memory. */
+
+export interface ProcessListener {
+  onOutput(stream: 1 | 2, offset: number, data: Buffer): void;
+  onExit(exitCode: number, signal: number): void;
+  /** The agent no longer knows the process (the sandbox was rolled back or restarted). */
+  onLost(err: Error): void;
+}
+
+export interface SpawnRequest {
+  argv: string[];
+  env: string[];
+  cwd: string;
+  pty?: { rows: number; cols: number; echo: boolean } | undefined;
+}
+
+export interface AgentProcessInfo {
+  id: number;
+  pid: number;
+  running: boolean;
+  exitCode: number;
+  signal: number;
+  pty: boolean;
+  stdoutBytes: number;
+  stderrBytes: number;
+  command: string;
+}
+
+export interface FileStat {
+  type: 'dir' | 'file' | 'link' | 'other';
+  size: number;
+  mode: number;
+  mtimeMs: number;
+  /** Where a symlink points (as written in it). */
+  target: string | null;
+}
+
+export interface DirEntry {
+  name: string;
+  type: 'dir' | 'file' | 'link' | 'other';
+  size: number;
+}
+
+/** The errno an agent answers for a path that is not there. */
+export const ENOENT = 2;
+
+/** A process id the core picks for a spawn (the agent's key for it, not a pid). */
+export function newProcessId(): number {
+  return randomInt(1, 0xffffffff);
+}
+
+/** One connection to a sandbox's agent. */
+export interface AgentPort {
+  readonly isOpen: boolean;
+  spawn(id: number, req: SpawnRequest, listener: ProcessListener): Promise<number>;
+  /** Follows a process from the given offsets on: its scrollback from there is replayed. */
+  attach(id: number, stdoutOffset: number, stderrOffset: number, listener: ProcessListener): void;
+  detach(id: number): void;
+  stdin(id: number, data: Buffer | string): void;
+  closeStdin(id: number): void;
+  signal(id: number, signo: number, foreground?: boolean): void;
+  resize(id: number, rows: number, cols: number): void;
+  forget(id: number): void;
+  list(): Promise<AgentProcessInfo[]>;
+  /** Answered once every frame sent before it has been handled. */
+  ping(): Promise<void>;
+  writeFile(path: string, data: Buffer | string, mode?: number): Promise<void>;
+  readFile(path: string, max: number, offset?: number): Promise<{ data: Buffer; truncated: boolean } | undefined>;
+  writeAt(path: string, offset: number, data: Buffer, opts: { truncate: boolean; mode?: number }): Promise<void>;
+  rename(from: string, to: string): Promise<void>;
+  stat(path: string): Promise<FileStat | undefined>;
+  removeFile(path: string): Promise<void>;
+  listDir(path: string): Promise<DirEntry[]>;
+  mkdir(path: string): Promise<void>;
+}

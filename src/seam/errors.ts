@@ -1,0 +1,63 @@
+/** Engine failures, with a code the core maps to an API error. The engine knows nothing of HTTP.
+ * Part of the seam: the core tells failures apart by these classes and codes alone. */
+export type EngineErrorCode =
+  | 'MOUNT_FAILED'
+  | 'UNMOUNT_FAILED'
+  | 'LAYER_LIMIT'
+  | 'BOOT_FAILED'
+  | 'DUMP_FAILED'
+  | 'RESTORE_FAILED'
+  | 'AGENT_UNREACHABLE'
+  /** The agent broke the protocol (a malformed frame): its connection is closed, the
+   * sandbox is not trusted to answer again until it is rolled back or restarted. */
+  | 'AGENT_BROKEN'
+  /** A step did not finish within its deadline; the operation was abandoned. */
+  | 'TIMEOUT'
+  | 'PROCESS_LOST'
+  | 'SPAWN_FAILED'
+  | 'NOT_RUNNING'
+  | 'CGROUP_FAILED'
+  | 'CRIU_FAILED'
+  /** Setting up a sandbox's network (its link, the host's firewall) failed. */
+  | 'NETWORK_FAILED';
+
+export class EngineError extends Error {
+  override readonly name = 'EngineError';
+  constructor(
+    readonly code: EngineErrorCode,
+    message: string,
+    readonly log?: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+/** The agent refused the request, with an errno from inside the sandbox. */
+export class AgentError extends Error {
+  override readonly name = 'AgentError';
+  constructor(
+    readonly errno: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The connection closed before the answer came: a pause, or the sandbox went away. */
+export class AgentClosedError extends Error {
+  override readonly name = 'AgentClosedError';
+  constructor(message = 'agent connection closed') {
+    super(message);
+  }
+}
+
+/** No answer within the request's deadline; the connection was given up. */
+export class AgentTimeoutError extends Error {
+  override readonly name = 'AgentTimeoutError';
+}
+
+/** The agent sent something that is not the protocol; the connection was closed. */
+export class AgentProtocolError extends Error {
+  override readonly name = 'AgentProtocolError';
+}
