@@ -1,0 +1,178 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { startFakeNode, type FakeNode } from '../fakes/fake-node.js';
+
+// The core's logic over the fake engine, through the Firecase face with `app.inject`: what a
+// checkpoint, a rollback, a fork, a hibernation and a restart keep and lose, and what a failure
+// of the engine leaves behind. No root, no sandbox, no socket.
+let nodes: FakeNode[] = [];
+afterEach(async () => {
+  for (const n of nodes.reverse()) await n.close();
+  nodes = [];
+});
+const node = async (config = {}) => {
+  const n = await startFakeNode(config);
+  nodes.push(n);
+  return n;
+};
+
+const sh = async (n: FakeNode, id: string, command: string) => {
+  const r = await n.call('POST', `/instances/${id}/exec`, { command });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return (r.body.stdout as string).trim();
+};
+const create = async (n: FakeNode, body: object = {}) => {
+  const r = await n.call('POST', '/instances', body);
+  expect(r.status, JSON.stringify(r.body)).toBe(201);
+  return r.body.id as string;
+};
+const checkpoint = async (n: FakeNode, id: string, body: object = {}) => {
+  const r = await n.call('POST', `/instances/${id}/checkpoints?wait=true`, body);
+  expect([r.status, r.body.status], JSON.stringify(r.body)).toEqual([200, 'ready']);
+  return r.body.id as string;
+};
+const putFile = async (n: FakeNode, id: string, path: string, content: string) => {
+  const r = await n.app.inject({ method: 'PUT', url: `/instances/${id}/files?path=${encodeURIComponent(path)}`, headers: { authorization: `Bearer ${n.token}`, 'content-type': 'application/octet-stream' }, payload: Buffer.from(content) });
+  expect(r.statusCode, r.body).toBeLessThan(300);
+};
+const status = async (n: FakeNode, id: string) => (await n.call('GET', `/instances/${id}`)).body.status as string;
+
+describe('checkpoint, rollback and fork keep files and memory', () => {
+  it('a rollback brings back the checkpoint\'s files and memory, and drops what came after', async () => {
+    const n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 1');
+    await putFile(n, id, '/work/a.txt', 'one');
+    const ck = await checkpoint(n, id);
+    await sh(n, id, 'set counter 2');
+    await putFile(n, id, '/work/a.txt', 'two');
+    await putFile(n, id, '/work/b.txt', 'after');
+    const rb = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
+    expect(rb.status, JSON.stringify(rb.body)).toBe(200);
+    expect(await sh(n, id, 'get counter')).toBe('1');
+    expect(await sh(n, id, 'cat /work/a.txt')).toBe('one');
+    expect((await n.call('POST', `/instances/${id}/exec`, { command: 'cat /work/b.txt' })).body.exit_code).toBe(1);
+    expect(await status(n, id)).toBe('running');
+  });
+
+  it('forks start from the checkpoint, each on its own files', async () => {
+    const n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 7');
+    await putFile(n, id, '/f', 'base');
+    const ck = await checkpoint(n, id);
+    const r = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck, count: 2 });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    const [a, b] = (r.body.instances as { id: string }[]).map((i) => i.id) as [string, string];
+    expect([await sh(n, a, 'get counter'), await sh(n, b, 'cat /f')]).toEqual(['7', 'base']);
+    await putFile(n, a, '/f', 'changed in a');
+    expect([await sh(n, b, 'cat /f'), await sh(n, id, 'cat /f')]).toEqual(['base', 'base']);
+  });
+
+  it('a fork is all or nothing: when one restore fails, no fork is left, running or recorded', async () => {
+    const n = await node();
+    const id = await create(n);
+    const ck = await checkpoint(n, id);
+    const before = (await n.call('GET', '/instances')).body.items.length;
+    n.host.failAt('restore', 2);
+    const r = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck, count: 3 });
+    expect(r.status).toBeGreaterThanOrEqual(500);
+    expect(r.body.error.code).not.toBe('INTERNAL');
+    expect((await n.call('GET', '/instances')).body.items.length).toBe(before);
+    expect([...n.host.running.keys()]).toEqual([id]);
+  });
+
+  it('a hibernated instance wakes with its memory and files', async () => {
+    const n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 3');
+    await putFile(n, id, '/kept', 'yes');
+    expect((await n.call('POST', `/instances/${id}/hibernate`)).status).toBe(200);
+    expect(await status(n, id)).toBe('hibernated');
+    expect(n.host.running.has(id)).toBe(false);
+    // Any call wakes it.
+    expect(await sh(n, id, 'get counter')).toBe('3');
+    expect(await sh(n, id, 'cat /kept')).toBe('yes');
+    expect(await status(n, id)).toBe('running');
+  });
+});
+
+describe('retention and pins', () => {
+  it('at the limit a checkpoint is refused (429), or with delete_oldest replaces the oldest', async () => {
+    const n = await node();
+    const id = await create(n, { max_checkpoints: 2 });
+    const first = await checkpoint(n, id);
+    await checkpoint(n, id);
+    const refused = await n.call('POST', `/instances/${id}/checkpoints?wait=true`, {});
+    expect([refused.status, refused.body.error.code]).toEqual([429, 'QUOTA_EXCEEDED']);
+    const third = await checkpoint(n, id, { retention: { mode: 'delete_oldest' } });
+    const ids = (await n.call('GET', `/instances/${id}/checkpoints`)).body.items.map((c: { id: string }) => c.id);
+    expect(ids).toHaveLength(2);
+    expect(ids).toContain(third);
+    expect(ids).not.toContain(first);
+  });
+
+  it('a checkpoint a fork stands on cannot lose its layers: deleting it keeps the fork\'s files', async () => {
+    const n = await node();
+    const id = await create(n);
+    await putFile(n, id, '/data', 'in the layer');
+    const ck = await checkpoint(n, id);
+    const fork = (await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck })).body.id as string;
+    expect((await n.call('DELETE', `/instances/${id}/checkpoints/${ck}`)).status).toBe(204);
+    expect((await n.call('DELETE', `/instances/${id}`)).status).toBe(204);
+    expect(await sh(n, fork, 'cat /data')).toBe('in the layer');
+  });
+});
+
+describe('failures leave nothing half-done', () => {
+  it('a boot that fails: the create answers 503 with a code, and nothing of it runs', async () => {
+    const n = await node();
+    n.host.failAt('boot');
+    const r = await n.call('POST', '/instances', {});
+    expect([r.status, r.body.error.code]).toEqual([503, 'UNAVAILABLE']);
+    expect(n.host.running.size).toBe(0);
+    const after = await create(n);
+    expect(await status(n, after)).toBe('running');
+  });
+
+  it('a failed dump leaves the instance running as it was, and the checkpoint failed', async () => {
+    const n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 5');
+    n.host.failAt('dump');
+    const r = await n.call('POST', `/instances/${id}/checkpoints?wait=true`, {});
+    expect([r.status, r.body.status]).toEqual([200, 'failed']);
+    expect(await status(n, id)).toBe('running');
+    expect(await sh(n, id, 'get counter')).toBe('5');
+  });
+
+  it('a rollback whose restore fails leaves the instance in error, with no process left, and a second rollback mends it', async () => {
+    const n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 1');
+    const ck = await checkpoint(n, id);
+    n.host.failAt('replace');
+    const r = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
+    expect(r.status).toBe(503);
+    expect(n.host.running.has(id)).toBe(false);
+    expect(await status(n, id)).toBe('error');
+    expect((await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck })).status).toBe(200);
+    expect(await sh(n, id, 'get counter')).toBe('1');
+  });
+});
+
+describe('a restart of the server', () => {
+  it('adopts the sandboxes that ran on: memory, files and status as they were', async () => {
+    let n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 9');
+    await putFile(n, id, '/x', 'kept');
+    const pid = n.host.running.get(id)!.pid;
+    n = await n.restart();
+    nodes.push(n);
+    expect(n.host.calls.filter((c) => c.startsWith('adopt'))).toEqual([`adopt ${id}`]);
+    expect(n.host.running.get(id)!.pid).toBe(pid);
+    expect(await status(n, id)).toBe('running');
+    expect(await sh(n, id, 'get counter')).toBe('9');
+    expect(await sh(n, id, 'cat /x')).toBe('kept');
+  });
+});
