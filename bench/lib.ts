@@ -68,8 +68,8 @@ export async function benchServer(opts: { unconfined?: boolean; networking?: 'on
   const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, ...opts.config } });
   const log = pino({ level: 'silent' });
-  const engine = localEngine(cfg, log, { unconfinedForBenchmarks: opts.unconfined ?? false });
-  const fp = await Forkpoint.open(cfg, log, VERSION, () => engine);
+  let engine!: Engine;
+  const fp = await Forkpoint.open(cfg, log, VERSION, (nodeId) => (engine = localEngine(cfg, log, nodeId, { unconfinedForBenchmarks: opts.unconfined ?? false })));
   await fp.start();
   const token = (await fp.ensureInitialToken())!;
   const app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: cfg.bodyLimitBytes });

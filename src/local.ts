@@ -6,10 +6,10 @@ import { Engine, type EngineOptions } from './engine/engine.js';
 /** The composition root of a node: the core over this host's engine. The one place that knows
  * both (the core knows the engine only through src/seam). */
 export function openLocalForkpoint(config: Config, log: Logger, version: string, overrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Promise<Forkpoint> {
-  return Forkpoint.open(config, log, version, () => localEngine(config, log, overrides));
+  return Forkpoint.open(config, log, version, (nodeId) => localEngine(config, log, nodeId, overrides));
 }
 
-export function localEngine(config: Config, log: Logger, overrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Engine {
+export function localEngine(config: Config, log: Logger, nodeId: string, overrides: Pick<EngineOptions, 'unconfinedForBenchmarks'> = {}): Engine {
   return new Engine({
     dataDir: config.dataDir,
     criuPath: config.criuPath,
@@ -18,6 +18,7 @@ export function localEngine(config: Config, log: Logger, overrides: Pick<EngineO
     logger: log,
     network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(',') },
     uidRanges: config.uidRanges,
+    nodeId,
     ...overrides,
   });
 }

@@ -165,14 +165,17 @@ describe('finding 2: kernel keyrings are not shared', () => {
 
 describe('finding 3: limits cannot be escaped', () => {
   const v1 = !existsSync('/sys/fs/cgroup/cgroup.controllers');
-  const limitFiles = (id: string) =>
-    v1
-      ? [`/sys/fs/cgroup/memory/forkpoint/${id}/memory.limit_in_bytes`, `/sys/fs/cgroup/pids/forkpoint/${id}/pids.max`, `/sys/fs/cgroup/cpu/forkpoint/${id}/cpu.cfs_quota_us`]
-      : [`/sys/fs/cgroup/forkpoint/${id}/memory.max`, `/sys/fs/cgroup/forkpoint/${id}/pids.max`, `/sys/fs/cgroup/forkpoint/${id}/cpu.max`];
+  // A sandbox's groups are its node's: forkpoint/<node>/<instance>.
+  const limitFiles = (id: string) => {
+    const g = `forkpoint/${s.fp.cluster.nodeId}/${id}`;
+    return v1
+      ? [`/sys/fs/cgroup/memory/${g}/memory.limit_in_bytes`, `/sys/fs/cgroup/pids/${g}/pids.max`, `/sys/fs/cgroup/cpu/${g}/cpu.cfs_quota_us`]
+      : [`/sys/fs/cgroup/${g}/memory.max`, `/sys/fs/cgroup/${g}/pids.max`, `/sys/fs/cgroup/${g}/cpu.max`];
+  };
 
   it('unshare -U (user, mount and cgroup namespaces) is refused, and the limits on the host stay', async () => {
     const before = await Promise.all(limitFiles(a).map((f) => readFile(f, 'utf8')));
-    const r = await sh(a, 'unshare -U -m -C sh -c "mkdir -p /tmp/cg && mount -t cgroup -o memory none /tmp/cg && echo -1 > /tmp/cg/forkpoint/*/memory.limit_in_bytes"; echo rc=$?');
+    const r = await sh(a, 'unshare -U -m -C sh -c "mkdir -p /tmp/cg && mount -t cgroup -o memory none /tmp/cg && echo -1 > /tmp/cg/forkpoint/*/*/memory.limit_in_bytes"; echo rc=$?');
     expect(r.stdout).toMatch(/rc=[1-9]/);
     expect(r.stderr).toMatch(/unshare|Operation not permitted/);
     expect(await Promise.all(limitFiles(a).map((f) => readFile(f, 'utf8')))).toEqual(before);

@@ -167,12 +167,12 @@ export class Forkpoint {
 
   /** Opens the store and wires the services over the runtime `makeRuntime` makes (the local
    * engine: src/local.ts; a fake one in the unit tests). */
-  static async open(config: Config, log: Logger, version: string, makeRuntime: () => SandboxRuntime): Promise<Forkpoint> {
+  static async open(config: Config, log: Logger, version: string, makeRuntime: (nodeId: string) => SandboxRuntime): Promise<Forkpoint> {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
     const nodeId = await nodeIdOf(config.nodeId, new DataLayout(config.dataDir).nodeIdFile);
     const store = await openConfiguredStore(config, log);
     try {
-      return new Forkpoint(config, log, version, store, nodeId, makeRuntime());
+      return new Forkpoint(config, log, version, store, nodeId, makeRuntime(nodeId));
     } catch (err) {
       await store.close();
       throw err;

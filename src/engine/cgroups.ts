@@ -14,11 +14,23 @@ const CPU_PERIOD_US = 100_000;
  * (and the agent layer does): on cgroup v1 the devices controller keeps it to these. */
 const ALLOWED_DEVICES = ['c 1:3 rwm', 'c 1:5 rwm', 'c 1:7 rwm', 'c 1:8 rwm', 'c 1:9 rwm', 'c 5:0 rwm', 'c 5:2 rwm', 'c 136:* rwm'];
 
-/** Per-sandbox cgroups on the unified hierarchy (v2) or the v1 controllers of a hybrid host. */
+/** The v1 controllers a sandbox's groups are in (freezer only while it is frozen). */
+const V1_CONTROLLERS = ['memory', 'pids', 'cpu', 'devices', 'freezer'];
+/** Before groups were per node, a sandbox's were `forkpoint/<id>`: what an older server left
+ * running is still found (and removed) there. */
+const LEGACY_GROUP = 'forkpoint';
+/** How long a freeze may take to reach every process of the sandbox. */
+const FREEZE_DEADLINE_MS = 5000;
+
+/**
+ * Per-sandbox cgroups on the unified hierarchy (v2) or the v1 controllers of a hybrid host,
+ * under `forkpoint/<node>/`: two nodes on one host (a test, a node taking over an instance
+ * another still holds frozen) never share a sandbox's groups.
+ */
 export class Cgroups {
   readonly version: 1 | 2;
 
-  constructor(private readonly group = 'forkpoint') {
+  constructor(private readonly group: string) {
     this.version = existsSync(join(ROOT, 'cgroup.controllers')) ? 2 : 1;
   }
 
@@ -26,19 +38,66 @@ export class Cgroups {
    * names that sandbox's process only while this holds, not a host process that took the pid. */
   async holds(id: string, pid: number): Promise<boolean> {
     const text = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
-    const mine = `/${this.group}/${id}`;
+    const ours = [`/${this.group}/${id}`, `/${LEGACY_GROUP}/${id}`];
     return text.split('\n').some((line) => {
       const path = line.slice(line.indexOf(':', line.indexOf(':') + 1) + 1);
-      return path === mine || path.startsWith(`${mine}/`);
+      return ours.some((mine) => path === mine || path.startsWith(`${mine}/`));
     });
   }
 
-  private v1Dir(controller: string, id: string): string {
-    return join(ROOT, controller, this.group, id);
+  private v1Dir(controller: string, id: string, group = this.group): string {
+    return join(ROOT, controller, group, id);
   }
 
-  private v2Dir(id: string): string {
-    return join(ROOT, this.group, id);
+  private v2Dir(id: string, group = this.group): string {
+    return join(ROOT, group, id);
+  }
+
+  /**
+   * Stops every process of the sandbox where it stands (the cgroup freezer), until `thaw`:
+   * what a node does with its sandboxes once it can no longer be sure they are its own.
+   */
+  async freeze(id: string): Promise<void> {
+    try {
+      if (this.version === 2) {
+        await writeFile(join(this.v2Dir(id), 'cgroup.freeze'), '1');
+        await this.waitFor(join(this.v2Dir(id), 'cgroup.events'), (t) => /^frozen 1$/m.test(t));
+        return;
+      }
+      // v1: the sandbox's processes join a freezer group made for the freeze; ones forked
+      // meanwhile are moved in until none is left outside, then the group is frozen.
+      const freezer = this.v1Dir('freezer', id);
+      await mkdir(freezer, { recursive: true });
+      const procs = join(this.v1Dir('pids', id), 'cgroup.procs');
+      for (let round = 0; round < 20; round++) {
+        const outside = (await readFile(procs, 'utf8')).split('\n').filter(Boolean);
+        const inside = new Set((await readFile(join(freezer, 'cgroup.procs'), 'utf8')).split('\n').filter(Boolean));
+        const missing = outside.filter((p) => !inside.has(p));
+        if (missing.length === 0 && round > 0) break;
+        for (const pid of missing) await writeFile(join(freezer, 'cgroup.procs'), pid).catch(() => {}); // gone meanwhile
+        await writeFile(join(freezer, 'freezer.state'), 'FROZEN');
+      }
+      await this.waitFor(join(freezer, 'freezer.state'), (t) => t.trim() === 'FROZEN');
+    } catch (err) {
+      throw new EngineError('CGROUP_FAILED', `freezing ${id}: ${(err as Error).message}`, undefined, { cause: err });
+    }
+  }
+
+  async thaw(id: string): Promise<void> {
+    try {
+      if (this.version === 2) await writeFile(join(this.v2Dir(id), 'cgroup.freeze'), '0');
+      else if (existsSync(this.v1Dir('freezer', id))) await writeFile(join(this.v1Dir('freezer', id), 'freezer.state'), 'THAWED');
+    } catch (err) {
+      throw new EngineError('CGROUP_FAILED', `thawing ${id}: ${(err as Error).message}`, undefined, { cause: err });
+    }
+  }
+
+  private async waitFor(file: string, done: (text: string) => boolean): Promise<void> {
+    const deadline = Date.now() + FREEZE_DEADLINE_MS;
+    while (!done(await readFile(file, 'utf8'))) {
+      if (Date.now() > deadline) throw new Error(`${file} did not settle within ${FREEZE_DEADLINE_MS} ms`);
+      await new Promise((r) => setTimeout(r, 10));
+    }
   }
 
   /** cgroup.procs files of the groups this process made and set, by instance and limits: a
@@ -97,13 +156,14 @@ export class Cgroups {
   }
 
   private async createV2(id: string, limits: ResourceLimits): Promise<string> {
-    const parent = join(ROOT, this.group);
-    await mkdir(parent, { recursive: true });
+    await mkdir(join(ROOT, this.group), { recursive: true });
     const wanted = ['memory', 'pids', 'cpu'];
     const available = readFileSync(join(ROOT, 'cgroup.controllers'), 'utf8').split(/\s+/);
     const enable = wanted.filter((c) => available.includes(c)).map((c) => `+${c}`).join(' ');
     await writeFile(join(ROOT, 'cgroup.subtree_control'), enable).catch(() => {});
-    await writeFile(join(parent, 'cgroup.subtree_control'), enable);
+    // Each level down to the node's group hands the controllers on.
+    const levels = this.group.split('/');
+    for (let i = 1; i <= levels.length; i++) await writeFile(join(ROOT, ...levels.slice(0, i), 'cgroup.subtree_control'), enable);
     const dir = this.v2Dir(id);
     await mkdir(dir, { recursive: true });
     await writeFile(join(dir, 'memory.max'), String(limits.memoryMb * 1024 * 1024));
@@ -137,9 +197,15 @@ export class Cgroups {
    * but a host tool or an older forkpoint might have). */
   async remove(id: string): Promise<void> {
     this.made.delete(id);
-    const dirs =
-      this.version === 2 ? [this.v2Dir(id)] : ['memory', 'pids', 'cpu', 'devices'].map((c) => this.v1Dir(c, id));
+    const dirs = [this.group, LEGACY_GROUP].flatMap((g) => (this.version === 2 ? [this.v2Dir(id, g)] : V1_CONTROLLERS.map((c) => this.v1Dir(c, id, g))));
     for (const dir of dirs) await removeGroup(dir, 0);
+  }
+
+  /** Removes the node's own group once no sandbox's is left in it (a server that stops with
+   * none running leaves nothing of itself). */
+  async removeNodeGroup(): Promise<void> {
+    const dirs = this.version === 2 ? [join(ROOT, this.group)] : V1_CONTROLLERS.map((c) => join(ROOT, c, this.group));
+    for (const dir of dirs) await rmdir(dir).catch(() => {}); // busy: sandboxes still in it
   }
 }
 

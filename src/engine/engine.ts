@@ -40,6 +40,8 @@ export interface EngineOptions {
   network: { cidr: string; dnsServers?: string[] | undefined };
   /** How many uid ranges sandboxes' user namespaces may hold at once (kernel-limits.ts). */
   uidRanges: number;
+  /** The node this engine is: its sandboxes' cgroups are under `forkpoint/<node>/`. */
+  nodeId: string;
 }
 
 export type { FreezeResult, SandboxSpec } from '../seam/runtime.js';
@@ -55,7 +57,7 @@ interface PreparedRestore {
 export class Engine implements SandboxRuntime {
   readonly layout: DataLayout;
   readonly criu: Criu;
-  readonly cgroups = new Cgroups();
+  readonly cgroups: Cgroups;
   readonly network: Network;
   readonly images: Images;
   private readonly volumes: Volumes;
@@ -69,6 +71,7 @@ export class Engine implements SandboxRuntime {
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
     this.images = new Images(this.layout.images);
+    this.cgroups = new Cgroups(`forkpoint/${opts.nodeId}`);
     this.volumes = new Volumes(this.layout.volumes);
     this.disk = new Disk(this.layout, this.volumes, opts.agentPath);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
@@ -100,6 +103,18 @@ export class Engine implements SandboxRuntime {
 
   sandbox(id: string): Sandbox | undefined {
     return this.live.get(id);
+  }
+
+  liveIds(): string[] {
+    return [...this.live.keys()];
+  }
+
+  async freeze(id: string): Promise<void> {
+    await this.cgroups.freeze(id);
+  }
+
+  async thaw(id: string): Promise<void> {
+    await this.cgroups.thaw(id);
   }
 
   private lowers(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image' | 'agentLayer'>): string[] {
@@ -574,5 +589,6 @@ export class Engine implements SandboxRuntime {
     this.restorers.close();
     for (const sb of this.live.values()) await sb.close();
     this.live.clear();
+    await this.cgroups.removeNodeGroup();
   }
 }

@@ -124,6 +124,12 @@ export interface SandboxRuntime {
   shutdown(): Promise<void>;
   health(): Promise<RuntimeHealth>;
 
+  /** The instances whose sandboxes are live here. */
+  liveIds(): string[];
+  /** Stops every process of the sandbox where it stands, until `thaw`: a node that can no
+   * longer renew its lease freezes what it runs before another node may take it over. */
+  freeze(id: string): Promise<void>;
+  thaw(id: string): Promise<void>;
   /** The live sandbox of an instance, if it runs here. */
   sandbox(id: string): SandboxHandle | undefined;
   boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<SandboxHandle>;

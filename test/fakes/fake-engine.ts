@@ -78,6 +78,8 @@ export class FakeHost {
   readonly uppers = new Map<string, Tree>();
   readonly mounted = new Set<string>();
   readonly running = new Map<string, HostSandbox>();
+  /** Sandboxes whose processes are frozen (a fenced node's). */
+  readonly frozen = new Set<string>();
   /** Every engine call, in order: what the tests read to see what the core asked. */
   readonly calls: string[] = [];
   private readonly faults = new Map<FaultPoint, number>();
@@ -108,6 +110,7 @@ export class FakeHost {
   }
 
   kill(id: string): void {
+    this.frozen.delete(id);
     const h = this.running.get(id);
     if (h) for (const p of h.memory.procs.values()) p.running = false;
     this.running.delete(id);
@@ -349,6 +352,7 @@ export class FakeSandbox implements SandboxHandle {
   private get hosted(): HostSandbox {
     const h = this.host.running.get(this.id);
     if (!h || this.stopped) throw new EngineError('NOT_RUNNING', `sandbox ${this.id} stopped`);
+    if (this.host.frozen.has(this.id)) throw new EngineError('AGENT_UNREACHABLE', `sandbox ${this.id} is frozen`);
     return h;
   }
 
@@ -552,6 +556,20 @@ export class FakeEngine implements SandboxRuntime {
 
   sandbox(id: string): FakeSandbox | undefined {
     return this.live.get(id);
+  }
+
+  liveIds(): string[] {
+    return [...this.live.keys()];
+  }
+
+  async freeze(id: string): Promise<void> {
+    this.note(`freeze ${id}`);
+    this.host.frozen.add(id);
+  }
+
+  async thaw(id: string): Promise<void> {
+    this.note(`thaw ${id}`);
+    this.host.frozen.delete(id);
   }
 
   private attach(spec: SandboxSpec): FakeSandbox {

@@ -21,11 +21,22 @@ function snapshot(): Set<string> {
   for (const line of execaSync('losetup', ['-a'], { reject: false }).stdout.split('\n')) {
     if (line.includes(`${tmpdir()}/forkpoint-`)) found.add(`loop ${line}`);
   }
-  for (const controller of ['memory', 'pids', 'cpu', 'devices', '.']) {
+  // Sandboxes' groups (forkpoint/<node>/inst_..., and forkpoint/inst_... of older servers),
+  // and a node's group left with nothing in it.
+  for (const controller of ['memory', 'pids', 'cpu', 'devices', 'freezer', '.']) {
+    const root = `/sys/fs/cgroup/${controller}/forkpoint`;
+    let entries: string[];
     try {
-      for (const g of readdirSync(`/sys/fs/cgroup/${controller}/forkpoint`)) if (g.startsWith('inst_')) found.add(`cgroup ${controller}/${g}`);
+      entries = readdirSync(root, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name);
     } catch {
-      // no such hierarchy here
+      continue; // no such hierarchy here
+    }
+    for (const g of entries) {
+      if (g.startsWith('inst_')) found.add(`cgroup ${controller}/${g}`);
+      else if (g.startsWith('node-')) {
+        const inside = readdirSync(`${root}/${g}`, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name);
+        for (const i of inside) if (i.startsWith('inst_')) found.add(`cgroup ${controller}/${g}/${i}`);
+      }
     }
   }
   for (const name of readdirSync(tmpdir())) if (TEMP.test(name)) found.add(`temp ${tmpdir()}/${name}`);

@@ -39,8 +39,8 @@ export async function startServer(config: Partial<ConfigInput> = {}, existingDat
   const dataDir = existingDataDir ?? (await mkdtemp(join(tmpdir(), 'forkpoint-test-')));
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', ...config } });
   const log = pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' });
-  const engine = localEngine(cfg, log);
-  const fp = await Forkpoint.open(cfg, log, VERSION, () => engine);
+  let engine!: Engine;
+  const fp = await Forkpoint.open(cfg, log, VERSION, (nodeId) => (engine = localEngine(cfg, log, nodeId)));
   await fp.start();
   const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.layout.initialTokenFile, 'utf8')).trim();
   let app: FastifyInstance;
