@@ -262,12 +262,16 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
         expect((await n.api('GET', '/healthz')).status).toBe(200);
       }
       await sleep(4000);
+      // Neither could renew its lease for half the dead-after time: both froze their sandboxes.
+      for (const n of [a, b]) expect((await n.api('GET', '/readyz')).body.checks.fenced).toBe(true);
     } finally {
       await postgres.resume();
     }
     for (const n of [a, b]) {
       expect([n.proc.exitCode, n.proc.signalCode]).toEqual([null, null]);
       await until('the node answering from the database again', async () => (await n.api('GET', '/instances')).status === 200, 20_000);
+      // Its next heartbeat renews the lease no one ended (no node could): everything thaws.
+      await until('the node ready again', async () => (await n.api('GET', '/readyz')).status === 200, 20_000);
       const ready = await n.api('GET', '/readyz');
       expect([ready.status, ready.body.checks]).toEqual([200, { engine: true, database: true, object_store: true, draining: false }]);
     }

@@ -4,7 +4,7 @@ import type { Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import { Backoff } from '../lib/backoff.js';
 import { engineFailure } from './engine-failure.js';
-import { ConflictError } from './errors.js';
+import { ConflictError, UnavailableError } from './errors.js';
 import type { InstanceService } from './instances.js';
 
 /** How often the idle monitor looks. */
@@ -29,10 +29,13 @@ export class SandboxAccess {
     private readonly instances: InstanceService,
     private readonly store: Store,
     private readonly log: Logger,
+    /** Whether this node's sandboxes are frozen, its lease in doubt. */
+    private readonly fenced: () => boolean = () => false,
   ) {}
 
   /** The running sandbox, waking the instance if it hibernates. */
   async sandbox(owner: string, id: string): Promise<{ sb: SandboxHandle; rec: InstanceRecord }> {
+    if (this.fenced()) throw new UnavailableError('this node cannot renew its lease: its sandboxes are frozen until it can', { reason: 'NODE_FENCED' });
     let rec = await this.instances.get(owner, id);
     if (rec.status === 'hibernated') rec = await this.instances.wake(owner, id);
     const sb = this.instances.live(id);

@@ -24,6 +24,16 @@ export interface NodeView extends NodeRecord {
   self: boolean;
 }
 
+/** What a node does with its sandboxes as its lease goes and comes back. */
+export interface LeaseHolder {
+  /** The lease may be ending (no renewal for half the dead-after time): stop every sandbox
+   * where it stands, before another node may judge this one dead and take them over. */
+  fence(): Promise<void>;
+  /** The lease holds again. `ended`: another node ended it meanwhile (this node has a new one),
+   * so some instances may be another node's now: let go of those, thaw the rest. */
+  settle(ended: boolean): Promise<void>;
+}
+
 /** This node's name: the configured one, or one made at the first start and kept. */
 export async function nodeIdOf(configured: string | undefined, file: string): Promise<string> {
   if (configured) return configured;
@@ -41,7 +51,16 @@ export async function nodeIdOf(configured: string | undefined, file: string): Pr
  */
 export class Cluster {
   private timer: NodeJS.Timeout | undefined;
+  private watchdog: NodeJS.Timeout | undefined;
   private beating: Promise<void> | undefined;
+  /** The epoch of this node's lease (its fencing token), once joined. */
+  private epoch = 0;
+  /** When the last heartbeat that renewed the lease was sent. */
+  private renewedAt = 0;
+  /** Frozen: the lease could not be renewed in time. */
+  private fencedNow = false;
+  private fencing: Promise<void> | undefined;
+  private holder: LeaseHolder = { fence: async () => {}, settle: async () => {} };
   private joined = false;
   private reclaim: (recs: InstanceRecord[]) => Promise<void> = async () => {};
   /** Since when every heartbeat of this node has reached the store. Another node's silence
@@ -59,20 +78,53 @@ export class Cluster {
 
   /** Registers the node at `url` (where the others reach it) and starts its heartbeat. */
   async join(url: string): Promise<void> {
-    await this.store.nodes.register(this.nodeId, url, new Date().toISOString());
+    const now = Date.now();
+    this.epoch = await this.store.nodes.register(this.nodeId, url, new Date(now).toISOString());
+    this.store.fence.set(this.nodeId, this.epoch);
+    this.renewedAt = now;
     this.joined = true;
-    this.reachedSince = Date.now();
+    this.reachedSince = now;
     this.timer = setInterval(() => {
       this.beating ??= this.beat()
         .catch((err: unknown) => this.log.warn({ err }, 'heartbeat failed'))
         .finally(() => (this.beating = undefined));
     }, this.timing.heartbeatMs);
     this.timer.unref();
+    this.watchdog = setInterval(() => {
+      if (!this.fencedNow && Date.now() - this.renewedAt > this.fenceAfterMs) void this.fence();
+    }, Math.min(Math.max(this.timing.heartbeatMs / 2, 50), 1000));
+    this.watchdog.unref();
+  }
+
+  /** Half the dead-after time: the other nodes wait all of it before they end this node's
+   * lease, so everything here is frozen well before any of them may take it over. */
+  private get fenceAfterMs(): number {
+    return this.timing.deadAfterMs / 2;
+  }
+
+  /** Whether this node has frozen its sandboxes, its lease in doubt. */
+  get fenced(): boolean {
+    return this.fencedNow;
+  }
+
+  /** Told when the lease is in doubt and when it holds again. */
+  holdLeaseWith(holder: LeaseHolder): void {
+    this.holder = holder;
+  }
+
+  private fence(): Promise<void> {
+    if (this.fencedNow) return this.fencing ?? Promise.resolve();
+    this.fencedNow = true;
+    this.log.error({ silentForMs: Date.now() - this.renewedAt }, 'this node could not renew its lease: its sandboxes are frozen until it can');
+    this.fencing = this.holder.fence().catch((err: unknown) => this.log.error({ err }, 'freezing the sandboxes failed'));
+    return this.fencing;
   }
 
   async leave(): Promise<void> {
     clearInterval(this.timer);
+    clearInterval(this.watchdog);
     this.timer = undefined;
+    this.watchdog = undefined;
     await this.beating;
   }
 
@@ -84,19 +136,40 @@ export class Cluster {
 
   private async beat(): Promise<void> {
     const now = Date.now();
+    let renewed: boolean;
     try {
-      await this.store.nodes.heartbeat(this.nodeId, new Date(now).toISOString());
+      renewed = await this.store.nodes.heartbeat(this.nodeId, new Date(now).toISOString(), this.epoch);
     } catch (err) {
       this.reachedSince = undefined;
       throw err;
     }
     this.reachedSince ??= now;
+    if (!renewed) {
+      // Another node ended this node's lease (it was silent too long): whatever it took over
+      // is its own now. Frozen first, then a new lease, then let go of what is not ours.
+      await this.fence();
+      this.epoch = await this.store.nodes.renewLease(this.nodeId, new Date(now).toISOString());
+      this.store.fence.set(this.nodeId, this.epoch);
+      this.log.warn({ epoch: this.epoch }, 'this node\'s lease was ended by another node; it holds a new one and lets go of what was taken over');
+      await this.holder.settle(true);
+    } else if (this.fencedNow) {
+      // Renewed before anyone could end it: nothing was taken, everything thaws.
+      await this.fencing;
+      await this.holder.settle(false);
+    }
+    this.renewedAt = now;
+    this.fencedNow = false;
+    this.fencing = undefined;
     const mine = await this.store.instances.lostOf(this.nodeId);
     if (mine.length) await this.reclaim(mine);
     if (now - this.reachedSince < this.timing.deadAfterMs) return;
+    const cutoff = new Date(now - this.timing.deadAfterMs).toISOString();
     const silent = (await this.store.nodes.all()).filter((n) => n.id !== this.nodeId && !this.isLive(n, now)).map((n) => n.id);
-    const lost = await this.store.instances.markLost(silent);
-    if (lost.length) this.log.warn({ nodes: silent, instances: lost }, 'nodes stopped answering: their instances are lost');
+    if (silent.length === 0) return;
+    // A lease ends only if its heartbeat is still that old when it is ended (one that landed
+    // meanwhile keeps it), and its instances are lost in the same transaction.
+    const lost = await this.store.transaction(async (tx) => tx.instances.markLost(await tx.nodes.endLeases(silent, cutoff)));
+    if (lost.length) this.log.warn({ nodes: silent, instances: lost }, 'nodes stopped answering: their leases ended, their instances are lost');
   }
 
   private isLive(n: NodeRecord, now = Date.now()): boolean {

@@ -1,4 +1,5 @@
 import { StoreUnavailableError } from '../store/db.js';
+import { StaleWriteError } from '../store/fence.js';
 /** Errors with a stable code, mapped one-to-one onto HTTP statuses by the HTTP faces. */
 export type ErrorCode =
   | 'INVALID_REQUEST'
@@ -134,6 +135,11 @@ export function isStoreAway(err: unknown): boolean {
     if (x.message === 'Connection terminated unexpectedly') return true;
   }
   return false;
+}
+
+/** A write refused because this node's lease ended, or the instance is another node's now. */
+export function isStaleWrite(err: unknown): err is StaleWriteError {
+  return err instanceof StaleWriteError;
 }
 
 export function isNoSpace(err: unknown): boolean {

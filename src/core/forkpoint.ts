@@ -54,6 +54,8 @@ export interface Readiness {
     /** Absent without an object store. */
     object_store?: boolean;
     draining: boolean;
+    /** Present while the node's lease is in doubt and its sandboxes are frozen. */
+    fenced?: boolean;
   };
 }
 
@@ -125,7 +127,7 @@ export class Forkpoint {
     this.catalog = new ImageCatalog(this.store, this.images);
     this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId);
     this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log);
-    this.access = new SandboxAccess(this.instances, this.store, log);
+    this.access = new SandboxAccess(this.instances, this.store, log, () => this.cluster.fenced);
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
     this.files = new FileService(this.access, log);
@@ -261,8 +263,8 @@ export class Forkpoint {
       within(this.store.ping()).then(() => true, () => false),
       within(this.durable.reachable()).catch(() => false),
     ]);
-    const checks: Readiness['checks'] = { engine: health.ok, database, draining: this.draining, ...(objects === undefined ? {} : { object_store: objects }) };
-    return { ready: checks.engine && checks.database && checks.object_store !== false && !checks.draining, checks };
+    const checks: Readiness['checks'] = { engine: health.ok, database, draining: this.draining, ...(objects === undefined ? {} : { object_store: objects }), ...(this.cluster.fenced ? { fenced: true } : {}) };
+    return { ready: checks.engine && checks.database && checks.object_store !== false && !checks.draining && !checks.fenced, checks };
   }
 
   async health(): Promise<HealthReport> {
@@ -286,6 +288,13 @@ export class Forkpoint {
    * where): called once the server listens. */
   async join(url: string): Promise<void> {
     this.cluster.whenOwnLost((recs) => this.instances.reclaimLost(recs));
+    this.cluster.holdLeaseWith({
+      fence: () => this.instances.freezeAll(),
+      settle: async (ended) => {
+        await this.instances.settleLease();
+        if (ended) this.log.warn('lease renewed after it had ended');
+      },
+    });
     await this.cluster.join(this.config.nodeUrl ?? url);
   }
 

@@ -251,6 +251,30 @@ export class InstanceService {
     }
   }
 
+  /** The lease is in doubt: every sandbox here stops where it stands (see Cluster). */
+  async freezeAll(): Promise<void> {
+    for (const id of this.engine.liveIds()) {
+      await this.engine.freeze(id).catch((err: unknown) => this.log.error({ err, instance: id }, 'could not freeze a sandbox'));
+    }
+  }
+
+  /** The lease holds again: what is still this node's thaws (taken back if it was marked lost
+   * meanwhile); what another node took over is stopped here, its disk and address let go, its
+   * record left to its new node. */
+  async settleLease(): Promise<void> {
+    for (const id of this.engine.liveIds()) {
+      const rec = await this.store.instances.get(id);
+      if (rec?.node === this.nodeId) {
+        if (rec.status === 'lost') await this.store.instances.reclaimLost(id, this.nodeId, 'running');
+        await this.engine.thaw(id).catch((err: unknown) => this.log.error({ err, instance: id }, 'could not thaw a sandbox'));
+        continue;
+      }
+      this.log.warn({ instance: id, node: rec?.node ?? null }, 'an instance this node ran is another node\'s now (or gone): its sandbox here is stopped');
+      await this.engine.destroy(id).catch((err: unknown) => this.log.error({ err, instance: id }, 'could not stop a sandbox taken over by another node'));
+      await this.engine.network.forget(id).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not let go of an address'));
+    }
+  }
+
   /** Puts a new instance's egress policy in force, before it boots. */
   async admit(rec: InstanceRecord): Promise<void> {
     if (rec.address) await this.engine.network.setPolicy(rec.id, rec.address, rec.egress);

@@ -341,7 +341,11 @@ export class Engine implements SandboxRuntime {
     if (sb) {
       await sb.close();
       sb.loseAll(new AgentError(0, 'the sandbox stopped'));
-      await killTree(sb.pid, sb.startTime);
+      // SIGKILL first, then thaw (a frozen sandbox's, its node fenced): the kill is taken on
+      // the way out of the freezer, before any of its code runs again.
+      const gone = killTree(sb.pid, sb.startTime);
+      await this.cgroups.thaw(id).catch(() => {});
+      await gone;
     }
     await this.teardown(id);
   }

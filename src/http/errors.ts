@@ -1,6 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
-import { ForkpointError, httpStatusOf, isNoSpace, isStoreAway, type ErrorCode } from '../core/errors.js';
+import { ForkpointError, httpStatusOf, isNoSpace, isStaleWrite, isStoreAway, type ErrorCode } from '../core/errors.js';
 
 export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: unknown };
@@ -88,6 +88,10 @@ export function installErrorHandling(app: FastifyInstance): void {
     if (isNoSpace(err)) {
       request.log.warn({ err }, 'disk full');
       return sendError(reply, 'INSUFFICIENT_STORAGE', 'the disk under the data directory is full; free some space (delete checkpoints or instances) and try again');
+    }
+    if (isStaleWrite(err)) {
+      request.log.warn({ err }, 'a write of a lease that ended was refused');
+      return sendError(reply, 'CONFLICT', err.message, { reason: 'STALE_WRITE', instance: err.instanceId });
     }
     if (isStoreAway(err)) {
       request.log.warn({ err }, 'the database is not answering');

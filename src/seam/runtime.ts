@@ -91,6 +91,9 @@ export interface NetworkRuntime {
   allocate(used: Set<string>): SandboxNetwork | undefined;
   setPolicy(id: string, address: string, policy: EgressPolicy): Promise<void>;
   release(id: string, address: string): Promise<void>;
+  /** Lets go of whatever this node's network holds for the instance (one another node runs now:
+   * its record has that node's address). */
+  forget(id: string): Promise<void>;
   counters(id: string): NetworkCounters;
   destroy(): Promise<void>;
 }

@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import { CheckpointStore } from './checkpoints.js';
 import { openDb, type Db, type SqlDialect } from './db.js';
 import { DurableStore } from './durable.js';
+import { WriteFence } from './fence.js';
 import { ExecutionStore } from './executions.js';
 import { ImageStore } from './images.js';
 import { InstanceStore } from './instances.js';
@@ -23,6 +24,8 @@ export interface Store {
   durable: DurableStore;
   templates: TemplateStore;
   nodes: NodeStore;
+  /** The lease this node's instance writes carry (set by the cluster when it joins). */
+  fence: WriteFence;
   /** Runs `fn` with a store whose every call is one transaction (or the one this store is in).
    * Inside, only `tx` may be used: the embedded database has one connection, which the
    * transaction holds until it ends. */
@@ -35,14 +38,15 @@ export interface Store {
 /** Opens the store at `location`: a SQLite file, or a postgres:// URL shared by several nodes. */
 export async function openStore(location: string, onIdleError?: (err: Error) => void): Promise<Store> {
   const conn = await openDb(location, onIdleError);
-  return storeOn(conn.db, conn.dialect, () => conn.close());
+  return storeOn(conn.db, conn.dialect, () => conn.close(), new WriteFence());
 }
 
-function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>): Store {
+function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>, fence: WriteFence): Store {
   const store: Store = {
     dialect,
+    fence,
     tokens: new TokenStore(db),
-    instances: new InstanceStore(db),
+    instances: new InstanceStore(db, fence),
     checkpoints: new CheckpointStore(db),
     layers: new LayerStore(db),
     executions: new ExecutionStore(db),
@@ -54,7 +58,7 @@ function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>): Store
     ping: async () => {
       await sql`select 1`.execute(db);
     },
-    transaction: (fn) => (db.isTransaction ? fn(store) : db.transaction().execute((trx) => fn(storeOn(trx, dialect, close)))),
+    transaction: (fn) => (db.isTransaction ? fn(store) : db.transaction().execute((trx) => fn(storeOn(trx, dialect, close, fence)))),
     close,
   };
   return store;

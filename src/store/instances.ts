@@ -1,5 +1,7 @@
-import type { Selectable } from 'kysely';
+import type { ExpressionBuilder, Selectable } from 'kysely';
 import { atomically, type Db } from './db.js';
+import { StaleWriteError, type WriteFence } from './fence.js';
+import type { Tables } from './schema.js';
 import type { InstancesTable } from './schema.js';
 
 /** `lost`: its node stopped answering; `recover` brings it back on another from its newest
@@ -159,7 +161,19 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
 });
 
 export class InstanceStore {
-  constructor(private readonly db: Db) {}
+  constructor(
+    private readonly db: Db,
+    private readonly fence: WriteFence,
+  ) {}
+
+  /** The condition every write of this node's carries once it holds a lease: the row is its
+   * own, and its lease is still the current one. */
+  private leaseHolds(eb: ExpressionBuilder<Tables, 'instances'>, lease: { node: string; epoch: number }) {
+    return eb.and([
+      eb('instances.node', '=', lease.node),
+      eb.exists(eb.selectFrom('nodes').select('nodes.id').where('nodes.id', '=', lease.node).where('nodes.epoch', '=', lease.epoch)),
+    ]);
+  }
 
   async insert(rec: InstanceRecord): Promise<void> {
     await this.db.insertInto('instances').values(toRow(rec)).execute();
@@ -291,11 +305,14 @@ export class InstanceStore {
    * and the cluster's, by compare-and-set). */
   async update(id: string, patch: InstancePatch): Promise<InstanceRecord> {
     const changed = columnsOf(patch);
-    await this.db
+    const lease = this.fence.current;
+    const r = await this.db
       .updateTable('instances')
       .set((eb) => ({ ...changed, updated_at: new Date().toISOString(), version: eb('version', '+', 1) }))
       .where('id', '=', id)
-      .execute();
+      .$if(lease !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, lease!)))
+      .executeTakeFirst();
+    if (r.numUpdatedRows === 0n && lease && (await this.get(id))) throw new StaleWriteError(id, lease);
     const next = await this.get(id);
     if (!next) throw new Error(`instance ${id} vanished from the store`);
     return next;
@@ -310,8 +327,15 @@ export class InstanceStore {
       .where('id', '=', id)
       .where('version', '=', version)
       .where((eb) => (node === null ? eb('node', 'is', null) : eb('node', '=', node)))
+      .$if(this.fence.current !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, this.fence.current!)))
       .executeTakeFirst();
-    if (r.numUpdatedRows === 0n) return undefined;
+    if (r.numUpdatedRows === 0n) {
+      // Refused by the lease alone (the row is as read): this node's lease ended.
+      const lease = this.fence.current;
+      const now = lease && (await this.get(id));
+      if (lease && now && now.version === version && now.node === node) throw new StaleWriteError(id, lease);
+      return undefined;
+    }
     return this.get(id);
   }
 

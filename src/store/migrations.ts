@@ -269,4 +269,13 @@ export const migrations: readonly Migration[] = [
       -- it runs: a server that stops meanwhile finishes it at its next start
       ALTER TABLE instances ADD COLUMN restoring_from TEXT;`,
   },
+  {
+    version: 17,
+    name: 'node leases',
+    sql: `
+      -- the node's lease generation, its fencing token: raised when the node registers and when
+      -- another node judges it silent (marks its instances lost). A write by a node carries the
+      -- epoch it read; one of an epoch no longer current is refused.
+      ALTER TABLE nodes ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;`,
+  },
 ];

@@ -6,29 +6,60 @@ export interface NodeRecord {
   url: string;
   startedAt: string;
   heartbeatAt: string;
+  /** Its lease generation (see WriteFence). */
+  epoch: number;
 }
 
 /** The servers sharing the store, each saying now and then that it lives. */
 export class NodeStore {
   constructor(private readonly db: Db) {}
 
-  async register(id: string, url: string, now: string): Promise<void> {
+  /** Registers the node (again) with a new lease: answers its epoch. */
+  async register(id: string, url: string, now: string): Promise<number> {
     const row = { url, started_at: now, heartbeat_at: now };
-    await this.db.insertInto('nodes').values({ id, ...row }).onConflict((oc) => oc.column('id').doUpdateSet(row)).execute();
+    await this.db
+      .insertInto('nodes')
+      .values({ id, ...row, epoch: 1 })
+      .onConflict((oc) => oc.column('id').doUpdateSet((eb) => ({ ...row, epoch: eb('nodes.epoch', '+', 1) })))
+      .execute();
+    return (await this.get(id))!.epoch;
   }
 
-  async heartbeat(id: string, now: string): Promise<void> {
-    await this.db.updateTable('nodes').set({ heartbeat_at: now }).where('id', '=', id).execute();
+  /** Renews the node's lease of `epoch`: false when it is no longer current (another node
+   * judged this one silent meanwhile), and nothing is written. */
+  async heartbeat(id: string, now: string, epoch: number): Promise<boolean> {
+    const r = await this.db.updateTable('nodes').set({ heartbeat_at: now }).where('id', '=', id).where('epoch', '=', epoch).executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
+  /** Nodes judged silent for too long: their leases end here (their epochs move on) if their
+   * last heartbeat is still before `heartbeatBefore`; answers the ones that ended. */
+  async endLeases(ids: string[], heartbeatBefore: string): Promise<string[]> {
+    if (ids.length === 0) return [];
+    const ended = await this.db
+      .updateTable('nodes')
+      .set((eb) => ({ epoch: eb('epoch', '+', 1) }))
+      .where('id', 'in', ids)
+      .where('heartbeat_at', '<', heartbeatBefore)
+      .returning('id')
+      .execute();
+    return ended.map((r) => r.id);
+  }
+
+  /** A node whose lease ended takes a new one (after it has let go of what is no longer its). */
+  async renewLease(id: string, now: string): Promise<number> {
+    await this.db.updateTable('nodes').set((eb) => ({ heartbeat_at: now, epoch: eb('epoch', '+', 1) })).where('id', '=', id).execute();
+    return (await this.get(id))!.epoch;
   }
 
   async get(id: string): Promise<NodeRecord | undefined> {
     const r = await this.db.selectFrom('nodes').selectAll().where('id', '=', id).executeTakeFirst();
-    return r && { id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at };
+    return r && { id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at, epoch: Number(r.epoch) };
   }
 
   async all(): Promise<NodeRecord[]> {
     const rows = await this.db.selectFrom('nodes').selectAll().orderBy('id').execute();
-    return rows.map((r) => ({ id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at }));
+    return rows.map((r) => ({ id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at, epoch: Number(r.epoch) }));
   }
 
   /** The secret of that name all nodes share: `proposed` if none is there yet (the first node

@@ -445,6 +445,10 @@ class FakeNetwork implements NetworkRuntime {
     this.policies.delete(id);
   }
 
+  async forget(id: string): Promise<void> {
+    this.policies.delete(id);
+  }
+
   counters(): NetworkCounters {
     return { sentBytes: 0, receivedBytes: 0 };
   }

@@ -81,6 +81,10 @@ export class Network {
   }
 
   /** A deleted instance's rules go; its address is free again. */
+  async forget(id: string): Promise<void> {
+    for (const [address, e] of [...this.byAddress]) if (e.id === id) await this.release(id, address);
+  }
+
   async release(id: string, address: string): Promise<void> {
     this.byAddress.delete(address);
     this.links.delete(id);

@@ -22,6 +22,7 @@ export const Readiness = z
       database: z.boolean().describe('the store answered within 2 s'),
       object_store: z.boolean().optional().describe('the bucket answered within 2 s; absent without an object store'),
       draining: z.boolean().describe('the server is shutting down'),
+      fenced: z.boolean().optional().describe('present while the node cannot renew its lease in the shared database: its sandboxes are frozen until it can'),
     }),
   })
   .meta({ id: 'Readiness' });

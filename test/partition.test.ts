@@ -1,0 +1,150 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pg from 'pg';
+import S3rver from 's3rver';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ChildServer } from './helpers/child-server.js';
+import { CutProxy } from './helpers/cut-proxy.js';
+import { TestPostgres } from './helpers/postgres.js';
+import { sleep, until } from './helpers/wait.js';
+
+// Two nodes sharing a real PostgreSQL and an S3-API server; node A reaches the database through
+// a proxy this test cuts, as a network partition would, for longer than a node may be silent.
+// What must hold: A freezes its sandboxes before B may take them over; once the cut heals A
+// runs none of what B took and its writes with its old lease are refused; the instance runs
+// exactly once, as the host's cgroups show.
+let postgres: TestPostgres;
+let s3: S3rver;
+let proxy: CutProxy;
+let a: ChildServer;
+let b: ChildServer;
+let env: Record<string, string>;
+let envA: Record<string, string>;
+const dirs: string[] = [];
+const tmp = async (prefix: string) => {
+  const d = await mkdtemp(join(tmpdir(), prefix));
+  dirs.push(d);
+  return d;
+};
+
+const V2 = existsSync('/sys/fs/cgroup/cgroup.controllers');
+/** The host pids of the instance's sandbox on `node`, from its cgroup. */
+const pidsOn = (node: string, id: string): number[] => {
+  const file = V2 ? `/sys/fs/cgroup/forkpoint/${node}/${id}/cgroup.procs` : `/sys/fs/cgroup/pids/forkpoint/${node}/${id}/cgroup.procs`;
+  return existsSync(file) ? readFileSync(file, 'utf8').split('\n').filter(Boolean).map(Number) : [];
+};
+const frozenOn = (node: string, id: string): boolean => {
+  if (V2) return /^frozen 1$/m.test(readFileSync(`/sys/fs/cgroup/forkpoint/${node}/${id}/cgroup.events`, 'utf8'));
+  const f = `/sys/fs/cgroup/freezer/forkpoint/${node}/${id}/freezer.state`;
+  return existsSync(f) && readFileSync(f, 'utf8').trim() === 'FROZEN';
+};
+
+beforeAll(async () => {
+  postgres = await TestPostgres.start();
+  const s3dir = await tmp('forkpoint-s3-');
+  s3 = new S3rver({ address: '127.0.0.1', port: 0, directory: s3dir, silent: true });
+  const { port } = (await s3.run()) as { port: number };
+  const url = await postgres.database('partition');
+  const proxyDir = await tmp('forkpoint-pgproxy-');
+  const pgSocketDir = new URL(url.replace('postgresql:', 'http:')).searchParams.get('host')!;
+  proxy = await CutProxy.start(join(proxyDir, '.s.PGSQL.5432'), join(pgSocketDir, '.s.PGSQL.5432'));
+  env = {
+    FORKPOINT_DATABASE_URL: url,
+    FORKPOINT_S3_ENDPOINT: `http://127.0.0.1:${port}`,
+    FORKPOINT_S3_BUCKET: 'partition',
+    FORKPOINT_S3_ACCESS_KEY_ID: 'S3RVER',
+    FORKPOINT_S3_SECRET_ACCESS_KEY: 'S3RVER',
+    FORKPOINT_NODE_HEARTBEAT_S: '0.5',
+    FORKPOINT_NODE_DEAD_AFTER_S: '3',
+  };
+  envA = { ...env, FORKPOINT_DATABASE_URL: url.replace(`host=${encodeURIComponent(pgSocketDir)}`, `host=${encodeURIComponent(proxyDir)}`), FORKPOINT_NODE_ID: 'node-a' };
+  a = await ChildServer.start(await tmp('forkpoint-node-a-'), undefined, envA);
+  b = await ChildServer.start(await tmp('forkpoint-node-b-'), a.token, { ...env, FORKPOINT_NODE_ID: 'node-b' });
+}, 120_000);
+
+afterAll(async () => {
+  const step = async (what: () => Promise<unknown>) => {
+    await what().catch((err: unknown) => process.stderr.write(`partition test clean-up: ${String(err)}\n`));
+  };
+  proxy?.heal();
+  // A settles its lease once it reaches the database again (thaws, or lets go of what B took).
+  if (a) await step(() => until('A ready again', async () => (await a.api('GET', '/readyz')).status === 200, 20_000));
+  if (b) {
+    await step(async () => {
+      const list = (await b.api('GET', '/instances?limit=100')).body as { items?: { id: string }[] };
+      for (const i of list.items ?? []) await b.api('DELETE', `/instances/${i.id}`);
+    });
+  }
+  for (const n of [a, b]) if (n) await step(() => n.stop());
+  await step(async () => proxy?.close());
+  await step(async () => s3?.close());
+  await step(async () => postgres?.stop());
+  for (const d of dirs) await rm(d, { recursive: true, force: true });
+}, 120_000);
+
+/** The instance's status as the shared database has it (B's view of an instance of A's would
+ * be forwarded to A, cut off). */
+const statusInDb = async (id: string): Promise<string> => {
+  const db = new pg.Client({ connectionString: env.FORKPOINT_DATABASE_URL });
+  await db.connect();
+  try {
+    return (await db.query('SELECT status FROM instances WHERE id = $1', [id])).rows[0]?.status;
+  } finally {
+    await db.end();
+  }
+};
+
+const exec = async (node: ChildServer, id: string, command: string) => {
+  const r = await node.api('POST', `/instances/${id}/exec`, { command });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return r.body as { exit_code: number; stdout: string };
+};
+const counter = async (node: ChildServer, id: string) => Number((await exec(node, id, 'cat /tmp/count')).stdout.trim());
+
+describe('a node cut off from the database (a partition longer than dead-after)', () => {
+  it('freezes its sandboxes before the other node takes them; after the cut it runs none of them, and the instance runs once', async () => {
+    const made = await a.api('POST', '/instances', { name: 'partitioned' });
+    expect([made.status, made.body.node]).toEqual([201, 'node-a']);
+    const id = made.body.id as string;
+    await exec(a, id, '(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
+    await until('the counter counting', async () => (await counter(a, id)) > 3);
+    const before = await counter(a, id);
+    const ckpt = await a.api('POST', `/instances/${id}/checkpoints?wait=durable`, { memory: true });
+    expect([ckpt.status, ckpt.body.status, ckpt.body.durable], JSON.stringify(ckpt.body)).toEqual([200, 'ready', true]);
+    expect(pidsOn('node-a', id).length).toBeGreaterThan(0);
+
+    proxy.cut();
+    // A freezes what it runs once it cannot renew its lease, well before B may judge it dead.
+    await until('A\'s sandbox frozen', async () => frozenOn('node-a', id), 10_000);
+    expect(await statusInDb(id)).toBe('running'); // not yet lost: B may not take it yet
+    const rootOf = (pid: number) => `/proc/${pid}/root/tmp/count`;
+    const pid1 = pidsOn('node-a', id)[0]!;
+    const still = readFileSync(rootOf(pid1), 'utf8');
+    await sleep(400);
+    expect(readFileSync(rootOf(pid1), 'utf8')).toBe(still); // frozen: the counter does not move
+
+    await until('the instance lost (B judged A silent)', async () => (await statusInDb(id)) === 'lost', 20_000);
+    expect(frozenOn('node-a', id)).toBe(true); // frozen before B could take it
+    const back = await b.api('POST', `/instances/${id}/recover`);
+    expect([back.status, back.body.node, back.body.status], JSON.stringify(back.body)).toEqual([200, 'node-b', 'running']);
+    expect(pidsOn('node-b', id).length).toBeGreaterThan(0);
+    const onB = await counter(b, id);
+    expect(onB).toBeGreaterThanOrEqual(before); // the checkpoint's counter, running on
+
+    proxy.heal();
+    // A is back: it finds the instance is B's now, and stops what it held frozen.
+    await until('A running nothing of it', async () => pidsOn('node-a', id).length === 0, 20_000);
+    await until('A ready again', async () => (await a.api('GET', '/readyz')).status === 200, 20_000);
+    const seen = await a.api('GET', `/instances/${id}`);
+    expect([seen.status, seen.body.node, seen.body.status]).toEqual([200, 'node-b', 'running']);
+    // Exactly once, from the host's process table: B's sandbox only, still counting.
+    for (let i = 0; i < 6; i++) {
+      expect(pidsOn('node-a', id)).toEqual([]);
+      expect(pidsOn('node-b', id).length).toBeGreaterThan(0);
+      await sleep(250);
+    }
+    expect(await counter(a, id)).toBeGreaterThan(onB); // through A, answered by B's sandbox
+  }, 120_000);
+});
