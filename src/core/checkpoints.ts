@@ -11,6 +11,7 @@ import type { CreateInstance, InstanceService } from './instances.js';
 import type { JobQueue, KeyedLock } from './jobs.js';
 import type { ChainSquasher } from './squash.js';
 import { requireRoom, shortOfRoom } from './space.js';
+import { failpoint } from '../lib/failpoints.js';
 
 export interface CreateCheckpoint {
   label?: string | undefined;
@@ -498,6 +499,7 @@ export class CheckpointService {
             admitted.catch(() => {});
             const spec = this.instances.spec(rec);
             const sb = images ? await this.engine.restore(spec, images, { setHostname: true, connections: 'close' }) : await this.engine.boot(spec, { freshUpper: true });
+            failpoint('fork.restored');
             await admitted;
             if (images) await this.executions.adoptInFork(source.id, rec.id);
             return this.instances.running(rec.id, sb, { restoringFrom: null });

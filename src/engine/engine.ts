@@ -9,6 +9,7 @@ import { EngineError } from '../seam/errors.js';
 import { isAlive, isAliveSync, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
 import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from '../lib/data-layout.js';
+import { failpoint } from '../lib/failpoints.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { Volumes } from './volumes.js';
@@ -417,6 +418,7 @@ export class Engine implements SandboxRuntime {
     await sb.pause(async () => {
       const t0 = performance.now();
       steps.mark('close');
+      failpoint('checkpoint.paused');
       const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.end();
       if (!dumped.success) {
@@ -436,14 +438,17 @@ export class Engine implements SandboxRuntime {
       steps.mark('dump');
       await waitGone(sb.pid, sb.startTime);
       steps.mark('gone');
+      failpoint('checkpoint.dumped');
       // The old overlay stays mounted, with no one left using it, until the restorer mounts
       // the new one in its place: renaming its upper away is safe meanwhile.
       try {
         this.disk.freezeUpper(spec.id, layerId);
         steps.mark('rename');
+        failpoint('checkpoint.renamed');
         // The same moment the dump was of: its connections go on.
         const launched = await this.restoreWith(restorer, next, prepared, { connections: 'restore' });
         steps.mark('restore');
+        failpoint('checkpoint.restored');
         pauseMs = performance.now() - t0;
         return { ...launched, result: undefined };
       } catch (err) {
@@ -489,7 +494,9 @@ export class Engine implements SandboxRuntime {
         if (isAliveSync(sb.pid, sb.startTime)) return { pid: sb.pid, startTime: sb.startTime, result: undefined };
       } else {
         await waitGone(sb.pid, sb.startTime);
+        failpoint('hibernate.dumped');
         this.disk.freezeUpper(spec.id, layerId);
+        failpoint('hibernate.renamed');
       }
       this.live.delete(spec.id);
       await this.teardown(spec.id);
@@ -529,11 +536,13 @@ export class Engine implements SandboxRuntime {
       prepared?.catch(() => {});
       const oldGone = killTree(sb.pid, sb.startTime);
       oldGone.catch(() => {});
+      void oldGone.then(() => failpoint('rollback.killed'), () => {});
       try {
         this.disk.prepareDisk(spec, true);
         steps.mark('disk');
         const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { connections: 'close', oldGone }) : await oldGone.then(() => this.launchBoot(spec));
         steps.mark(images ? 'restore' : 'boot');
+        failpoint('rollback.restored');
         this.log.debug({ instance: spec.id, steps: steps.ms }, 'rollback');
         return { ...launched, result: undefined };
       } catch (err) {

@@ -14,6 +14,7 @@ import { BuildContext, type ContextBounds } from './context.js';
 import { parseDockerfile } from './dockerfile.js';
 import { manifestPlan, type ImageManifest } from './manifest.js';
 import type { BuildPlan, BuildStep } from './steps.js';
+import { failpoint } from '../../lib/failpoints.js';
 
 /** One line of a build's log: a step starting, cached or done, or what its command printed. */
 export interface BuildLogLine {
@@ -171,6 +172,7 @@ export class BuildService {
         }
         builder = await this.builderOn(owner, builder, from, state.layers, req.memoryMb);
         await this.runStep(owner, builder, step, state.config, roots, req.context, (message) => onLog({ step: n, total, type: 'output', message }));
+        failpoint('build.step-ran');
         builder.layers = await this.instances.commit(builder.id);
         builder.running = false;
         const layers = builder.layers;

@@ -1,0 +1,37 @@
+/**
+ * Points in the middle of checkpoints, rollbacks, forks, hibernations and builds where a test can
+ * make the server die exactly as `kill -9` would, to test what a restart makes of each phase
+ * instead of hoping a timed kill lands in it. Armed only by FORKPOINT_FAILPOINTS (a comma-separated
+ * list of names), which nothing but the tests sets; unarmed, a failpoint is one Set lookup.
+ */
+export const FAILPOINTS = [
+  /** Checkpoint: connections closed, the sandbox about to be dumped (the freeze). */
+  'checkpoint.paused',
+  /** Checkpoint: dumped (the sandbox gone), its upper not yet renamed into a layer. */
+  'checkpoint.dumped',
+  /** Checkpoint: the upper renamed into the new layer, nothing restored yet. */
+  'checkpoint.renamed',
+  /** Checkpoint: the sandbox restored on the new layer (thawed), the store not yet told. */
+  'checkpoint.restored',
+  /** Rollback: the old sandbox killed, the checkpoint not yet restored. */
+  'rollback.killed',
+  /** Rollback: the checkpoint restored, the store not yet told. */
+  'rollback.restored',
+  /** Fork: the fork's sandbox restored, the store not yet told it runs. */
+  'fork.restored',
+  /** Hibernation: dumped, the upper not yet renamed. */
+  'hibernate.dumped',
+  /** Hibernation: the upper renamed into its layer, the store not yet told. */
+  'hibernate.renamed',
+  /** Build: a step's command has run in the build's sandbox, its layer not yet made. */
+  'build.step-ran',
+] as const;
+
+export type Failpoint = (typeof FAILPOINTS)[number];
+
+const armed = new Set((process.env.FORKPOINT_FAILPOINTS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+
+/** Dies here, as by `kill -9`, if the test armed this point. */
+export function failpoint(name: Failpoint): void {
+  if (armed.has(name)) process.kill(process.pid, 'SIGKILL');
+}

@@ -1,0 +1,173 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { Failpoint } from '../src/lib/failpoints.js';
+import { ChildServer } from './helpers/child-server.js';
+import { eventually, overlaysUnder } from './helpers/server.js';
+
+// kill -9 of the server at each phase of a checkpoint (freeze, dump, rename, thaw), a rollback,
+// a fork, a hibernation and a build, made exact by failpoints (src/lib/failpoints.ts): the
+// server armed with one dies there as by SIGKILL. After the restart every instance runs (or
+// hibernates, to wake on the next call) with its counter going on, a rolled-back one from the
+// checkpoint's state; a build leaves nothing behind and builds again.
+let dataDir: string;
+let server: ChildServer | undefined;
+
+afterEach(async () => {
+  if (!server || server.proc.exitCode !== null || server.proc.signalCode !== null) server = await ChildServer.start(dataDir);
+  for (const i of (await server.api('GET', '/instances?limit=500')).body.items) await server.api('DELETE', `/instances/${i.id}`);
+  await server.stop();
+  server = undefined;
+  expect(await overlaysUnder(dataDir)).toEqual([]);
+  await rm(dataDir, { recursive: true, force: true });
+});
+
+const COUNTER = 'n=0; while true; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.05; done';
+const read = async (s: ChildServer, id: string, command: string) => {
+  const r = await s.api('POST', `/instances/${id}/exec`, { command });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return (r.body.stdout as string).trim();
+};
+const counter = async (s: ChildServer, id: string) => Number(await read(s, id, 'cat /tmp/c 2>/dev/null || echo -1'));
+const counting = async (s: ChildServer, id: string) => {
+  const first = await counter(s, id);
+  await eventually(async () => (await counter(s, id)) > first);
+  return first;
+};
+
+/** How many counter loops run in the instance's sandbox, read from the host: its cgroup's
+ * processes (a sandbox left over beside the one the store knows would count twice). */
+async function countersRunning(s: ChildServer, id: string): Promise<number> {
+  const node = (await s.api('GET', `/instances/${id}`)).body.node as string;
+  const group = existsSync('/sys/fs/cgroup/cgroup.controllers') ? `/sys/fs/cgroup/forkpoint/${node}/${id}` : `/sys/fs/cgroup/pids/forkpoint/${node}/${id}`;
+  const pids = readFileSync(join(group, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean);
+  return pids.filter((p) => {
+    try {
+      return readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('n=0; while true');
+    } catch {
+      return false; // gone meanwhile
+    }
+  }).length;
+}
+
+/** A server armed at `point`, an instance on it with a counter (and what `prepare` adds). */
+async function armed(point: Failpoint) {
+  dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-phase-'));
+  server = await ChildServer.start(dataDir, undefined, { FORKPOINT_FAILPOINTS: point });
+  const inst = (await server.api('POST', '/instances', { name: 'phased' })).body as { id: string };
+  await server.api('POST', `/instances/${inst.id}/processes`, { command: COUNTER });
+  await counting(server, inst.id);
+  return inst.id;
+}
+
+/** Makes the call that reaches the failpoint, and waits for the server to die of it. */
+async function dieDuring(call: () => Promise<unknown>): Promise<void> {
+  const s = server!;
+  const exited = new Promise<NodeJS.Signals | null>((r) => s.proc.once('exit', (_code, signal) => r(signal)));
+  await call().catch(() => undefined); // the connection goes down with the server
+  expect(await exited).toBe('SIGKILL'); // it died at the failpoint, not of anything else
+}
+
+async function restart(): Promise<ChildServer> {
+  const token = server!.token;
+  server = await ChildServer.start(dataDir, token);
+  return server;
+}
+
+describe('kill -9 at each phase of a checkpoint: the sandbox runs on, its counter goes on', () => {
+  for (const point of ['checkpoint.paused', 'checkpoint.dumped', 'checkpoint.renamed', 'checkpoint.restored'] as const) {
+    it(point, async () => {
+      const id = await armed(point);
+      await read(server!, id, 'echo kept > /root/f');
+      const before = await counter(server!, id);
+      let checkpointId = '';
+      await dieDuring(async () => {
+        const r = await server!.api('POST', `/instances/${id}/checkpoints`, {});
+        checkpointId = r.body.id;
+        await server!.api('GET', `/instances/${id}/checkpoints/${checkpointId}?wait=true`);
+      });
+      const s = await restart();
+      expect((await s.api('GET', `/instances/${id}`)).body.status).toBe('running');
+      expect(await counting(s, id)).toBeGreaterThanOrEqual(before); // the same processes, not a fresh boot
+      expect(await countersRunning(s, id)).toBe(1); // and only once
+      expect(await overlaysUnder(dataDir)).toHaveLength(1); // one disk mounted, its own
+      expect(await read(s, id, 'cat /root/f')).toBe('kept');
+      const list = (await s.api('GET', `/instances/${id}/checkpoints`)).body.items as { id: string; status: string; error: string | null }[];
+      for (const c of list) expect(c.status, JSON.stringify(c)).not.toBe('processing');
+      // Whatever the crash left, a checkpoint now and a rollback to it work.
+      const now = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, {});
+      expect(now.body.status).toBe('ready');
+      expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: now.body.id })).status).toBe(200);
+      expect(await read(s, id, 'cat /root/f')).toBe('kept');
+      await counting(s, id);
+    });
+  }
+});
+
+describe('kill -9 during a rollback: after the restart it runs from the checkpoint', () => {
+  for (const point of ['rollback.killed', 'rollback.restored'] as const) {
+    it(point, async () => {
+      const id = await armed(point);
+      const ck = (await server!.api('POST', `/instances/${id}/checkpoints?wait=true`, {})).body;
+      expect(ck.status).toBe('ready');
+      await read(server!, id, 'echo after > /root/marker');
+      await dieDuring(() => server!.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.id }));
+      const s = await restart();
+      expect((await s.api('GET', `/instances/${id}`)).body.status).toBe('running');
+      expect(await read(s, id, 'cat /root/marker 2>/dev/null || echo none')).toBe('none'); // the checkpoint's files
+      await counting(s, id); // its processes
+      expect(await countersRunning(s, id)).toBe(1);
+      expect(await overlaysUnder(dataDir)).toHaveLength(1);
+      expect((await s.api('GET', `/instances/${id}`)).body.head_checkpoint_id).toBe(ck.id);
+    });
+  }
+});
+
+describe('kill -9 during a fork and a hibernation', () => {
+  it('fork.restored: the fork runs after the restart, from the checkpoint; its source runs on', async () => {
+    const id = await armed('fork.restored');
+    const before = await counter(server!, id);
+    const ck = (await server!.api('POST', `/instances/${id}/checkpoints?wait=true`, {})).body;
+    await dieDuring(() => server!.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.id, name: 'the-fork' }));
+    const s = await restart();
+    const fork = ((await s.api('GET', '/instances')).body.items as { id: string; name: string; status: string }[]).find((i) => i.name === 'the-fork');
+    expect(fork?.status).toBe('running');
+    expect(await counting(s, fork!.id)).toBeGreaterThanOrEqual(before); // the checkpoint's counter, going on
+    await counting(s, id);
+    expect([await countersRunning(s, id), await countersRunning(s, fork!.id)]).toEqual([1, 1]);
+    expect(await overlaysUnder(dataDir)).toHaveLength(2);
+  });
+
+  for (const point of ['hibernate.dumped', 'hibernate.renamed'] as const) {
+    it(`${point}: the instance wakes with its counter`, async () => {
+      const id = await armed(point);
+      await read(server!, id, 'echo kept > /root/f');
+      const before = await counter(server!, id);
+      await dieDuring(() => server!.api('POST', `/instances/${id}/hibernate`));
+      const s = await restart();
+      expect(['running', 'hibernated']).toContain((await s.api('GET', `/instances/${id}`)).body.status);
+      expect(await counting(s, id)).toBeGreaterThanOrEqual(before); // an exec wakes it
+      expect(await read(s, id, 'cat /root/f')).toBe('kept');
+      expect((await s.api('GET', `/instances/${id}`)).body.status).toBe('running');
+      expect(await countersRunning(s, id)).toBe(1);
+      expect(await overlaysUnder(dataDir)).toHaveLength(1);
+    });
+  }
+});
+
+describe('kill -9 during a build', () => {
+  it('build.step-ran: the build\'s sandbox is gone after the restart, and the same build then succeeds', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-phase-'));
+    server = await ChildServer.start(dataDir, undefined, { FORKPOINT_FAILPOINTS: 'build.step-ran' });
+    const dockerfile = 'FROM default\nRUN echo built > /built\n';
+    await dieDuring(() => server!.api('POST', '/images', { name: 'phased', dockerfile }));
+    const s = await restart();
+    expect(await overlaysUnder(dataDir)).toEqual([]); // no build sandbox left mounted
+    const built = await s.api('POST', '/images', { name: 'phased', dockerfile });
+    expect(built.status, JSON.stringify(built.body)).toBeLessThan(300);
+    const inst = (await s.api('POST', '/instances', { image: 'phased' })).body;
+    expect(await read(s, inst.id, 'cat /built')).toBe('built');
+  });
+});
