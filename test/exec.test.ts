@@ -1,4 +1,5 @@
 import { readFile } from 'node:fs/promises';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { eventually, sleep, startServer, type TestServer } from './helpers/server.js';
 
@@ -45,6 +46,26 @@ describe('exec', () => {
     expect(r.duration_ms).toBeLessThan(5000);
     const ps = await s.exec(id, { command: 'ps -o args' });
     expect(ps.stdout).not.toMatch(/sleep 10[12]/);
+  });
+
+  it('a client that goes away stops the command it alone waited for: plain and in a session', async () => {
+    for (const [tag, extra] of [['103', {}], ['104', { session: 'gone' }]] as const) {
+      const controller = new AbortController();
+      const call = request(`${s.url}/instances/${id}/exec`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ command: `sleep ${tag}`, timeout_ms: 120_000, ...extra }),
+        signal: controller.signal,
+      });
+      call.catch(() => {});
+      await eventually(async () => /sleep 10[34]/.test((await s.exec(id, { command: 'ps -o args' })).stdout));
+      controller.abort();
+      // Gone with its client, not at its two-minute timeout.
+      await eventually(async () => !new RegExp(`sleep ${tag}`).test((await s.exec(id, { command: 'ps -o args' })).stdout), 10_000);
+    }
+    // A session whose command was stopped runs the next one.
+    expect((await s.exec(id, { command: 'echo still', session: 'gone' })).stdout).toBe('still\n');
+    expect((await s.api('DELETE', `/instances/${id}/sessions/gone`)).status).toBe(204);
   });
 
   it('truncates output over the limit and says so', async () => {

@@ -24,6 +24,9 @@ export interface ExecInput {
   stdin?: string | undefined;
   session?: string | undefined;
   maxOutputBytes?: number | undefined;
+  /** Aborted when the one who waits for the result is gone: the command is stopped as on its
+   * timeout (it ran only for them). */
+  signal?: AbortSignal | undefined;
 }
 
 export interface BackgroundInput {
@@ -64,10 +67,10 @@ export class CommandService {
           let script = Array.isArray(input.command) ? input.command.map(quote).join(' ') : input.command;
           if (input.cwd) script = `cd ${quote(input.cwd)} && ${script}`;
           if (input.env) script = `${Object.entries(input.env).map(([k, v]) => `export ${k}=${quote(v)}`).join('; ')}; ${script}`;
-          return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir });
+          return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
         }
         const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? rec.workdir ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir });
+        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? rec.workdir ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
       } catch (err) {
         if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
           return { exitCode: 127, signal: 0, stdout: Output.of('', spillDir), stderr: Output.of(`${err.message}\n`, spillDir), durationMs: 0, timedOut: false, truncated: false };

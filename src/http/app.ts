@@ -11,6 +11,7 @@ import { installAuth, redactUrl } from './auth.js';
 import { installClusterRouting } from './cluster-routing.js';
 import { e2bFace, e2bPortRoute } from './e2b/index.js';
 import { installBodyParsers } from './body-parsers.js';
+import { installClientGone } from './client-gone.js';
 import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
@@ -65,6 +66,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   app.setSerializerCompiler(serializerCompiler);
   installBodyParsers(app);
   installErrorHandling(app);
+  installClientGone(app);
   // Upgrades are routed as GETs through the hooks (a bad token is a plain 401). The plugin's
   // own hooks come first: they close the socket of an upgrade that was answered, not upgraded.
   await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });

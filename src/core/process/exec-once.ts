@@ -12,6 +12,8 @@ export interface ExecRequest {
   maxOutputBytes: number;
   /** Where output past the first MiB per stream waits (Output). */
   spillDir: string;
+  /** Aborted: the command is killed as on its timeout (whoever waited for it is gone). */
+  signal?: AbortSignal | undefined;
 }
 
 export interface ExecResult {
@@ -44,10 +46,12 @@ export async function execOnce(sandbox: SandboxHandle, req: ExecRequest): Promis
   let timedOut = false;
   let giveUp!: (e: Error) => void;
   // Armed before the spawn and always cleared: a fast command must not leave them behind.
+  const kill = () => void sandbox.agent().then((a) => a.signal(id, SIGKILL), () => {});
   const timer = setTimeout(() => {
     timedOut = true;
-    sandbox.agent().then((a) => a.signal(id, SIGKILL), () => {});
+    kill();
   }, req.timeoutMs);
+  req.signal?.addEventListener('abort', kill, { once: true });
   const deadline = setTimeout(() => {
     sandbox.untrack(id);
     giveUp(new EngineError('TIMEOUT', `the command did not end within its timeout of ${req.timeoutMs} ms, and the sandbox did not confirm it was killed`));
@@ -67,6 +71,7 @@ export async function execOnce(sandbox: SandboxHandle, req: ExecRequest): Promis
     done.catch(() => {});
     spawned.catch(() => {});
     await Promise.race([spawned, done]);
+    if (req.signal?.aborted) kill(); // gone before the spawn was confirmed
     const agent = await sandbox.agent();
     if (req.stdin?.length) agent.stdin(id, req.stdin);
     agent.closeStdin(id);
@@ -88,5 +93,6 @@ export async function execOnce(sandbox: SandboxHandle, req: ExecRequest): Promis
   } finally {
     clearTimeout(timer);
     clearTimeout(deadline);
+    req.signal?.removeEventListener('abort', kill);
   }
 }

@@ -18,6 +18,8 @@ export interface SessionRunOptions {
   timeoutMs: number;
   maxOutputBytes: number;
   spillDir: string;
+  /** Aborted: the command is interrupted as on its timeout (whoever waited for it is gone). */
+  signal?: AbortSignal | undefined;
 }
 
 /** Output files are read back in pieces of this size (a frame holds at most 8 MiB). */
@@ -142,10 +144,13 @@ export class ShellSession {
     const agent = await sb.agent();
     this.check(); // synchronous from here to the write: nothing can slip in between
     agent.stdin(this.processId, `__fp_run ${nonce}\n`);
+    const stop = () => void this.interrupt(nonce).catch(() => {});
     const timer = setTimeout(() => {
       timedOut = true;
-      this.interrupt(nonce).catch(() => {});
+      stop();
     }, opts.timeoutMs);
+    opts.signal?.addEventListener('abort', stop, { once: true });
+    if (opts.signal?.aborted) stop();
     const deadline = setTimeout(() => {
       if (this.waiter?.nonce !== nonce) return;
       const w = this.waiter;
@@ -158,6 +163,7 @@ export class ShellSession {
     } finally {
       clearTimeout(timer);
       clearTimeout(deadline);
+      opts.signal?.removeEventListener('abort', stop);
     }
     const stdout = new Output(opts.maxOutputBytes, opts.spillDir);
     const stderr = new Output(opts.maxOutputBytes, opts.spillDir);

@@ -135,6 +135,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         env: b.envs,
         cwd: b.cwd,
         timeoutMs: b.timeout ? Math.round(b.timeout * 1000) : undefined,
+        signal: req.clientGone,
       });
       return sendWithOutputs(reply, [['exitCode', r.exitCode], ['stdout', r.stdout], ['stderr', r.stderr]], 'utf8');
     });

@@ -26,7 +26,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const b = req.body;
       const r = await fp.commands.exec(req.owner, req.params.id, {
-        command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes,
+        command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes, signal: req.clientGone,
       });
       const encoding = b.output_encoding ?? 'utf8';
       return sendWithOutputs(reply, execFields(r, encoding), encoding);
