@@ -147,4 +147,26 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     }
     expect(await counter(a, id)).toBeGreaterThan(onB); // through A, answered by B's sandbox
   }, 120_000);
+
+  it('a call forwarded to a node that drops off the network ends once that node is judged lost, not at its timeout', async () => {
+    const made = await a.api('POST', '/instances', { name: 'stopped-node' });
+    expect(made.status).toBe(201);
+    const id = made.body.id as string;
+    // Asked of B, run by A; then A stops answering without a reset (SIGSTOP: as a machine gone
+    // from the network), its sandbox running on.
+    const call = b.api('POST', `/instances/${id}/exec`, { command: 'sleep 600', timeout_ms: 900_000 });
+    await sleep(1000);
+    a.proc.kill('SIGSTOP');
+    try {
+      const r = await call;
+      expect([r.status, r.body.error?.details?.reason], JSON.stringify(r.body)).toEqual([503, 'NODE_LOST']);
+      await until('the instance lost', async () => (await statusInDb(id)) === 'lost', 10_000);
+    } finally {
+      a.proc.kill('SIGCONT');
+    }
+    // A answers again: its lease had ended, it takes a new one and takes back what no one took.
+    await until('A ready again', async () => (await a.api('GET', '/readyz')).status === 200, 20_000);
+    await until('the instance A\'s again', async () => (await statusInDb(id)) === 'running', 20_000);
+    expect((await exec(a, id, 'echo back')).stdout).toBe('back\n');
+  }, 60_000);
 });

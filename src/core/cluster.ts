@@ -61,6 +61,9 @@ export class Cluster {
   private fencedNow = false;
   private fencing: Promise<void> | undefined;
   private holder: LeaseHolder = { fence: async () => {}, settle: async () => {} };
+  /** Nodes this one has judged lost (and told `nodeLost` listeners of), until they answer again. */
+  private readonly judgedLost = new Set<string>();
+  private readonly lostListeners: ((node: NodeRecord) => void)[] = [];
   private joined = false;
   private reclaim: (recs: InstanceRecord[]) => Promise<void> = async () => {};
   /** Since when every heartbeat of this node has reached the store. Another node's silence
@@ -164,12 +167,29 @@ export class Cluster {
     if (mine.length) await this.reclaim(mine);
     if (now - this.reachedSince < this.timing.deadAfterMs) return;
     const cutoff = new Date(now - this.timing.deadAfterMs).toISOString();
-    const silent = (await this.store.nodes.all()).filter((n) => n.id !== this.nodeId && !this.isLive(n, now)).map((n) => n.id);
+    const all = await this.store.nodes.all();
+    for (const n of all) if (n.id !== this.nodeId) this.judge(n, now);
+    const silent = all.filter((n) => n.id !== this.nodeId && !this.isLive(n, now)).map((n) => n.id);
     if (silent.length === 0) return;
     // A lease ends only if its heartbeat is still that old when it is ended (one that landed
     // meanwhile keeps it), and its instances are lost in the same transaction.
     const lost = await this.store.transaction(async (tx) => tx.instances.markLost(await tx.nodes.endLeases(silent, cutoff)));
     if (lost.length) this.log.warn({ nodes: silent, instances: lost }, 'nodes stopped answering: their leases ended, their instances are lost');
+  }
+
+  /** Calls `listener` with each node this one judges lost (silent for the dead-after time). */
+  whenNodeLost(listener: (node: NodeRecord) => void): void {
+    this.lostListeners.push(listener);
+  }
+
+  private judge(n: NodeRecord, now = Date.now()): void {
+    if (this.isLive(n, now)) {
+      this.judgedLost.delete(n.id);
+      return;
+    }
+    if (this.judgedLost.has(n.id)) return;
+    this.judgedLost.add(n.id);
+    for (const l of this.lostListeners) l(n);
   }
 
   private isLive(n: NodeRecord, now = Date.now()): boolean {
@@ -188,6 +208,7 @@ export class Cluster {
     if (rec.node === null || rec.node === this.nodeId) return { kind: 'here' };
     if (rec.status === 'lost') return { kind: 'lost', node: rec.node };
     const node = await this.store.nodes.get(rec.node);
+    if (node) this.judge(node);
     if (!node || !this.isLive(node)) return { kind: 'lost', node: rec.node };
     if ((this.unreachable.get(node.id) ?? 0) > Date.now()) return { kind: 'unreachable', node };
     return { kind: 'node', node };

@@ -12,6 +12,7 @@ import { installClusterRouting } from './cluster-routing.js';
 import { e2bFace, e2bPortRoute } from './e2b/index.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installClientGone } from './client-gone.js';
+import { ForwardAgent } from './forward-agent.js';
 import { installErrorHandling } from './errors.js';
 import { serverUrl, swaggerOptions, type OpenApiVersion } from './openapi.js';
 import { healthRoutes } from './routes/health.js';
@@ -75,7 +76,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // A forwarded call is answered when its node has done it: a command run and waited for may take
   // its whole timeout. A node that vanishes meanwhile is found by TCP keep-alive (undici's
   // default); streams (bodyTimeout) may be quiet for as long as their clients keep them open.
-  await app.register(replyFrom, { undici: { headersTimeout: MAX_EXEC_TIMEOUT_MS + 60_000, bodyTimeout: 0 } });
+  // Forwards to other nodes: a call in flight to a node judged lost ends then, not by keep-alive.
+  const forwards = new ForwardAgent({ headersTimeout: MAX_EXEC_TIMEOUT_MS + 60_000, bodyTimeout: 0 });
+  opts.forkpoint.cluster.whenNodeLost((node) => forwards.cut(node.url, node.id));
+  await app.register(replyFrom, { undici: forwards });
   installClusterRouting(app, opts.forkpoint);
   app.addHook('preClose', async () => closeStreams(app.server));
   // By the route's pattern, not its URL: ids would make every request a series of its own.

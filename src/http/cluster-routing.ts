@@ -2,6 +2,7 @@ import { connect } from 'node:net';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Forkpoint } from '../core/forkpoint.js';
 import { sendError } from './errors.js';
+import { NodeLostError } from './forward-agent.js';
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -106,9 +107,15 @@ function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: 
     rewriteRequestHeaders: (_r, headers) => ({ ...headers, [FORWARDED]: fp.cluster.nodeId, 'x-forwarded-host': req.headers['x-forwarded-host'] ?? req.headers.host ?? '' }),
     onError: (_r, { error }) => {
       if (nodeId && isConnectFailure(error)) fp.cluster.unreachableNow(nodeId);
-      void sendError(reply, 'UNAVAILABLE', `the instance's node did not answer: ${error.message}`);
+      const lost = lostNodeOf(error);
+      void sendError(reply, 'UNAVAILABLE', `the instance's node did not answer: ${lost?.message ?? error.message}`, lost ? { node: lost.node, reason: 'NODE_LOST' } : undefined);
     },
   });
+}
+
+function lostNodeOf(err: unknown): NodeLostError | undefined {
+  for (let e = err, depth = 0; e && depth < 5; e = (e as Error).cause, depth++) if (e instanceof NodeLostError) return e;
+  return undefined;
 }
 
 /** A WebSocket upgrade for an instance on another node: the upgrade request goes on as it came,
