@@ -9,6 +9,7 @@ import { loadConfig, type Config } from './config.js';
 import { openConfiguredStore as storeOf } from './core/forkpoint.js';
 import { openLocalForkpoint } from './local.js';
 import { execa } from 'execa';
+import { request } from 'undici';
 import { buildOnServer } from './cli-build.js';
 import { importImageArchive } from './engine/image-archive.js';
 import { Images } from './engine/images.js';
@@ -116,6 +117,27 @@ token
     }
   });
 
+/** The running server this machine's CLI talks to, and a token for it. */
+async function serverOf(cfg: Config, o: { url?: string; token?: string }): Promise<{ url: string; token: string }> {
+  return {
+    url: (o.url ?? process.env.FORKPOINT_URL ?? `http://127.0.0.1:${cfg.port}`).replace(/\/+$/, ''),
+    token: o.token ?? process.env.FORKPOINT_TOKEN ?? (await readFile(new DataLayout(cfg.dataDir).initialTokenFile, 'utf8').catch(() => '')).trim(),
+  };
+}
+
+program
+  .command('drain')
+  .description('Drain the server on this machine: it takes no new work and hands its instances over to the other nodes (each from a durable checkpoint of the moment, processes and all); prints what it handed over and kept')
+  .option('--url <url>', 'the server (also FORKPOINT_URL); default: this machine\'s, on the configured port')
+  .option('--token <token>', 'an operator\'s API token (also FORKPOINT_TOKEN); default: the first one the server made')
+  .action(async (o: { url?: string; token?: string }) => {
+    const { url, token: t } = await serverOf(config(), o);
+    const res = await request(`${url}/nodes/drain`, { method: 'POST', headers: { authorization: `Bearer ${t}` }, headersTimeout: 0, bodyTimeout: 0 });
+    const text = await res.body.text();
+    process.stdout.write(`${text}\n`);
+    if (res.statusCode !== 200) process.exitCode = 1;
+  });
+
 const image = program.command('image').description('Manage images (read-only rootfs trees, and images built on them)');
 image
   .command('import <name> <file>')
@@ -139,8 +161,7 @@ image
       await rebuildDebian(cfg);
       return;
     }
-    const url = o.url ?? process.env.FORKPOINT_URL ?? `http://127.0.0.1:${cfg.port}`;
-    const tokenValue = o.token ?? process.env.FORKPOINT_TOKEN ?? (await readFile(new DataLayout(cfg.dataDir).initialTokenFile, 'utf8').catch(() => '')).trim();
+    const { url, token: tokenValue } = await serverOf(cfg, o);
     const args = Object.fromEntries((o.buildArg ?? []).map((a) => [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)]));
     const code = await buildOnServer({ url, token: tokenValue, name, context, dockerfile: o.file, buildArgs: args });
     process.exitCode = code;

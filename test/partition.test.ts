@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import S3rver from 's3rver';
+import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ChildServer } from './helpers/child-server.js';
 import { CutProxy } from './helpers/cut-proxy.js';
@@ -23,6 +24,7 @@ let b: ChildServer;
 let env: Record<string, string>;
 let envA: Record<string, string>;
 const dirs: string[] = [];
+const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 const tmp = async (prefix: string) => {
   const d = await mkdtemp(join(tmpdir(), prefix));
   dirs.push(d);
@@ -70,7 +72,7 @@ afterAll(async () => {
   };
   proxy?.heal();
   // A settles its lease once it reaches the database again (thaws, or lets go of what B took).
-  if (a) await step(() => until('A ready again', async () => (await a.api('GET', '/readyz')).status === 200, 20_000));
+  if (a) await step(() => until('A settled', async () => (await a.api('GET', '/readyz')).body?.checks?.fenced === undefined, 20_000));
   if (b) {
     await step(async () => {
       const list = (await b.api('GET', '/instances?limit=100')).body as { items?: { id: string }[] };
@@ -86,15 +88,16 @@ afterAll(async () => {
 
 /** The instance's status as the shared database has it (B's view of an instance of A's would
  * be forwarded to A, cut off). */
-const statusInDb = async (id: string): Promise<string> => {
+const rowInDb = async (id: string): Promise<{ status: string; node: string } | undefined> => {
   const db = new pg.Client({ connectionString: env.FORKPOINT_DATABASE_URL });
   await db.connect();
   try {
-    return (await db.query('SELECT status FROM instances WHERE id = $1', [id])).rows[0]?.status;
+    return (await db.query('SELECT status, node FROM instances WHERE id = $1', [id])).rows[0];
   } finally {
     await db.end();
   }
 };
+const statusInDb = async (id: string) => (await rowInDb(id))?.status;
 
 const exec = async (node: ChildServer, id: string, command: string) => {
   const r = await node.api('POST', `/instances/${id}/exec`, { command });
@@ -169,4 +172,33 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     await until('the instance A\'s again', async () => (await statusInDb(id)) === 'running', 20_000);
     expect((await exec(a, id, 'echo back')).stdout).toBe('back\n');
   }, 60_000);
+
+  it('forkpoint drain: the node takes no new work and hands its instances over, processes and all', async () => {
+    const made = await a.api('POST', '/instances', { name: 'handed' });
+    expect(made.body.node).toBe('node-a');
+    const id = made.body.id as string;
+    await exec(a, id, '(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
+    await until('the counter counting', async () => (await counter(a, id)) > 3);
+    const onA = ((await a.api('GET', '/instances?limit=100')).body.items as { id: string; node: string }[]).filter((i) => i.node === 'node-a').map((i) => i.id);
+    const before = await counter(a, id);
+    const drained = await execa(process.execPath, [CLI, 'drain', '--url', a.url, '--token', a.token], { reject: false, timeout: 120_000 });
+    expect(drained.exitCode, drained.stderr).toBe(0);
+    const report = JSON.parse(drained.stdout) as { handed_over: string[]; kept: string[] };
+    expect([report.handed_over.sort(), report.kept]).toEqual([onA.sort(), []]);
+    const ready = await a.api('GET', '/readyz');
+    expect([ready.status, ready.body.checks.draining]).toEqual([503, true]);
+    // B takes it over by itself, from the checkpoint the drain took: its processes go on.
+    await until('the instance running on B', async () => {
+      const row = await rowInDb(id);
+      return row?.status === 'running' && row.node === 'node-b';
+    }, 30_000);
+    expect(await counter(b, id)).toBeGreaterThanOrEqual(before);
+    expect(pidsOn('node-a', id)).toEqual([]);
+    expect(pidsOn('node-b', id).length).toBeGreaterThan(0);
+    const next = await counter(b, id);
+    await until('the counter going on', async () => (await counter(b, id)) > next);
+    // Nothing new lands on the draining node, even when asked of it.
+    const placed = await a.api('POST', '/instances', { name: 'after-drain' });
+    expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);
+  }, 120_000);
 });

@@ -66,6 +66,9 @@ export class Cluster {
   private readonly lostListeners: ((node: NodeRecord) => void)[] = [];
   private joined = false;
   private reclaim: (recs: InstanceRecord[]) => Promise<void> = async () => {};
+  private takeOver: (recs: InstanceRecord[]) => Promise<void> = async () => {};
+  /** This node is being drained: it takes no new instances and none handed over. */
+  private drainingNow = false;
   /** Since when every heartbeat of this node has reached the store. Another node's silence
    * counts only after that long: when the store was away, every node was silent alike. */
   private reachedSince: number | undefined;
@@ -131,6 +134,18 @@ export class Cluster {
     await this.beating;
   }
 
+  /** Told of instances a draining node handed over, for this node to take (it races the other
+   * nodes for each; the store lets one win). */
+  whenHandedOver(takeOver: (recs: InstanceRecord[]) => Promise<void>): void {
+    this.takeOver = takeOver;
+  }
+
+  /** Marks this node draining: the others send it nothing new and take what it hands over. */
+  async drain(): Promise<void> {
+    this.drainingNow = true;
+    await this.store.nodes.setDraining(this.nodeId, true);
+  }
+
   /** Told of this node's instances the others marked lost while it lived on (its heartbeat
    * could not reach the store): they are still its own. */
   whenOwnLost(reclaim: (recs: InstanceRecord[]) => Promise<void>): void {
@@ -163,8 +178,12 @@ export class Cluster {
     this.renewedAt = now;
     this.fencedNow = false;
     this.fencing = undefined;
-    const mine = await this.store.instances.lostOf(this.nodeId);
+    const mine = (await this.store.instances.lostOf(this.nodeId)).filter(() => !this.drainingNow);
     if (mine.length) await this.reclaim(mine);
+    if (!this.drainingNow) {
+      const handed = await this.store.instances.handedOver();
+      if (handed.length) await this.takeOver(handed);
+    }
     if (now - this.reachedSince < this.timing.deadAfterMs) return;
     const cutoff = new Date(now - this.timing.deadAfterMs).toISOString();
     const all = await this.store.nodes.all();
@@ -229,7 +248,7 @@ export class Cluster {
   /** The node a new instance goes to: the live one running fewest, this one on a tie. */
   async placeNew(): Promise<{ kind: 'here' } | { kind: 'node'; node: NodeRecord }> {
     if (!this.joined) return { kind: 'here' };
-    const nodes = (await this.nodes()).filter((n) => n.live);
+    const nodes = (await this.nodes()).filter((n) => n.live && !n.draining);
     const self = nodes.find((n) => n.self);
     const best = nodes.reduce<NodeView | undefined>((a, n) => (!a || n.load < a.load ? n : a), self);
     return !best || best.self || (self && best.load >= self.load) ? { kind: 'here' } : { kind: 'node', node: best };

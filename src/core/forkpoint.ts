@@ -59,6 +59,16 @@ export interface Readiness {
   };
 }
 
+/** What a drain did: the instances handed over, the ones kept here, and why all were kept. */
+export interface DrainReport {
+  handedOver: string[];
+  kept: string[];
+  reason: 'NO_OBJECT_STORE' | 'NO_OTHER_NODE' | null;
+}
+
+/** How long a handover waits for its checkpoint to be durable. */
+const HANDOVER_WAIT_MS = 10 * 60_000;
+
 /** How long a readiness check waits for the database or the object store. */
 const READY_TIMEOUT_MS = 2000;
 
@@ -282,12 +292,58 @@ export class Forkpoint {
     };
   }
 
+  /**
+   * Drains this node: it takes no new work (not ready; the others place nothing here) and hands
+   * every instance over. With an object store and another live node, each running or stopped
+   * instance gets a durable checkpoint of the moment (with memory, if it runs), stops here and is
+   * released; the other nodes take it over from that checkpoint by themselves, processes and all.
+   * Without, instances stay, to be re-adopted at this node's next start.
+   */
+  async drain(): Promise<DrainReport> {
+    this.draining = true;
+    await this.cluster.drain();
+    const local = await this.instances.local();
+    const others = (await this.cluster.nodes()).filter((n) => n.live && !n.self && !n.draining);
+    if (!this.durable.enabled || others.length === 0) {
+      return { handedOver: [], kept: local.map((r) => r.id), reason: this.durable.enabled ? 'NO_OTHER_NODE' : 'NO_OBJECT_STORE' };
+    }
+    const report: DrainReport = { handedOver: [], kept: [], reason: null };
+    for (const rec of local) {
+      try {
+        await this.handOver(rec);
+        report.handedOver.push(rec.id);
+      } catch (err) {
+        this.log.warn({ err, instance: rec.id }, 'an instance could not be handed over; it stays on this node');
+        report.kept.push(rec.id);
+      }
+    }
+    return report;
+  }
+
+  private async handOver(rec: InstanceRecord): Promise<void> {
+    if (rec.status === 'hibernated') rec = await this.instances.wake(rec.owner, rec.id);
+    if (rec.status !== 'running' && rec.status !== 'stopped') throw new Error(`instance ${rec.id} is ${rec.status}`);
+    const { checkpoint } = await this.checkpoints.create(rec.owner, rec.id, { label: 'handover', memory: rec.status === 'running', retention: { mode: 'delete_oldest' } });
+    const done = await this.checkpoints.waitDurable(rec.owner, rec.id, checkpoint.id, HANDOVER_WAIT_MS, this.durable);
+    if (done.status !== 'ready') throw new Error(`its handover checkpoint is ${done.status}: ${done.error ?? ''}`);
+    await this.instances.release(rec.owner, rec.id);
+  }
+
   /** Stops serving once queued jobs are done; sandboxes keep running and are re-adopted by
    * the next start. */
   /** Joins the nodes sharing the store, reachable at `url` (unless the configuration says
    * where): called once the server listens. */
   async join(url: string): Promise<void> {
     this.cluster.whenOwnLost((recs) => this.instances.reclaimLost(recs));
+    // Instances a draining node handed over: each node tries, the store lets one take each.
+    this.cluster.whenHandedOver(async (recs) => {
+      for (const rec of recs) {
+        await this.checkpoints.recoverLost(rec.owner, rec.id).then(
+          () => this.log.info({ instance: rec.id, from: rec.node }, 'took over an instance a draining node handed over'),
+          (err: unknown) => this.log.debug({ err, instance: rec.id }, 'did not take over a handed-over instance (another node did, or it failed)'),
+        );
+      }
+    });
     this.cluster.holdLeaseWith({
       fence: () => this.instances.freezeAll(),
       settle: async (ended) => {

@@ -388,6 +388,19 @@ export class InstanceService {
     return rec;
   }
 
+  /** Lets go of the instance for another node to take (a drain, once a durable checkpoint of
+   * the moment is taken): its sandbox stops, its disk and address here go, it is `lost`. */
+  async release(owner: string, id: string): Promise<InstanceRecord> {
+    await this.get(owner, id);
+    const rec = await this.locks.run(id, async () => {
+      await this.engine.destroy(id);
+      await this.releaseNetwork(id);
+      return this.lifecycle.move(id, 'release', { pid: null, pidStart: null });
+    });
+    this.events.emit(id, 'instance.stopped', { reason: 'handed over to another node' });
+    return rec;
+  }
+
   /** Boots a stopped instance on its disk; a hibernated one wakes instead. */
   async start(owner: string, id: string): Promise<InstanceRecord> {
     if ((await this.get(owner, id)).status === 'hibernated') return this.wake(owner, id);

@@ -7,7 +7,8 @@ import { ConflictError, NotFoundError } from './errors.js';
  * way a status is written, a compare-and-set on the row's version and node. A transition whose
  * instance is no longer in a state it starts from, or that another write overtook, or that is
  * no longer this node's, is a named conflict (409, `details.reason`), never a silent overwrite.
- * (`lost` and its way back are the cluster's, written by the store's own conditional updates.)
+ * (`lost` is reached by `release` or the cluster's judgement; its way back is the cluster's,
+ * written by the store's own conditional updates.)
  */
 export const TRANSITIONS = {
   /** A sandbox booted: a create, a start, a build step. */
@@ -18,6 +19,9 @@ export const TRANSITIONS = {
   hibernate: { from: ['running'], to: 'hibernated' },
   stop: { from: ['starting', 'running', 'hibernated', 'stopped', 'error'], to: 'stopped' },
   fail: { from: ['starting', 'running', 'hibernated', 'stopped', 'error'], to: 'error' },
+  /** Its node lets go of it, a durable checkpoint of the moment taken (a drain): another node
+   * takes it over as it does a lost one. */
+  release: { from: ['running', 'stopped'], to: 'lost' },
 } as const satisfies Record<string, { from: readonly InstanceStatus[]; to: InstanceStatus }>;
 
 export type Transition = keyof typeof TRANSITIONS;

@@ -218,6 +218,17 @@ export class InstanceStore {
     return rows.map(fromRow);
   }
 
+  /** Instances a draining node handed over: lost, on a node that is draining. */
+  async handedOver(): Promise<InstanceRecord[]> {
+    const rows = await this.db
+      .selectFrom('instances')
+      .selectAll()
+      .where('status', '=', 'lost')
+      .where('node', 'in', (eb) => eb.selectFrom('nodes').select('nodes.id').where('nodes.draining', '=', 1))
+      .execute();
+    return rows.map(fromRow);
+  }
+
   /** Gives a lost instance back to its own node as `status`; false if another node took it
    * meanwhile (a recover). */
   async reclaimLost(id: string, node: string, status: InstanceStatus): Promise<boolean> {

@@ -278,4 +278,12 @@ export const migrations: readonly Migration[] = [
       -- epoch it read; one of an epoch no longer current is refused.
       ALTER TABLE nodes ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;`,
   },
+  {
+    version: 18,
+    name: 'draining nodes',
+    sql: `
+      -- a node being drained: sent no new instances, and the instances it hands over (lost, with
+      -- a durable checkpoint of the moment) are taken by the other nodes by themselves
+      ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;`,
+  },
 ];

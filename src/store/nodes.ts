@@ -8,15 +8,17 @@ export interface NodeRecord {
   heartbeatAt: string;
   /** Its lease generation (see WriteFence). */
   epoch: number;
+  /** Being drained: no new work, its instances handed over. */
+  draining: boolean;
 }
 
 /** The servers sharing the store, each saying now and then that it lives. */
 export class NodeStore {
   constructor(private readonly db: Db) {}
 
-  /** Registers the node (again) with a new lease: answers its epoch. */
+  /** Registers the node (again, no longer draining) with a new lease: answers its epoch. */
   async register(id: string, url: string, now: string): Promise<number> {
-    const row = { url, started_at: now, heartbeat_at: now };
+    const row = { url, started_at: now, heartbeat_at: now, draining: 0 };
     await this.db
       .insertInto('nodes')
       .values({ id, ...row, epoch: 1 })
@@ -46,6 +48,10 @@ export class NodeStore {
     return ended.map((r) => r.id);
   }
 
+  async setDraining(id: string, draining: boolean): Promise<void> {
+    await this.db.updateTable('nodes').set({ draining: draining ? 1 : 0 }).where('id', '=', id).execute();
+  }
+
   /** A node whose lease ended takes a new one (after it has let go of what is no longer its). */
   async renewLease(id: string, now: string): Promise<number> {
     await this.db.updateTable('nodes').set((eb) => ({ heartbeat_at: now, epoch: eb('epoch', '+', 1) })).where('id', '=', id).execute();
@@ -54,12 +60,12 @@ export class NodeStore {
 
   async get(id: string): Promise<NodeRecord | undefined> {
     const r = await this.db.selectFrom('nodes').selectAll().where('id', '=', id).executeTakeFirst();
-    return r && { id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at, epoch: Number(r.epoch) };
+    return r && { id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at, epoch: Number(r.epoch), draining: Number(r.draining) === 1 };
   }
 
   async all(): Promise<NodeRecord[]> {
     const rows = await this.db.selectFrom('nodes').selectAll().orderBy('id').execute();
-    return rows.map((r) => ({ id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at, epoch: Number(r.epoch) }));
+    return rows.map((r) => ({ id: r.id, url: r.url, startedAt: r.started_at, heartbeatAt: r.heartbeat_at, epoch: Number(r.epoch), draining: Number(r.draining) === 1 }));
   }
 
   /** The secret of that name all nodes share: `proposed` if none is there yet (the first node

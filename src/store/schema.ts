@@ -57,7 +57,7 @@ export interface Tables {
   durable_blobs: { sha: string; bytes: number; created_at: string };
   durable_refs: { checkpoint_id: string; sha: string };
   layer_blobs: { layer_id: string; sha: string };
-  nodes: { id: string; url: string; started_at: string; heartbeat_at: string; epoch: Generated<number> };
+  nodes: { id: string; url: string; started_at: string; heartbeat_at: string; epoch: Generated<number>; draining: Generated<number> };
   secrets: { name: string; value: string; created_at: string };
 }
 

@@ -4,7 +4,7 @@ import type { Forkpoint } from '../../core/forkpoint.js';
 import { InvalidRequestError } from '../../core/errors.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import {
-  CreateInstanceRequest, errorResponses, IdParams, Instance, InstancePage, NodeList, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
+  CreateInstanceRequest, DrainResult, errorResponses, IdParams, Instance, InstancePage, NodeList, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
 } from '../schemas/index.js';
 import { instanceView as viewOf } from '../views.js';
 
@@ -61,8 +61,24 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('The nodes', NodeList), ...errorResponses },
       },
     }, async () => ({
-      nodes: (await fp.cluster.nodes()).map((n) => ({ id: n.id, url: n.url, started_at: n.startedAt, heartbeat_at: n.heartbeatAt, live: n.live, load: n.load, self: n.self })),
+      nodes: (await fp.cluster.nodes()).map((n) => ({ id: n.id, url: n.url, started_at: n.startedAt, heartbeat_at: n.heartbeatAt, live: n.live, load: n.load, self: n.self, draining: n.draining })),
     }));
+
+    app.post('/nodes/drain', {
+      config: { scope: 'operator' },
+      schema: {
+        operationId: 'drainNode',
+        tags,
+        summary: 'Drain the node that answers',
+        description:
+          'The node stops taking work (`/readyz` 503, no new instance placed on it) and hands its instances over: each gets a durable checkpoint of the moment (with memory when it runs), stops here and is taken over by another node, processes and all. ' +
+          'Needs an object store and another live node; without, its instances stay and are re-adopted at its next start. Answers once every instance is handed over or kept. `forkpoint drain` calls it. For an operator\'s token only.',
+        response: { 200: ok('What was handed over', DrainResult), ...errorResponses },
+      },
+    }, async () => {
+      const r = await fp.drain();
+      return { handed_over: r.handedOver, kept: r.kept, reason: r.reason };
+    });
 
     app.get('/instances', {
       schema: {

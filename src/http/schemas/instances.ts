@@ -92,11 +92,20 @@ export const NodeList = z
           live: z.boolean().describe('heard from within FORKPOINT_NODE_DEAD_AFTER_S'),
           load: z.number().int().describe('instances running on it'),
           self: z.boolean().describe('the node that answered'),
+          draining: z.boolean().describe('being drained: sent no new instances, its instances handed over'),
         })
         .meta({ id: 'Node' }),
     ),
   })
   .meta({ id: 'NodeList' });
+
+export const DrainResult = z
+  .object({
+    handed_over: z.array(z.string()).describe('instances now taken over by the other nodes from a durable checkpoint of the moment'),
+    kept: z.array(z.string()).describe('instances left on this node (re-adopted at its next start)'),
+    reason: z.enum(['NO_OBJECT_STORE', 'NO_OTHER_NODE']).nullable().describe('why none could be handed over'),
+  })
+  .meta({ id: 'DrainResult' });
 
 export const Instance = z
   .object({
