@@ -96,6 +96,9 @@ export class Cluster {
         .finally(() => (this.beating = undefined));
     }, this.timing.heartbeatMs);
     this.timer.unref();
+    // The embedded store is one machine's file: no other node can take over, so a node that is
+    // merely slow to write it has nothing to fence against.
+    if (this.store.dialect === 'sqlite') return;
     this.watchdog = setInterval(() => {
       if (!this.fencedNow && Date.now() - this.renewedAt > this.fenceAfterMs) void this.fence();
     }, Math.min(Math.max(this.timing.heartbeatMs / 2, 50), 1000));
