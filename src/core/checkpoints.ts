@@ -238,7 +238,10 @@ export class CheckpointService {
     const deltaBytes = await this.engine.disk.layerBytes(layerId);
     const memoryBytes = c.memory ? await this.engine.disk.checkpointImageBytes(c.id) : 0;
     await this.store.layers.markSynced(layerId);
-    await this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
+    if (!(await this.store.checkpoints.settle(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() }))) {
+      this.log.warn({ checkpoint: c.id }, 'a checkpoint was settled (or deleted) before its job recorded it ready');
+      return;
+    }
     this.observer.ready(c.id);
     this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
@@ -274,8 +277,7 @@ export class CheckpointService {
       await this.engine.disk.syncLayer(layer.id);
       await this.store.layers.markSynced(layer.id);
       const [deltaBytes, memoryBytes] = await Promise.all([this.engine.disk.layerBytes(layer.id), this.engine.disk.checkpointImageBytes(c.id)]);
-      await this.store.checkpoints.update(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() });
-      this.observer.ready(c.id);
+      if (await this.store.checkpoints.settle(c.id, { status: 'ready', deltaBytes, memoryBytes, readyAt: new Date().toISOString() })) this.observer.ready(c.id);
       this.log.warn({ instance: inst.id, checkpoint: c.id, adopted: Boolean(adopted) }, 'finished a checkpoint a server stop cut short; the instance runs on');
     } catch (err) {
       this.log.error({ err, instance: inst.id, checkpoint: c.id }, 'could not finish a checkpoint a server stop cut short');
@@ -322,7 +324,7 @@ export class CheckpointService {
     this.log.warn({ checkpoint: c.id, reason }, 'checkpoint failed');
     this.events.emit(c.instanceId, 'checkpoint.failed', { checkpoint_id: c.id, error: reason });
     try {
-      await this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+      await this.store.checkpoints.settle(c.id, { status: 'failed', error: reason });
     } catch (err) {
       this.log.error({ err, checkpoint: c.id }, 'could not record a failed checkpoint; it shows as failed meanwhile');
       this.unrecorded.set(c.id, reason);
@@ -339,8 +341,10 @@ export class CheckpointService {
     const reason = this.unrecorded.get(c.id) ?? (this.jobs.has(c.id) ? undefined : 'the checkpoint job ended without recording its outcome');
     if (!reason) return c;
     try {
-      await this.store.checkpoints.update(c.id, { status: 'failed', error: reason });
+      const settled = await this.store.checkpoints.settle(c.id, { status: 'failed', error: reason });
       this.unrecorded.delete(c.id);
+      // Settled otherwise meanwhile (its job recorded it after all): that outcome stands.
+      if (!settled) return (await this.store.checkpoints.get(c.id)) ?? { ...c, status: 'failed', error: reason };
     } catch {
       // still no room: try again on the next look
     }

@@ -107,24 +107,29 @@ export class CheckpointStore {
     return { items, nextCursor: start + limit < all.length ? items[items.length - 1]!.id : null };
   }
 
-  async update(id: string, patch: Partial<Pick<CheckpointRecord, 'status' | 'layers' | 'baseLayer' | 'deltaBytes' | 'memoryBytes' | 'pauseMs' | 'error' | 'readyAt' | 'instanceId'>>): Promise<void> {
-    const cur = await this.get(id);
-    if (!cur) return;
-    const next = { ...cur, ...patch };
-    await this.db
-      .updateTable('checkpoints')
-      .set({
-        status: next.status,
-        layers: JSON.stringify(next.layers),
-        base_layer: next.baseLayer ? 1 : 0,
-        delta_bytes: next.deltaBytes,
-        memory_bytes: next.memoryBytes,
-        pause_ms: next.pauseMs,
-        error: next.error,
-        ready_at: next.readyAt,
-      })
-      .where('id', '=', id)
-      .execute();
+  /** Writes the patch's fields, and only those: never the status (see `settle`). */
+  async update(id: string, patch: Partial<Pick<CheckpointRecord, 'layers' | 'baseLayer' | 'pauseMs'>>): Promise<void> {
+    const set = {
+      ...(patch.layers !== undefined ? { layers: JSON.stringify(patch.layers) } : {}),
+      ...(patch.baseLayer !== undefined ? { base_layer: patch.baseLayer ? 1 : 0 } : {}),
+      ...(patch.pauseMs !== undefined ? { pause_ms: patch.pauseMs } : {}),
+    };
+    if (Object.keys(set).length === 0) return;
+    await this.db.updateTable('checkpoints').set(set).where('id', '=', id).execute();
+  }
+
+  /**
+   * A checkpoint's one status change: `processing` to `ready` or `failed`, as a compare-and-set.
+   * False when it was no longer processing (settled already, or deleted): an outcome that comes
+   * second never overwrites the first (a ready checkpoint is never marked failed afterwards).
+   */
+  async settle(id: string, outcome: { status: 'ready'; deltaBytes: number; memoryBytes: number; readyAt: string } | { status: 'failed'; error: string }): Promise<boolean> {
+    const set =
+      outcome.status === 'ready'
+        ? { status: outcome.status, delta_bytes: outcome.deltaBytes, memory_bytes: outcome.memoryBytes, ready_at: outcome.readyAt }
+        : { status: outcome.status, error: outcome.error };
+    const r = await this.db.updateTable('checkpoints').set(set).where('id', '=', id).where('status', '=', 'processing').executeTakeFirst();
+    return r.numUpdatedRows > 0n;
   }
 
   /** Deletes a checkpoint; its children and the instances whose head it was point at its

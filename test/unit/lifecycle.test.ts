@@ -90,3 +90,23 @@ describe('the instance lifecycle', () => {
     expect((await n.fp.store.instances.get(id))!.node).toBe('node-elsewhere');
   });
 });
+
+describe('the checkpoint lifecycle: processing, then ready or failed, once', () => {
+  it('settles from processing only: an outcome that comes second never overwrites the first', async () => {
+    const made = await n.call('POST', '/instances', {});
+    const r = await n.call('POST', `/instances/${made.body.id}/checkpoints?wait=true`, {});
+    expect(r.body.status).toBe('ready');
+    const ready = r.body.id as string;
+    // A late failure (a job that timed out, a recovery's verdict) of a ready checkpoint: refused.
+    expect(await n.fp.store.checkpoints.settle(ready, { status: 'failed', error: 'late' })).toBe(false);
+    expect(await n.fp.store.checkpoints.settle(ready, { status: 'ready', deltaBytes: 1, memoryBytes: 1, readyAt: new Date().toISOString() })).toBe(false);
+    const now = (await n.fp.store.checkpoints.get(ready))!;
+    expect([now.status, now.error]).toEqual(['ready', null]);
+    // A failed one stays failed.
+    n.host.failAt('dump');
+    const failed = (await n.call('POST', `/instances/${made.body.id}/checkpoints?wait=true`, {})).body;
+    expect(failed.status).toBe('failed');
+    expect(await n.fp.store.checkpoints.settle(failed.id, { status: 'ready', deltaBytes: 1, memoryBytes: 1, readyAt: new Date().toISOString() })).toBe(false);
+    expect((await n.fp.store.checkpoints.get(failed.id))!.status).toBe('failed');
+  });
+});
