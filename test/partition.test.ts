@@ -37,6 +37,18 @@ const pidsOn = (node: string, id: string): number[] => {
   const file = V2 ? `/sys/fs/cgroup/forkpoint/${node}/${id}/cgroup.procs` : `/sys/fs/cgroup/pids/forkpoint/${node}/${id}/cgroup.procs`;
   return existsSync(file) ? readFileSync(file, 'utf8').split('\n').filter(Boolean).map(Number) : [];
 };
+/** The counter file as the sandbox on `node` sees it, read from the host through one of its
+ * processes' root. */
+const countOnHost = (node: string, id: string): string => {
+  for (const pid of pidsOn(node, id)) {
+    try {
+      return readFileSync(`/proc/${pid}/root/tmp/count`, 'utf8');
+    } catch {
+      // a process outside the sandbox's root (or gone): the next one
+    }
+  }
+  throw new Error(`no process of ${id} on ${node} sees /tmp/count`);
+};
 const frozenOn = (node: string, id: string): boolean => {
   if (V2) return /^frozen 1$/m.test(readFileSync(`/sys/fs/cgroup/forkpoint/${node}/${id}/cgroup.events`, 'utf8'));
   const f = `/sys/fs/cgroup/freezer/forkpoint/${node}/${id}/freezer.state`;
@@ -122,11 +134,9 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     // A freezes what it runs once it cannot renew its lease, well before B may judge it dead.
     await until('A\'s sandbox frozen', async () => frozenOn('node-a', id), 10_000);
     expect(await statusInDb(id)).toBe('running'); // not yet lost: B may not take it yet
-    const rootOf = (pid: number) => `/proc/${pid}/root/tmp/count`;
-    const pid1 = pidsOn('node-a', id)[0]!;
-    const still = readFileSync(rootOf(pid1), 'utf8');
+    const still = countOnHost('node-a', id);
     await sleep(400);
-    expect(readFileSync(rootOf(pid1), 'utf8')).toBe(still); // frozen: the counter does not move
+    expect(countOnHost('node-a', id)).toBe(still); // frozen: the counter does not move
 
     await until('the instance lost (B judged A silent)', async () => (await statusInDb(id)) === 'lost', 20_000);
     expect(frozenOn('node-a', id)).toBe(true); // frozen before B could take it
@@ -201,4 +211,39 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     const placed = await a.api('POST', '/instances', { name: 'after-drain' });
     expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);
   }, 120_000);
+
+  it('a node alone on its database does not freeze while it cannot reach it: no other node could take anything over', async () => {
+    const url = await postgres.database('solo');
+    const pgSocketDir = new URL(url.replace('postgresql:', 'http:')).searchParams.get('host')!;
+    const soloProxyDir = await tmp('forkpoint-pgproxy-');
+    const soloProxy = await CutProxy.start(join(soloProxyDir, '.s.PGSQL.5432'), join(pgSocketDir, '.s.PGSQL.5432'));
+    let c: ChildServer | undefined;
+    try {
+      c = await ChildServer.start(await tmp('forkpoint-node-c-'), undefined, {
+        ...env,
+        FORKPOINT_S3_BUCKET: 'solo',
+        FORKPOINT_DATABASE_URL: url.replace(`host=${encodeURIComponent(pgSocketDir)}`, `host=${encodeURIComponent(soloProxyDir)}`),
+        FORKPOINT_NODE_ID: 'node-c',
+      });
+      const id = (await c.api('POST', '/instances', { name: 'alone' })).body.id as string;
+      await exec(c, id, '(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
+      await until('the counter counting', async () => (await counter(c!, id)) > 3);
+      soloProxy.cut();
+      await sleep(2500); // past half the dead-after time (1.5 s), when a node with peers freezes
+      expect(frozenOn('node-c', id)).toBe(false);
+      const seen = countOnHost('node-c', id);
+      await sleep(300);
+      expect(countOnHost('node-c', id)).not.toBe(seen); // still counting
+      soloProxy.heal();
+      await until('C answering again', async () => (await c!.api('GET', `/instances/${id}`)).status === 200, 20_000);
+    } finally {
+      soloProxy.heal();
+      if (c) {
+        await until('C answering', async () => (await c!.api('GET', '/instances')).status === 200, 20_000).catch(() => {});
+        for (const i of ((await c.api('GET', '/instances')).body?.items ?? []) as { id: string }[]) await c.api('DELETE', `/instances/${i.id}`);
+        await c.stop();
+      }
+      await soloProxy.close();
+    }
+  }, 60_000);
 });

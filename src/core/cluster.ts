@@ -61,6 +61,8 @@ export class Cluster {
   private fencedNow = false;
   private fencing: Promise<void> | undefined;
   private holder: LeaseHolder = { fence: async () => {}, settle: async () => {} };
+  /** Other nodes live at the last look: with none, no one could end this node's lease. */
+  private livePeers = 0;
   /** Nodes this one has judged lost (and told `nodeLost` listeners of), until they answer again. */
   private readonly judgedLost = new Set<string>();
   private readonly lostListeners: ((node: NodeRecord) => void)[] = [];
@@ -87,6 +89,7 @@ export class Cluster {
     const now = Date.now();
     this.epoch = await this.store.nodes.register(this.nodeId, url, new Date(now).toISOString());
     this.store.fence.set(this.nodeId, this.epoch);
+    this.livePeers = (await this.store.nodes.all()).filter((n) => n.id !== this.nodeId && this.isLive(n, now)).length;
     this.renewedAt = now;
     this.joined = true;
     this.reachedSince = now;
@@ -100,6 +103,9 @@ export class Cluster {
     // merely slow to write it has nothing to fence against.
     if (this.store.dialect === 'sqlite') return;
     this.watchdog = setInterval(() => {
+      // Alone on the store (at the last look), no other node could take anything over: a node
+      // and its database parted for a while (a failover) keep their sandboxes running.
+      if (this.livePeers === 0) return;
       if (!this.fencedNow && Date.now() - this.renewedAt > this.fenceAfterMs) void this.fence();
     }, Math.min(Math.max(this.timing.heartbeatMs / 2, 50), 1000));
     this.watchdog.unref();
@@ -181,6 +187,8 @@ export class Cluster {
     this.renewedAt = now;
     this.fencedNow = false;
     this.fencing = undefined;
+    const peers = await this.store.nodes.all();
+    this.livePeers = peers.filter((n) => n.id !== this.nodeId && this.isLive(n, now)).length;
     const mine = (await this.store.instances.lostOf(this.nodeId)).filter(() => !this.drainingNow);
     if (mine.length) await this.reclaim(mine);
     if (!this.drainingNow) {
@@ -189,9 +197,8 @@ export class Cluster {
     }
     if (now - this.reachedSince < this.timing.deadAfterMs) return;
     const cutoff = new Date(now - this.timing.deadAfterMs).toISOString();
-    const all = await this.store.nodes.all();
-    for (const n of all) if (n.id !== this.nodeId) this.judge(n, now);
-    const silent = all.filter((n) => n.id !== this.nodeId && !this.isLive(n, now)).map((n) => n.id);
+    for (const n of peers) if (n.id !== this.nodeId) this.judge(n, now);
+    const silent = peers.filter((n) => n.id !== this.nodeId && !this.isLive(n, now)).map((n) => n.id);
     if (silent.length === 0) return;
     // A lease ends only if its heartbeat is still that old when it is ended (one that landed
     // meanwhile keeps it), and its instances are lost in the same transaction.
