@@ -25,6 +25,9 @@ export const configSchema = z.object({
   /** How long a starting node waits for its database and object store to answer (a cluster
    * booting together, a failover) before it gives up. */
   startupWaitS: z.coerce.number().positive().max(86400).default(300),
+  /** While the database is away, an API token it vouched for this recently is still taken: the
+   * longest a revocation may take to bite then. 0: none is. */
+  tokenGraceS: z.coerce.number().min(0).max(3600).default(60),
   host: z.string().min(1).default('127.0.0.1'),
   port: z.coerce.number().int().min(0).max(65535).default(7878),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -150,6 +153,7 @@ const envNames: Record<keyof Config, string> = {
   nodeHeartbeatS: 'FORKPOINT_NODE_HEARTBEAT_S',
   nodeDeadAfterS: 'FORKPOINT_NODE_DEAD_AFTER_S',
   startupWaitS: 'FORKPOINT_STARTUP_WAIT_S',
+  tokenGraceS: 'FORKPOINT_TOKEN_GRACE_S',
   host: 'FORKPOINT_HOST',
   port: 'FORKPOINT_PORT',
   logLevel: 'FORKPOINT_LOG_LEVEL',

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import S3rver from 's3rver';
 import { execa } from 'execa';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ChildServer } from './helpers/child-server.js';
 import { CutProxy } from './helpers/cut-proxy.js';
@@ -212,7 +213,7 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);
   }, 120_000);
 
-  it('a node alone on its database does not freeze while it cannot reach it: no other node could take anything over', async () => {
+  it('a node alone on its database does not freeze while it cannot reach it, and serves its own sandboxes meanwhile; a token revoked before is refused within the grace', async () => {
     const url = await postgres.database('solo');
     const pgSocketDir = new URL(url.replace('postgresql:', 'http:')).searchParams.get('host')!;
     const soloProxyDir = await tmp('forkpoint-pgproxy-');
@@ -224,11 +225,25 @@ describe('a node cut off from the database (a partition longer than dead-after)'
         FORKPOINT_S3_BUCKET: 'solo',
         FORKPOINT_DATABASE_URL: url.replace(`host=${encodeURIComponent(pgSocketDir)}`, `host=${encodeURIComponent(soloProxyDir)}`),
         FORKPOINT_NODE_ID: 'node-c',
+        FORKPOINT_TOKEN_GRACE_S: '2',
       });
       const id = (await c.api('POST', '/instances', { name: 'alone' })).body.id as string;
       await exec(c, id, '(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
       await until('the counter counting', async () => (await counter(c!, id)) > 3);
-      soloProxy.cut();
+      // A second token, used once, then revoked; past the grace (2 s) the database goes away.
+      const cli = (args: string[]) => execa(process.execPath, [CLI, ...args], { env: { ...process.env, FORKPOINT_DATABASE_URL: url }, timeout: 30_000 });
+      const made = await cli(['token', 'create', '--name', 'revoked-later']);
+      const revoked = made.stdout.trim();
+      const asRevoked = (path: string) => request(c!.url + path, { headers: { authorization: `Bearer ${revoked}` } }).then(async (r) => ({ status: r.statusCode, body: await r.body.text() }));
+      expect((await asRevoked('/instances')).status).toBe(200);
+      await cli(['token', 'revoke', /token (\S+) /.exec(made.stderr)![1]!]);
+      await sleep(2100);
+      expect((await c.api('GET', '/instances')).status).toBe(200); // the node's own token, just vouched for
+      soloProxy.refuse();
+      // The database away: an exec on this node's own sandbox answers, with the token it vouched
+      // for a moment ago; the revoked one, last vouched for past the grace, does not.
+      expect((await exec(c, id, 'echo served')).stdout).toBe('served\n');
+      expect((await asRevoked(`/instances/${id}`)).status).toBeGreaterThanOrEqual(401);
       await sleep(2500); // past half the dead-after time (1.5 s), when a node with peers freezes
       expect(frozenOn('node-c', id)).toBe(false);
       const seen = countOnHost('node-c', id);

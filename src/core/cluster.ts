@@ -5,6 +5,7 @@ import { NODE_ID } from '../config.js';
 import type { Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import type { NodeRecord } from '../store/nodes.js';
+import { isStoreAway } from './errors.js';
 
 /** Where an instance is, as seen from this node. */
 export type Placement =
@@ -82,6 +83,8 @@ export class Cluster {
     readonly nodeId: string,
     private readonly timing: { heartbeatMs: number; deadAfterMs: number },
     private readonly log: Logger,
+    /** Whether the instance's sandbox runs on this node (what it knows without the store). */
+    private readonly liveHere: (instanceId: string) => boolean = () => false,
   ) {}
 
   /** Registers the node at `url` (where the others reach it) and starts its heartbeat. */
@@ -232,7 +235,14 @@ export class Cluster {
 
   /** Where the instance is; `here` also for one of no node (from before nodes). */
   async locate(instanceId: string): Promise<Placement> {
-    const rec = await this.store.instances.get(instanceId);
+    let rec: InstanceRecord | undefined;
+    try {
+      rec = await this.store.instances.get(instanceId);
+    } catch (err) {
+      // The database away: an instance whose sandbox runs here is answered here meanwhile.
+      if (isStoreAway(err) && this.liveHere(instanceId)) return { kind: 'here' };
+      throw err;
+    }
     if (!rec) return { kind: 'unknown' };
     if (rec.node === null || rec.node === this.nodeId) return { kind: 'here' };
     if (rec.status === 'lost') return { kind: 'lost', node: rec.node };

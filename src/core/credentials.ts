@@ -1,5 +1,10 @@
+import { createHash } from 'node:crypto';
 import type { Store } from '../store/index.js';
+import { isStoreAway } from './errors.js';
 import type { PreviewLinks } from './previews.js';
+
+/** How many API tokens the cache for a database away remembers (the most recently checked). */
+const REMEMBERED = 10_000;
 
 /** An API token: everything of its owner's (an operator's also sees the cluster). */
 export interface OwnerCredential {
@@ -34,16 +39,37 @@ export type Credential = OwnerCredential | SandboxCredential | PreviewCredential
  * revokes them) and preview links (signed for one port).
  */
 export class Credentials {
+  /** API tokens the database vouched for lately (by their hash), and when: while it is away, one
+   * vouched for within `graceMs` is taken on that word, so a revocation takes effect within
+   * `graceMs` at worst. With the database there, every check asks it. */
+  private readonly vouched = new Map<string, { id: string; owner: string; at: number }>();
+
   constructor(
     private readonly store: Store,
     private readonly links: () => PreviewLinks,
     /** Owners whose API tokens may see the cluster (FORKPOINT_OPERATORS). */
     private readonly operators: ReadonlySet<string>,
+    private readonly graceMs = 0,
   ) {}
 
   async apiToken(token: string): Promise<OwnerCredential | undefined> {
-    const rec = await this.store.tokens.verify(token);
-    return rec && { kind: 'owner', owner: rec.owner, tokenId: rec.id, operator: this.operators.has(rec.owner) };
+    const key = createHash('sha256').update(token).digest('hex');
+    let rec: { id: string; owner: string } | undefined;
+    let at = Date.now();
+    try {
+      rec = await this.store.tokens.verify(token);
+    } catch (err) {
+      const seen = this.vouched.get(key);
+      if (!isStoreAway(err) || !seen || at - seen.at > this.graceMs) throw err;
+      ({ at } = seen);
+      rec = seen;
+    }
+    // Re-inserted on each use: the oldest-used is the first forgotten.
+    this.vouched.delete(key);
+    if (!rec) return undefined;
+    this.vouched.set(key, { id: rec.id, owner: rec.owner, at });
+    if (this.vouched.size > REMEMBERED) this.vouched.delete(this.vouched.keys().next().value!);
+    return { kind: 'owner', owner: rec.owner, tokenId: rec.id, operator: this.operators.has(rec.owner) };
   }
 
   /** The access token of a sandbox, for the API token that asks. */

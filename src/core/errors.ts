@@ -132,7 +132,9 @@ export function isStoreAway(err: unknown): boolean {
     if (e instanceof StoreUnavailableError) return true;
     const x = e as { code?: unknown; message?: unknown };
     if (typeof x.code === 'string' && /^57P0[123]$/.test(x.code)) return true;
-    if (x.message === 'Connection terminated unexpectedly') return true;
+    // node-postgres's own words for a connection that broke or a query that got no answer (a
+    // database gone quiet: a partition, a host that froze).
+    if (typeof x.message === 'string' && /^(Connection terminated unexpectedly|Connection terminated|Query read timeout|Connection terminated due to connection timeout|timeout exceeded when trying to connect)$/.test(x.message)) return true;
   }
   return false;
 }

@@ -136,12 +136,12 @@ export class Forkpoint {
     this.events = new EventBus();
     this.catalog = new ImageCatalog(this.store, this.images);
     this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId);
-    this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log);
+    this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log, (id) => this.engine.sandbox(id) !== undefined);
     this.access = new SandboxAccess(this.instances, this.store, log, () => this.cluster.fenced);
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
     this.files = new FileService(this.access, log);
-    this.credentials = new Credentials(this.store, () => this.previews, new Set(config.operators.split(',').map((o) => o.trim()).filter(Boolean)));
+    this.credentials = new Credentials(this.store, () => this.previews, new Set(config.operators.split(',').map((o) => o.trim()).filter(Boolean)), config.tokenGraceS * 1000);
     this.ports = new PortService(this.store, this.instances, this.access, config.host, parseHostPortRange(config.hostPortRange), log);
     const squasher = new ChainSquasher(this.store, this.engine, this.instances, locks, {
       after: config.squashAfterLayers,

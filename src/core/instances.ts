@@ -15,7 +15,7 @@ import { engineFailure } from './engine-failure.js';
 import type { EventBus } from './events.js';
 import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
-import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError } from './errors.js';
+import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 
 export interface CreateInstance {
@@ -56,6 +56,8 @@ function checkEgress(p: EgressPolicy): EgressPolicy {
 export class InstanceService {
   /** Instances whose deletion is under way: no new checkpoint job may queue behind it. */
   private readonly deleting = new Set<string>();
+  /** Records of the sandboxes running here, as last read: what answers while the store is away. */
+  private readonly lastRead = new Map<string, InstanceRecord>();
 
   constructor(
     private readonly store: Store,
@@ -116,8 +118,19 @@ export class InstanceService {
   }
 
   async get(owner: string, id: string): Promise<InstanceRecord> {
-    const rec = await this.store.instances.get(id);
+    let rec: InstanceRecord | undefined;
+    try {
+      rec = await this.store.instances.get(id);
+    } catch (err) {
+      // The database away: a sandbox running here is served from its record as last read, so
+      // calls that need only this node (exec, files, streams) go on meanwhile.
+      const known = this.lastRead.get(id);
+      if (!isStoreAway(err) || !known || !this.engine.sandbox(id)) throw err;
+      rec = known;
+    }
     if (!rec || rec.owner !== owner) throw new NotFoundError('instance', id);
+    if (this.isLocal(rec) && this.engine.sandbox(id)) this.lastRead.set(id, rec);
+    else this.lastRead.delete(id);
     return rec;
   }
 
@@ -427,6 +440,7 @@ export class InstanceService {
       await this.releaseNetwork(id);
       await this.dropHibernation((await this.store.instances.get(id))!);
       await this.forgetRecord(id);
+      this.lastRead.delete(id);
     }).finally(() => this.deleting.delete(id));
     this.events.emit(id, 'instance.deleted');
     await this.collectLayers();

@@ -9,6 +9,7 @@ import { rm } from 'node:fs/promises';
  */
 export class CutProxy {
   private cutNow = false;
+  private refusing = false;
   private readonly pairs = new Set<[Socket, Socket]>();
   private readonly held = new Set<Socket>();
 
@@ -25,6 +26,10 @@ export class CutProxy {
 
   private accept(client: Socket, target: string): void {
     client.on('error', () => {});
+    if (this.refusing) {
+      client.destroy();
+      return;
+    }
     if (this.cutNow) {
       client.pause();
       this.held.add(client);
@@ -53,9 +58,22 @@ export class CutProxy {
     }
   }
 
+  /** The database stopped, as its host would say so: every connection is reset, new ones are
+   * refused, until `heal`. */
+  refuse(): void {
+    this.cutNow = true;
+    this.refusing = true;
+    for (const [a, b] of this.pairs) {
+      a.destroy();
+      b.destroy();
+    }
+    this.pairs.clear();
+  }
+
   /** Packets flow again: what the cut held is reset, new connections go through. */
   heal(): void {
     this.cutNow = false;
+    this.refusing = false;
     for (const [a, b] of this.pairs) {
       a.destroy();
       b.destroy();
