@@ -346,9 +346,12 @@ export class Forkpoint {
     });
     this.cluster.holdLeaseWith({
       fence: () => this.instances.freezeAll(),
-      settle: async (ended) => {
-        await this.instances.settleLease();
-        if (ended) this.log.warn('lease renewed after it had ended');
+      settle: async () => {
+        // What another node took over: nothing of it is kept here (its records are that node's).
+        for (const id of await this.instances.settleLease()) {
+          this.executions.forget(id);
+          this.commands.forget(id);
+        }
       },
     });
     await this.cluster.join(this.config.nodeUrl ?? url);

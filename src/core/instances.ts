@@ -273,8 +273,9 @@ export class InstanceService {
 
   /** The lease holds again: what is still this node's thaws (taken back if it was marked lost
    * meanwhile); what another node took over is stopped here, its disk and address let go, its
-   * record left to its new node. */
-  async settleLease(): Promise<void> {
+   * record left to its new node. Answers the instances let go of. */
+  async settleLease(): Promise<string[]> {
+    const letGo: string[] = [];
     for (const id of this.engine.liveIds()) {
       const rec = await this.store.instances.get(id);
       if (rec?.node === this.nodeId) {
@@ -285,7 +286,10 @@ export class InstanceService {
       this.log.warn({ instance: id, node: rec?.node ?? null }, 'an instance this node ran is another node\'s now (or gone): its sandbox here is stopped');
       await this.engine.destroy(id).catch((err: unknown) => this.log.error({ err, instance: id }, 'could not stop a sandbox taken over by another node'));
       await this.engine.network.forget(id).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not let go of an address'));
+      this.lastRead.delete(id);
+      letGo.push(id);
     }
+    return letGo;
   }
 
   /** Puts a new instance's egress policy in force, before it boots. */
