@@ -130,9 +130,12 @@ program
   .description('Drain the server on this machine: it takes no new work and hands its instances over to the other nodes (each from a durable checkpoint of the moment, processes and all); prints what it handed over and kept')
   .option('--url <url>', 'the server (also FORKPOINT_URL); default: this machine\'s, on the configured port')
   .option('--token <token>', 'an operator\'s API token (also FORKPOINT_TOKEN); default: the first one the server made')
-  .action(async (o: { url?: string; token?: string }) => {
+  .option('--timeout <seconds>', 'how long to wait for the drain to answer (each handover takes a checkpoint and its upload)', '3600')
+  .action(async (o: { url?: string; token?: string; timeout: string }) => {
     const { url, token: t } = await serverOf(config(), o);
-    const res = await request(`${url}/nodes/drain`, { method: 'POST', headers: { authorization: `Bearer ${t}` }, headersTimeout: 0, bodyTimeout: 0 });
+    const waitMs = Number(o.timeout) * 1000;
+    if (!Number.isFinite(waitMs) || waitMs <= 0) throw new Error(`--timeout: not a number of seconds: ${o.timeout}`);
+    const res = await request(`${url}/nodes/drain`, { method: 'POST', headers: { authorization: `Bearer ${t}` }, headersTimeout: waitMs, bodyTimeout: waitMs });
     const text = await res.body.text();
     process.stdout.write(`${text}\n`);
     if (res.statusCode !== 200) process.exitCode = 1;

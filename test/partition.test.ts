@@ -190,6 +190,10 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     const id = made.body.id as string;
     await exec(a, id, '(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &');
     await until('the counter counting', async () => (await counter(a, id)) > 3);
+    // And one that is stopped: it is handed over stopped, its files with it.
+    const parked = (await a.api('POST', '/instances', { name: 'parked' })).body.id as string;
+    await exec(a, parked, 'echo kept > /root/parked');
+    expect((await a.api('POST', `/instances/${parked}/stop`)).status).toBe(200);
     const onA = ((await a.api('GET', '/instances?limit=100')).body.items as { id: string; node: string }[]).filter((i) => i.node === 'node-a').map((i) => i.id);
     const before = await counter(a, id);
     const drained = await execa(process.execPath, [CLI, 'drain', '--url', a.url, '--token', a.token], { reject: false, timeout: 120_000 });
@@ -208,6 +212,12 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     expect(pidsOn('node-b', id).length).toBeGreaterThan(0);
     const next = await counter(b, id);
     await until('the counter going on', async () => (await counter(b, id)) > next);
+    await until('the stopped one on B, stopped', async () => {
+      const row = await rowInDb(parked);
+      return row?.status === 'stopped' && row.node === 'node-b';
+    }, 30_000);
+    expect((await b.api('POST', `/instances/${parked}/start`)).status).toBe(200);
+    expect((await exec(b, parked, 'cat /root/parked')).stdout).toBe('kept\n');
     // Nothing new lands on the draining node, even when asked of it.
     const placed = await a.api('POST', '/instances', { name: 'after-drain' });
     expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);

@@ -66,6 +66,9 @@ export interface DrainReport {
   reason: 'NO_OBJECT_STORE' | 'NO_OTHER_NODE' | null;
 }
 
+/** A handover checkpoint's label: this, then the state the instance was in. */
+const HANDOVER = 'handover:';
+
 /** How long a handover waits for its checkpoint to be durable. */
 const HANDOVER_WAIT_MS = 10 * 60_000;
 
@@ -321,12 +324,31 @@ export class Forkpoint {
   }
 
   private async handOver(rec: InstanceRecord): Promise<void> {
+    // The state it is in goes with it, in its checkpoint's label (see takeOver).
+    const was = rec.status;
     if (rec.status === 'hibernated') rec = await this.instances.wake(rec.owner, rec.id);
     if (rec.status !== 'running' && rec.status !== 'stopped') throw new Error(`instance ${rec.id} is ${rec.status}`);
-    const { checkpoint } = await this.checkpoints.create(rec.owner, rec.id, { label: 'handover', memory: rec.status === 'running', retention: { mode: 'delete_oldest' } });
+    const { checkpoint } = await this.checkpoints.create(rec.owner, rec.id, { label: `${HANDOVER}${was}`, memory: rec.status === 'running', retention: { mode: 'delete_oldest' } });
     const done = await this.checkpoints.waitDurable(rec.owner, rec.id, checkpoint.id, HANDOVER_WAIT_MS, this.durable);
     if (done.status !== 'ready') throw new Error(`its handover checkpoint is ${done.status}: ${done.error ?? ''}`);
     await this.instances.release(rec.owner, rec.id);
+  }
+
+  /** Takes over an instance a draining node handed over, from its handover checkpoint, and
+   * puts it in the state it was in there (a stopped one stopped, a hibernated one hibernated). */
+  private async takeOver(rec: InstanceRecord): Promise<void> {
+    let taken: InstanceRecord;
+    try {
+      taken = await this.checkpoints.recoverLost(rec.owner, rec.id);
+    } catch (err) {
+      this.log.debug({ err, instance: rec.id }, 'did not take over a handed-over instance (another node did, or it failed)');
+      return;
+    }
+    this.log.info({ instance: rec.id, from: rec.node }, 'took over an instance a draining node handed over');
+    const label = taken.headCheckpointId ? (await this.store.checkpoints.get(taken.headCheckpointId))?.label : undefined;
+    const was = label?.startsWith(HANDOVER) ? label.slice(HANDOVER.length) : 'running';
+    if (was === 'stopped') await this.instances.stop(rec.owner, rec.id);
+    if (was === 'hibernated') await this.instances.hibernate(rec.owner, rec.id);
   }
 
   /** Stops serving once queued jobs are done; sandboxes keep running and are re-adopted by
@@ -337,12 +359,7 @@ export class Forkpoint {
     this.cluster.whenOwnLost((recs) => this.instances.reclaimLost(recs));
     // Instances a draining node handed over: each node tries, the store lets one take each.
     this.cluster.whenHandedOver(async (recs) => {
-      for (const rec of recs) {
-        await this.checkpoints.recoverLost(rec.owner, rec.id).then(
-          () => this.log.info({ instance: rec.id, from: rec.node }, 'took over an instance a draining node handed over'),
-          (err: unknown) => this.log.debug({ err, instance: rec.id }, 'did not take over a handed-over instance (another node did, or it failed)'),
-        );
-      }
+      for (const rec of recs) await this.takeOver(rec);
     });
     this.cluster.holdLeaseWith({
       fence: () => this.instances.freezeAll(),
