@@ -49,6 +49,9 @@ export class InstanceRecovery {
       // The sandbox the store names, or, if that one is gone, the one run/pid names: a restore
       // (rollback, checkpoint) the server stopped after, before it could record the new pid.
       const spec = this.instances.spec(rec);
+      // A server stopped while its lease was in doubt left its sandboxes frozen: they are its own
+      // (this loop is of its instances), and a frozen agent cannot be reached to adopt it.
+      await this.engine.thaw(rec.id).catch(() => {});
       let sb = rec.status === 'running' && rec.pid && rec.pidStart ? await this.engine.adopt(spec, rec.pid, rec.pidStart) : undefined;
       if (!sb) {
         const launched = await this.engine.leftoverPid(rec.id);

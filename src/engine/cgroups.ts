@@ -92,6 +92,17 @@ export class Cgroups {
     }
   }
 
+  /** Thaws the freezer group the process is in, if it is in one (by its own /proc entry). */
+  async thawHolderOf(pid: number): Promise<void> {
+    const lines = (await readFile(`/proc/${pid}/cgroup`, 'utf8')).split('\n');
+    for (const line of lines) {
+      const [, controllers, path] = line.split(':');
+      if (path === undefined || !path.startsWith(`/${this.group}/`) && !path.startsWith(`/${LEGACY_GROUP}/`)) continue;
+      if (this.version === 2 && controllers === '') await writeFile(join(ROOT, path, 'cgroup.freeze'), '0');
+      if (this.version === 1 && controllers?.split(',').includes('freezer')) await writeFile(join(ROOT, 'freezer', path, 'freezer.state'), 'THAWED');
+    }
+  }
+
   private async waitFor(file: string, done: (text: string) => boolean): Promise<void> {
     const deadline = Date.now() + FREEZE_DEADLINE_MS;
     while (!done(await readFile(file, 'utf8'))) {

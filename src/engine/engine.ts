@@ -369,7 +369,10 @@ export class Engine implements SandboxRuntime {
 
   /** Kills a stray sandbox the store does not know, by pid. */
   async killStray(pid: number, startTime: string): Promise<void> {
-    await killTree(pid, startTime);
+    // One left frozen (its server stopped while fenced) takes the kill once thawed.
+    const gone = killTree(pid, startTime);
+    await this.cgroups.thawHolderOf(pid).catch(() => {});
+    await gone;
   }
 
   /** Overlay mounts under the data directory's instances, for finding leftovers. */

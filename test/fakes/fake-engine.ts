@@ -613,6 +613,7 @@ export class FakeEngine implements SandboxRuntime {
   async adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<SandboxHandle | undefined> {
     const h = this.host.running.get(spec.id);
     if (!h || h.pid !== pid || h.startTime !== startTime || !this.host.mounted.has(spec.id)) return undefined;
+    if (this.host.frozen.has(spec.id)) return undefined; // its agent does not answer
     this.note(`adopt ${spec.id}`);
     return this.attach(spec);
   }

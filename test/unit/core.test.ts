@@ -161,6 +161,18 @@ describe('failures leave nothing half-done', () => {
 });
 
 describe('a restart of the server', () => {
+  it('adopts a sandbox it left frozen (stopped while its lease was in doubt), thawed, memory intact', async () => {
+    let n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 4');
+    await n.fp.engine.freeze(id);
+    n = await n.restart();
+    nodes.push(n);
+    expect(n.host.frozen.has(id)).toBe(false);
+    expect(await status(n, id)).toBe('running');
+    expect(await sh(n, id, 'get counter')).toBe('4');
+  });
+
   it('adopts the sandboxes that ran on: memory, files and status as they were', async () => {
     let n = await node();
     const id = await create(n);
