@@ -351,6 +351,13 @@ export class CheckpointService {
     return { ...c, status: 'failed', error: reason };
   }
 
+  /** A checkpoint's layers stand on its system image, unless its oldest is a squashed full root:
+   * a node without that image (another machine's import) says so, instead of failing its mount. */
+  private requireImageHere(c: CheckpointRecord): void {
+    if (c.baseLayer || this.engine.images.exists(c.image)) return;
+    throw new ConflictError(`checkpoint ${c.id} stands on image ${c.image}, which this node does not have: import it here (forkpoint image import), or fork on a node that has it`, { reason: 'IMAGE_NOT_ON_NODE', image: c.image });
+  }
+
   /** Waits (bounded) while the checkpoint is processing; it must end ready. */
   private async ready(c: CheckpointRecord): Promise<CheckpointRecord> {
     if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
@@ -441,6 +448,7 @@ export class CheckpointService {
     }
     if (!from) throw new ConflictError(`instance ${id} has no durable checkpoint to recover from`, { instance: id });
     const c = from;
+    this.requireImageHere(c);
     await this.observer.needed(c.id);
     await requireRoom(this.engine);
     return this.locks.run(id, async () => {
@@ -483,6 +491,7 @@ export class CheckpointService {
     }
     try {
       c = await this.ready(c);
+      this.requireImageHere(c);
       await this.observer.needed(c.id);
       await requireRoom(this.engine);
       const images = c.memory ? c.id : undefined;

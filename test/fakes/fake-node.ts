@@ -20,16 +20,16 @@ export interface FakeNode {
   /** JSON through `app.inject` with the node's token (or the given headers). */
   call(method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE', url: string, payload?: object | string, headers?: Record<string, string>): Promise<{ status: number; body: any; raw: string; headers: Record<string, unknown> }>;
   /** Stops this server (its sandboxes run on, on the fake host) and starts another on the same
-   * data directory and host. */
-  restart(): Promise<FakeNode>;
+   * data directory and host (with these system images, if given). */
+  restart(images?: string[]): Promise<FakeNode>;
   close(): Promise<void>;
 }
 
-export async function startFakeNode(config: Partial<ConfigInput> = {}, reuse?: { dataDir: string; host: FakeHost; token: string }): Promise<FakeNode> {
+export async function startFakeNode(config: Partial<ConfigInput> = {}, reuse?: { dataDir: string; host: FakeHost; token: string }, images?: string[]): Promise<FakeNode> {
   const dataDir = reuse?.dataDir ?? (await mkdtemp(join(tmpdir(), 'fp-unit-')));
   const host = reuse?.host ?? new FakeHost();
   const cfg = loadConfig({ env: {}, flags: { dataDir, networking: 'off', logLevel: 'silent', ...config } });
-  const engine = new FakeEngine(host);
+  const engine = new FakeEngine(host, images);
   const fp = await Forkpoint.open(cfg, pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' }), VERSION, () => engine);
   await fp.start();
   const token = reuse?.token ?? (await fp.store.tokens.create('default', 'unit')).token;
@@ -58,9 +58,9 @@ export async function startFakeNode(config: Partial<ConfigInput> = {}, reuse?: {
       }
       return { status: r.statusCode, body, raw: r.body, headers: r.headers };
     },
-    async restart() {
+    async restart(nextImages) {
       await stop();
-      return startFakeNode(config, { dataDir, host, token });
+      return startFakeNode(config, { dataDir, host, token }, nextImages ?? images);
     },
     async close() {
       await stop();

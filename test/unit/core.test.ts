@@ -96,6 +96,21 @@ describe('checkpoint, rollback and fork keep files and memory', () => {
   });
 });
 
+describe('images', () => {
+  it('a fork on a node without the checkpoint\'s image answers 409 IMAGE_NOT_ON_NODE, and makes nothing', async () => {
+    let n = await startFakeNode({}, undefined, ['default', 'imported']);
+    nodes.push(n);
+    const id = await create(n, { image: 'imported' });
+    const ck = await checkpoint(n, id);
+    n = await n.restart(['default']); // the image is another machine's now
+    nodes.push(n);
+    const before = (await n.call('GET', '/instances')).body.items.length;
+    const r = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck });
+    expect([r.status, r.body.error.code, r.body.error.details]).toEqual([409, 'CONFLICT', { reason: 'IMAGE_NOT_ON_NODE', image: 'imported' }]);
+    expect((await n.call('GET', '/instances')).body.items.length).toBe(before);
+  });
+});
+
 describe('retention and pins', () => {
   it('at the limit a checkpoint is refused (429), or with delete_oldest replaces the oldest', async () => {
     const n = await node();
