@@ -63,17 +63,18 @@ export class CutProxy {
   refuse(): void {
     this.cutNow = true;
     this.refusing = true;
-    for (const [a, b] of this.pairs) {
-      a.destroy();
-      b.destroy();
-    }
-    this.pairs.clear();
+    this.resetAll();
   }
 
   /** Packets flow again: what the cut held is reset, new connections go through. */
   heal(): void {
     this.cutNow = false;
     this.refusing = false;
+    this.resetAll();
+  }
+
+  /** Every connection, forwarded or held, is reset. */
+  private resetAll(): void {
     for (const [a, b] of this.pairs) {
       a.destroy();
       b.destroy();
