@@ -17,7 +17,11 @@ version_ok() { # "Version: 4.2.1" -> ok when >= 4.2
   [ -n "$major" ] && { [ "$major" -gt $min_major ] || { [ "$major" -eq $min_major ] && [ "$minor" -ge $min_minor ]; }; }
 }
 
-usable() { [ -x "$1" ] && version_ok "$1" && "$1" check >/dev/null 2>&1; }
+# `criu check` asks the running kernel with the privileges of a runtime, which an image build
+# does not have: FORKPOINT_CRIU_CHECK=0 (deploy/Containerfile) checks the version only, and the
+# server runs `criu check` when it starts (src/engine/criu.ts).
+checked() { [ "${FORKPOINT_CRIU_CHECK:-1}" = 0 ] || "$1" check >/dev/null 2>&1; }
+usable() { [ -x "$1" ] && version_ok "$1" && checked "$1"; }
 
 if usable "$wrapper"; then exit 0; fi
 
@@ -33,7 +37,7 @@ root=$prefix/criu-$suite
 apt_dir=$prefix/apt-$suite
 rm -rf "$root.new" && mkdir -p "$root.new" "$apt_dir/none" "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
 cat > "$apt_dir/sources.list" <<SRC
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${FORKPOINT_DEBIAN_MIRROR:-http://deb.debian.org/debian} $suite main
 SRC
 apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o "Dir::Etc::sourceparts=$apt_dir/none"
   -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"

@@ -1,3 +1,6 @@
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
@@ -32,5 +35,25 @@ describe('the project\'s CRIU', () => {
     const after = await s.exec(inst.id, { command: 'nc 127.0.0.1 8080 </dev/null; pidof nc' });
     // The same listener process, restored with its socket: same in-sandbox pid, still answering.
     expect(after.stdout).toBe(`pong\n${listenerPid}\n`);
+  });
+
+  it('is checked when the server starts, not when its image is built: a node whose `criu check` fails serves, says why, and is not ready', async () => {
+    // CRIU as an unprivileged container would have it: the right version, a kernel that says no.
+    const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
+    const criu = join(dir, 'criu');
+    await writeFile(criu, '#!/bin/sh\n[ "$1" = --version ] && { echo "Version: 4.2.1"; exit 0; }\necho "Error (criu/cr-check.c:1): ptrace(PTRACE_SEIZE) failed: Operation not permitted" >&2\nexit 1\n');
+    await chmod(criu, 0o755);
+    const node = await startServer({ criuPath: criu });
+    try {
+      const health = await node.api('GET', '/healthz', undefined, {});
+      expect(health.body.ok).toBe(false);
+      expect(health.body.engine.criu).toMatchObject({ version: '4.2.1', ok: false });
+      expect(health.body.engine.criu.error).toContain('PTRACE_SEIZE');
+      const ready = await node.api('GET', '/readyz', undefined, {});
+      expect([ready.status, ready.body.checks.engine]).toEqual([503, false]);
+    } finally {
+      await node.close();
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

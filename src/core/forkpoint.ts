@@ -37,7 +37,7 @@ export interface HealthReport {
   ok: boolean;
   version: string;
   engine: {
-    criu: { path: string; version: string | null; ok: boolean };
+    criu: { path: string; version: string | null; ok: boolean; error?: string };
     overlay: boolean;
     cgroups: 1 | 2;
     root: boolean;
@@ -286,7 +286,7 @@ export class Forkpoint {
       ok: criu.ok && overlay && root && agent,
       version: this.version,
       engine: {
-        criu: { path: this.config.criuPath, version: criu.version, ok: criu.ok },
+        criu: { path: this.config.criuPath, version: criu.version, ok: criu.ok, ...(criu.error ? { error: criu.error } : {}) },
         overlay,
         cgroups,
         root,

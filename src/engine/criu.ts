@@ -37,9 +37,11 @@ export class Criu {
     return { version: m[1]!, ok: major > 4 || (major === 4 && minor >= 2) };
   }
 
-  async check(): Promise<boolean> {
-    const r = await execa(this.path, ['check'], { reject: false });
-    return r.exitCode === 0;
+  /** `criu check`: whether this kernel, with the privileges the server has, lets CRIU dump and
+   * restore. Asked when the server starts, not when its image is built (a build has neither). */
+  async check(): Promise<{ ok: boolean; output: string }> {
+    const r = await execa(this.path, ['check'], { reject: false, timeout: 30_000, all: true });
+    return { ok: r.exitCode === 0, output: (r.all ?? '').trim().split('\n').slice(-5).join('\n') };
   }
 
   /** `fp-agent criu-run --swrk`: a CRIU RPC worker, in the sandbox's netns (`netnsOf`, for a

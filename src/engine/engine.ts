@@ -94,9 +94,14 @@ export class Engine implements SandboxRuntime {
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
     for (const change of await raiseInotifyCeilings(this.opts.uidRanges)) this.log.info({ change }, 'raised a host-wide inotify ceiling to hold every sandbox\'s bound');
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
+    this.criuCheck = await this.criu.check();
+    if (!this.criuCheck.ok) this.log.error({ criu: this.opts.criuPath, output: this.criuCheck.output }, "'criu check' fails here: checkpoints, rollbacks and forks will fail, and the node is not ready (/readyz 503). In a container, the node needs the privileges deploy/kubernetes/base/daemonset.yaml gives it");
     await this.disk.emptyTrash();
     this.restorers.refill();
   }
+
+  /** What `criu check` said at start (until then, nothing is known against it). */
+  private criuCheck: { ok: boolean; output: string } = { ok: true, output: '' };
 
   get currentAgentLayer(): string {
     return this.agentLayerId;
@@ -577,7 +582,7 @@ export class Engine implements SandboxRuntime {
       .then((t) => /\toverlay$/m.test(t))
       .catch(() => false);
     return {
-      criu: { version: criu?.version ?? null, ok: Boolean(criu?.ok) },
+      criu: { version: criu?.version ?? null, ok: Boolean(criu?.ok) && this.criuCheck.ok, ...(this.criuCheck.ok ? {} : { error: this.criuCheck.output }) },
       cgroups: this.cgroups.version,
       overlay,
       root: process.getuid?.() === 0,

@@ -100,7 +100,8 @@ export interface NetworkRuntime {
 
 /** The state of the host's tools, for health reports. */
 export interface RuntimeHealth {
-  criu: { version: string | null; ok: boolean };
+  /** `ok`: new enough, and `criu check` passed at start (`error`: what it said when not). */
+  criu: { version: string | null; ok: boolean; error?: string };
   cgroups: 1 | 2;
   /** The kernel has OverlayFS. */
   overlay: boolean;

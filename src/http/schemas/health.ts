@@ -5,7 +5,7 @@ export const Health = z
     ok: z.boolean(),
     version: z.string(),
     engine: z.object({
-      criu: z.object({ path: z.string(), version: z.string().nullable(), ok: z.boolean() }),
+      criu: z.object({ path: z.string(), version: z.string().nullable(), ok: z.boolean(), error: z.string().optional().describe("what `criu check` said at the server's start, when it failed") }),
       overlay: z.boolean(),
       cgroups: z.number().int(),
       root: z.boolean(),
