@@ -18,32 +18,45 @@ grep -qw overlay /proc/filesystems || die "this kernel has no OverlayFS: load th
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 [ "$node_major" -ge 20 ] || die "Node.js >= 20 is needed (found: $(node --version 2>/dev/null || echo none))."
 
-# System tools: a C compiler with static glibc and libseccomp for the agent, util-linux, tar,
-# apt's download, mkfs.ext4 and losetup for disk limits, nft for sandboxes' networks; with --test, also what the test suite
+# System tools the node needs to run: util-linux, mount's losetup and mkfs.ext4 for disk limits,
+# nft and ip for sandboxes' networks, tar for archives; with --test, also what the test suite
 # drives (Java, for the OpenAPI 3.0 client generator; a PostgreSQL server, which the store tests
-# start as a throwaway cluster; kubectl, which renders the Kubernetes manifests).
+# start as a throwaway cluster; kubectl, which renders the Kubernetes manifests; podman and runc,
+# which run the node image as the DaemonSet does).
 for_tests=0
 [ "${1:-}" = "--test" ] && for_tests=1
 missing=()
-command -v cc >/dev/null || missing+=(gcc)
-command -v make >/dev/null || missing+=(make)
-[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/libc.a ] || missing+=(libc6-dev)
-compgen -G '/usr/lib/*/libseccomp.a' >/dev/null || [ -e /usr/lib/libseccomp.a ] || missing+=(libseccomp-dev)
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v losetup >/dev/null || missing+=(mount)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v tar >/dev/null || missing+=(tar)
 [ $for_tests = 0 ] || command -v java >/dev/null || missing+=(default-jre-headless)
 [ $for_tests = 0 ] || compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || missing+=(postgresql)
 [ $for_tests = 0 ] || command -v kubectl >/dev/null || missing+=(kubernetes-client)
-command -v tar >/dev/null || missing+=(tar)
-command -v python3 >/dev/null || missing+=(python3)
-command -v g++ >/dev/null || missing+=(g++)
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing ${missing[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+[ $for_tests = 0 ] || command -v podman >/dev/null || missing+=(podman)
+[ $for_tests = 0 ] || command -v runc >/dev/null || missing+=(runc)
+
+install() { # install PACKAGE...: from the distribution's archive, quietly
+  log "installing $*"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+[ ${#missing[@]} -eq 0 ] || install "${missing[@]}"
+
+# What building needs (the agent is C linked statically with glibc and libseccomp; npm's native
+# modules are C++ built by node-gyp), installed only when something is to be built: a node image
+# made from a checkout already built needs no compiler.
+build_tools() {
+  local tools=()
+  command -v cc >/dev/null || tools+=(gcc)
+  command -v make >/dev/null || tools+=(make)
+  [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/libc.a ] || tools+=(libc6-dev)
+  compgen -G '/usr/lib/*/libseccomp.a' >/dev/null || [ -e /usr/lib/libseccomp.a ] || tools+=(libseccomp-dev)
+  command -v python3 >/dev/null || tools+=(python3)
+  command -v g++ >/dev/null || tools+=(g++)
+  [ ${#tools[@]} -eq 0 ] || install "${tools[@]}"
+}
 
 newer() { # newer STAMP PATH...: true when any PATH changed since STAMP
   local stamp=$1; shift
@@ -51,22 +64,32 @@ newer() { # newer STAMP PATH...: true when any PATH changed since STAMP
   [ -n "$(find "$@" -newer "$stamp" -print -quit 2>/dev/null)" ]
 }
 
-if [ ! -d node_modules ] || newer "$stamps/npm" package.json package-lock.json; then
-  log "installing npm packages"
-  npm ci --no-audit --no-fund --loglevel=error >&2
-  touch "$stamps/npm"
-fi
+# FORKPOINT_SETUP_BUILD=0 (a node image made from a checkout already built: deploy/Containerfile's
+# FROM_CHECKOUT) takes the npm packages, the agent and the build as they are, and says if one is missing.
+if [ "${FORKPOINT_SETUP_BUILD:-1}" = 0 ]; then
+  for built in node_modules native/build/fp-agent dist/cli.js; do
+    [ -e "$built" ] || die "FORKPOINT_SETUP_BUILD=0, but $built is missing: build the checkout first (bash deploy/setup.sh)."
+  done
+else
+  if [ ! -d node_modules ] || newer "$stamps/npm" package.json package-lock.json; then
+    build_tools
+    log "installing npm packages"
+    npm ci --no-audit --no-fund --loglevel=error >&2
+    touch "$stamps/npm"
+  fi
 
-if [ ! -x native/build/fp-agent ] || newer native/build/fp-agent native/*.c native/*.h native/Makefile; then
-  log "building the agent"
-  make -s -C native >&2
-fi
+  if [ ! -x native/build/fp-agent ] || newer native/build/fp-agent native/*.c native/*.h native/Makefile; then
+    build_tools
+    log "building the agent"
+    make -s -C native >&2
+  fi
 
-if [ ! -f dist/cli.js ] || newer "$stamps/build" src tsconfig.json package.json; then
-  log "building TypeScript"
-  rm -rf dist
-  npx --no-install tsc -p tsconfig.json
-  touch "$stamps/build"
+  if [ ! -f dist/cli.js ] || newer "$stamps/build" src tsconfig.json package.json; then
+    log "building TypeScript"
+    rm -rf dist
+    npx --no-install tsc -p tsconfig.json
+    touch "$stamps/build"
+  fi
 fi
 
 bash deploy/criu.sh
