@@ -351,11 +351,21 @@ export class CheckpointService {
     return { ...c, status: 'failed', error: reason };
   }
 
-  /** A checkpoint's layers stand on its system image, unless its oldest is a squashed full root:
-   * a node without that image (another machine's import) says so, instead of failing its mount. */
-  private requireImageHere(c: CheckpointRecord): void {
-    if (c.baseLayer || this.engine.images.exists(c.image)) return;
-    throw new ConflictError(`checkpoint ${c.id} stands on image ${c.image}, which this node does not have: import it here (forkpoint image import), or fork on a node that has it`, { reason: 'IMAGE_NOT_ON_NODE', image: c.image });
+  /** A checkpoint's layers stand on its system image, unless its oldest is a squashed full root,
+   * and its memory image holds the agent build it was made with: a node without either (another
+   * machine's import, another agent build) says so, instead of failing its mount or restore. */
+  private requireBaseHere(c: CheckpointRecord): void {
+    if (!c.baseLayer && !this.engine.images.exists(c.image)) {
+      throw new ConflictError(`checkpoint ${c.id} stands on image ${c.image}, which this node does not have: import it here (forkpoint image import), or fork on a node that has it`, { reason: 'IMAGE_NOT_ON_NODE', image: c.image });
+    }
+    if (c.memory && !this.engine.hasAgentLayer(c.agentLayer)) {
+      throw new ConflictError(`checkpoint ${c.id} holds running processes of agent build ${c.agentLayer}, which this node does not have (its nodes run different forkpoint builds): fork on a node of the same build, or from a checkpoint without memory`, { reason: 'AGENT_NOT_ON_NODE', agent_layer: c.agentLayer });
+    }
+  }
+
+  /** The agent layer a sandbox from `c` gets: its own, or, booting from files only, this node's. */
+  private agentLayerFor(c: CheckpointRecord): string {
+    return this.engine.hasAgentLayer(c.agentLayer) ? c.agentLayer : this.engine.currentAgentLayer;
   }
 
   /** Waits (bounded) while the checkpoint is processing; it must end ready. */
@@ -448,11 +458,11 @@ export class CheckpointService {
     }
     if (!from) throw new ConflictError(`instance ${id} has no durable checkpoint to recover from`, { instance: id });
     const c = from;
-    this.requireImageHere(c);
+    this.requireBaseHere(c);
     await this.observer.needed(c.id);
     await requireRoom(this.engine);
     return this.locks.run(id, async () => {
-      const rec = await this.instances.claimLost(id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id });
+      const rec = await this.instances.claimLost(id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), headCheckpointId: c.id });
       try {
         await this.instances.admit(rec);
         const spec = this.instances.spec(rec);
@@ -491,7 +501,7 @@ export class CheckpointService {
     }
     try {
       c = await this.ready(c);
-      this.requireImageHere(c);
+      this.requireBaseHere(c);
       await this.observer.needed(c.id);
       await requireRoom(this.engine);
       const images = c.memory ? c.id : undefined;
@@ -504,7 +514,7 @@ export class CheckpointService {
             instead
               ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits }, ...userNamespaceOf(c) }
               : { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined, ...userNamespaceOf(c) },
-            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id },
+            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id },
           );
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {

@@ -107,6 +107,10 @@ export class Engine implements SandboxRuntime {
     return this.agentLayerId;
   }
 
+  hasAgentLayer(id: string): boolean {
+    return existsSync(join(this.layout.agentLayer(id), '.fp', 'agent'));
+  }
+
   sandbox(id: string): Sandbox | undefined {
     return this.live.get(id);
   }

@@ -123,6 +123,8 @@ export interface SandboxRuntime {
   readonly images: SystemImages;
   /** The agent layer new boots get (a fresh boot maps no file of an older agent). */
   readonly currentAgentLayer: string;
+  /** Whether this machine has that agent layer (another node's agent build it may lack). */
+  hasAgentLayer(id: string): boolean;
 
   init(): Promise<void>;
   shutdown(): Promise<void>;

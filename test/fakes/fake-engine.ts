@@ -80,6 +80,9 @@ export class FakeHost {
   readonly running = new Map<string, HostSandbox>();
   /** Sandboxes whose processes are frozen (a fenced node's). */
   readonly frozen = new Set<string>();
+  /** The agent build this machine's servers have, and the agent layers on its disk. */
+  agentBuild = 'agent-fake';
+  readonly agentLayers = new Set<string>();
   /** Every engine call, in order: what the tests read to see what the core asked. */
   readonly calls: string[] = [];
   private readonly faults = new Map<FaultPoint, number>();
@@ -535,7 +538,6 @@ export class FakeEngine implements SandboxRuntime {
   readonly network = new FakeNetwork();
   readonly images: SystemImages;
   readonly disk: NodeDisk;
-  readonly currentAgentLayer = 'agent-fake';
   private readonly live = new Map<string, FakeSandbox>();
 
   constructor(
@@ -550,7 +552,16 @@ export class FakeEngine implements SandboxRuntime {
     this.host.calls.push(call);
   }
 
-  async init(): Promise<void> {}
+  get currentAgentLayer(): string {
+    return this.host.agentBuild;
+  }
+  hasAgentLayer(id: string): boolean {
+    return this.host.agentLayers.has(id);
+  }
+
+  async init(): Promise<void> {
+    this.host.agentLayers.add(this.host.agentBuild);
+  }
   async shutdown(): Promise<void> {
     this.live.clear();
   }
@@ -582,8 +593,14 @@ export class FakeEngine implements SandboxRuntime {
     return sb;
   }
 
+  /** The real engine's overlay mount fails on a lower that is not on the disk. */
+  private requireAgentLayer(spec: SandboxSpec): void {
+    if (!this.host.agentLayers.has(spec.agentLayer)) throw new EngineError('BOOT_FAILED', `mount: agent layer ${spec.agentLayer} not found`);
+  }
+
   async boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<SandboxHandle> {
     this.note(`boot ${spec.id}`);
+    this.requireAgentLayer(spec);
     if (opts.freshUpper) this.host.uppers.set(spec.id, new Map());
     this.host.launch(spec.id, { vars: new Map(), procs: new Map() });
     try {
@@ -599,6 +616,7 @@ export class FakeEngine implements SandboxRuntime {
     this.note(`restore ${spec.id} ${imagesId}`);
     const memory = this.host.memoryImages.get(imagesId);
     if (!memory) throw new EngineError('RESTORE_FAILED', `no memory image ${imagesId}`);
+    this.requireAgentLayer(spec);
     this.host.uppers.set(spec.id, new Map());
     this.host.launch(spec.id, cloneMemory(memory));
     try {

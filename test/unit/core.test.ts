@@ -111,6 +111,32 @@ describe('images', () => {
   });
 });
 
+describe('agent builds', () => {
+  it('a fork of a memory checkpoint on a node of another agent build answers 409 AGENT_NOT_ON_NODE and makes nothing; one of files only boots on this node\'s agent', async () => {
+    let n = await startFakeNode();
+    nodes.push(n);
+    const id = await create(n);
+    await putFile(n, id, '/root/kept', 'files');
+    const withMemory = await checkpoint(n, id, { memory: true });
+    const filesOnly = await checkpoint(n, id, { memory: false });
+    // The machine now runs another build, and the old agent layer is not on its disk.
+    n.host.agentLayers.clear();
+    n.host.agentBuild = 'agent-next';
+    n = await n.restart();
+    nodes.push(n);
+    const before = (await n.call('GET', '/instances')).body.items.length;
+    const refused = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: withMemory });
+    expect([refused.status, refused.body.error.details]).toEqual([409, { reason: 'AGENT_NOT_ON_NODE', agent_layer: 'agent-fake' }]);
+    expect((await n.call('GET', '/instances')).body.items.length).toBe(before);
+    const booted = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: filesOnly });
+    expect(booted.status, JSON.stringify(booted.body)).toBe(201);
+    const fork = (booted.body.instances?.[0] ?? booted.body) as { id: string; status: string };
+    expect(fork.status).toBe('running');
+    const file = await n.app.inject({ method: 'GET', url: `/instances/${fork.id}/files?path=/root/kept`, headers: { authorization: `Bearer ${n.token}` } });
+    expect(file.body).toBe('files');
+  });
+});
+
 describe('retention and pins', () => {
   it('at the limit a checkpoint is refused (429), or with delete_oldest replaces the oldest', async () => {
     const n = await node();
