@@ -72,6 +72,50 @@ describe('the published e2b SDK, unchanged', () => {
   });
 });
 
+describe('what E2B\'s own SDK tests found (issue 23)', () => {
+  it('a multi-file write puts each file at its own path, directories made; a gzip upload is stored as its content', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const written = await sbx.files.write([
+        { path: '/tmp/multi/one/a.txt', data: 'A' },
+        { path: 'rel/dir/b.txt', data: 'B' },
+      ]);
+      expect(written.map((w) => w.path).sort()).toEqual(['/home/user/rel/dir/b.txt', '/tmp/multi/one/a.txt']);
+      expect(await sbx.files.read('/tmp/multi/one/a.txt')).toBe('A');
+      expect(await sbx.files.read('/home/user/rel/dir/b.txt')).toBe('B');
+      await sbx.files.write('/tmp/zipped.txt', 'stored as it reads', { gzip: true });
+      expect((await sbx.commands.run('cat /tmp/zipped.txt')).stdout).toBe('stored as it reads');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('isRunning is false once a sandbox is paused, and once it is killed (it threw)', async () => {
+    const paused = await Sandbox.create();
+    const killed = await Sandbox.create();
+    try {
+      expect(await paused.isRunning()).toBe(true);
+      await paused.pause();
+      expect(await paused.isRunning()).toBe(false);
+      await killed.kill();
+      expect(await killed.isRunning()).toBe(false);
+    } finally {
+      await paused.kill().catch(() => {});
+    }
+  });
+
+  it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const snap = await sbx.createSnapshot();
+      expect(await Sandbox.deleteSnapshot(snap.snapshotId)).toBe(true);
+      expect(await Sandbox.deleteSnapshot(snap.snapshotId)).toBe(false);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
 describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, listing', () => {
   it('createSnapshot, then two sandboxes from it: each has the file and a counter that goes on from the snapshot\'s value, on its own', async () => {
     const sbx = await Sandbox.create();
@@ -168,6 +212,21 @@ describe('@e2b/code-interpreter, unchanged', () => {
 });
 
 describe('attacks on the E2B face', () => {
+  it('an upload that is not the gzip it says it is: 400 and no file; another encoding: 415', async () => {
+    const made = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });
+    const id: string = made.body.sandboxID;
+    const headers = { 'e2b-sandbox-id': id, 'x-access-token': made.body.envdAccessToken as string, 'content-type': 'application/octet-stream' };
+    try {
+      const bad = await fetch(`${s.url}/files?path=/tmp/bomb`, { method: 'POST', headers: { ...headers, 'content-encoding': 'gzip' }, body: 'not gzip at all' });
+      expect(bad.status, await bad.text()).toBe(400);
+      const br = await fetch(`${s.url}/files?path=/tmp/bomb`, { method: 'POST', headers: { ...headers, 'content-encoding': 'br' }, body: 'x' });
+      expect(br.status).toBe(415);
+      expect((await s.exec(id, { command: 'test -e /tmp/bomb && echo there || echo none' })).stdout).toBe('none\n');
+    } finally {
+      await s.api('DELETE', `/instances/${id}`);
+    }
+  });
+
   it('a sandbox\'s access token opens that sandbox only; a fork gets its own; control calls need the API key', async () => {
     const a = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });
     const b = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });

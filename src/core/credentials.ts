@@ -85,6 +85,11 @@ export class Credentials {
     return { kind: 'sandbox', owner: rec.owner, sandboxId };
   }
 
+  /** Whether an instance of that id exists (an id is random: this tells nothing to guess with). */
+  async sandboxExists(sandboxId: string): Promise<boolean> {
+    return (await this.store.instances.get(sandboxId)) !== undefined;
+  }
+
   async previewLink(signed: string, sandboxId: string, port: number): Promise<PreviewCredential | undefined> {
     const link = this.links().verify(signed, sandboxId, port);
     if (!link || !(await this.lives(link.tokenId, link.owner))) return undefined;

@@ -11,6 +11,7 @@ export type ErrorCode =
   | 'PAYLOAD_TOO_LARGE'
   | 'UNAVAILABLE'
   | 'INSUFFICIENT_STORAGE'
+  | 'SANDBOX_NOT_RUNNING'
   | 'DOCKERFILE_INVALID'
   | 'BUILD_STEP_FAILED'
   | 'INTERNAL';
@@ -118,6 +119,8 @@ export const httpStatusOf: Record<ErrorCode, number> = {
   PAYLOAD_TOO_LARGE: 413,
   UNAVAILABLE: 503,
   INSUFFICIENT_STORAGE: 507,
+  // What E2B's proxy answers for a sandbox that is not running (killed, paused): its SDKs read it so.
+  SANDBOX_NOT_RUNNING: 502,
   DOCKERFILE_INVALID: 400,
   BUILD_STEP_FAILED: 422,
   INTERNAL: 500,

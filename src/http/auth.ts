@@ -116,6 +116,12 @@ export function installAuth(app: FastifyInstance, credentials: Credentials, prev
     if (scope === 'public') return;
     const c = await credentialOf(request, scope, credentials, preview);
     if (!c) {
+      // E2B's proxy answers a call for a sandbox that is not there (killed) before envd looks at
+      // its token; its SDKs read that answer as "not running" (isRunning() false).
+      const named = request.headers['e2b-sandbox-id'];
+      if (scope === 'sandbox' && typeof named === 'string' && !(await credentials.sandboxExists(named))) {
+        return sendError(reply, 'SANDBOX_NOT_RUNNING', `sandbox ${named} is not running: it was killed, or never was`);
+      }
       const presented = tokenOf(request) !== undefined || request.headers['x-access-token'] !== undefined;
       return sendError(reply, 'UNAUTHENTICATED', presented ? `the credential is not valid: this route needs ${WHAT_OPENS[scope]}` : `this route needs ${WHAT_OPENS[scope]}`);
     }

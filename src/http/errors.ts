@@ -13,6 +13,9 @@ declare module 'fastify' {
   interface FastifyContextConfig {
     /** Whose envelope the route's errors are in: declared by its face (faceOf), default Firecase. */
     face?: Face;
+    /** A Firecase route E2B's SDK calls too (its snapshots are templates here): a request with
+     * E2B's `X-API-Key` header gets E2B's envelope, which that SDK reads (404 → false). */
+    sharedWithE2b?: boolean;
   }
 }
 
@@ -27,6 +30,7 @@ const CONNECT_CODES: Record<ErrorCode, string> = {
   PAYLOAD_TOO_LARGE: 'resource_exhausted',
   UNAVAILABLE: 'unavailable',
   INSUFFICIENT_STORAGE: 'resource_exhausted',
+  SANDBOX_NOT_RUNNING: 'unavailable',
   DOCKERFILE_INVALID: 'invalid_argument',
   BUILD_STEP_FAILED: 'failed_precondition',
   INTERNAL: 'internal',
@@ -45,6 +49,7 @@ function faceOf(request: FastifyRequest): Face {
   const declared = request.routeOptions.config?.face;
   if (declared === 'connect') return declared;
   if (request.sandboxId !== undefined) return 'e2b';
+  if (request.routeOptions.config?.sharedWithE2b && request.headers['x-api-key'] !== undefined) return 'e2b';
   if (declared) return declared;
   if (request.routeOptions.url) return 'firecase';
   if (request.url === '/api' || request.url.startsWith('/api/')) return 'opencomputer';
@@ -60,7 +65,11 @@ export function sendError(reply: FastifyReply, code: ErrorCode, message: string,
   reply.code(httpStatusOf[code]).type('application/json; charset=utf-8');
   const face = faceOf(reply.request);
   if (face === 'opencomputer') return reply.send({ error: message });
-  if (face === 'e2b') return reply.send({ code: httpStatusOf[code], message });
+  if (face === 'e2b') {
+    // On a shared Firecase route the declared responses are Firecase's: E2B's envelope is not one.
+    if (reply.request.routeOptions.config?.sharedWithE2b) reply.serializer((body: unknown) => JSON.stringify(body));
+    return reply.send({ code: httpStatusOf[code], message });
+  }
   if (face === 'connect') return reply.send({ code: CONNECT_CODES[code], message });
   const body: ErrorBody = { error: { code, message, ...(details === undefined ? {} : { details }) } };
   return reply.send(body);

@@ -1,5 +1,6 @@
 import { posix } from 'node:path';
 import type { Readable } from 'node:stream';
+import { createGunzip } from 'node:zlib';
 import multipart from '@fastify/multipart';
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { FastifyReply } from 'fastify';
@@ -23,13 +24,24 @@ function envdError(reply: FastifyReply, err: unknown): FastifyReply {
  * `GET /health`. For a sandbox's own calls only (its access token). */
 export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
-    await app.register(multipart, { limits: { files: MAX_PARTS, fileSize: Number.MAX_SAFE_INTEGER } });
+    // A part's file name is its path in the sandbox (the SDK's multi-file write): busboy keeps
+    // only the base name unless told to preserve the path.
+    await app.register(multipart, { preservePath: true, limits: { files: MAX_PARTS, fileSize: Number.MAX_SAFE_INTEGER } });
     app.addContentTypeParser(['application/octet-stream', 'application/x-gzip'], (_req, payload, done) => done(null, payload));
     const hidden = { hide: true };
     const config = { scope: 'sandbox' as const };
 
+    // The SDK's isRunning(): 204 while the sandbox runs, 502 (E2B's proxy's answer) once it is
+    // paused or stopped.
     app.get('/health', { config, schema: hidden }, async (req, reply) => {
-      if (!callerOfRequest(req)) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
+      const c = callerOfRequest(req);
+      if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
+      try {
+        const { status } = await fp.instances.get(c.owner, c.id);
+        if (status !== 'running') return envdError(reply, new ForkpointError('SANDBOX_NOT_RUNNING', `sandbox ${c.id} is ${status}, not running`));
+      } catch (err) {
+        return envdError(reply, err);
+      }
       return reply.code(204).send();
     });
 
@@ -60,8 +72,25 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
           }
         } else {
           if (!req.query.path) return reply.code(400).send({ code: 400, message: 'path is required' });
+          const encoding = (req.headers['content-encoding'] ?? 'identity').toLowerCase();
+          if (encoding !== 'identity' && encoding !== 'gzip') return reply.code(415).send({ code: 415, message: `content-encoding ${encoding} is not supported (gzip or none)` });
           const path = envdPath(req.query.path);
-          await fp.files.writeStream(c.owner, c.id, path, req.body as Readable);
+          // The SDK's gzip upload: the file is what the body decompresses to. Its size is bounded
+          // where every write is, by the sandbox's disk, not by the compressed length.
+          const body = req.body as Readable;
+          if (encoding === 'gzip') {
+            const gunzip = createGunzip();
+            let corrupt: Error | undefined;
+            gunzip.once('error', (err) => (corrupt = err));
+            try {
+              await fp.files.writeStream(c.owner, c.id, path, body.pipe(gunzip));
+            } catch (err) {
+              if (corrupt) return reply.code(400).send({ code: 400, message: `the body is not valid gzip: ${corrupt.message}` });
+              throw err;
+            }
+          } else {
+            await fp.files.writeStream(c.owner, c.id, path, body);
+          }
           written.push({ name: posix.basename(path), type: 'file', path });
         }
       } catch (err) {

@@ -142,6 +142,7 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => templateView(await fp.templates.get(req.owner, req.params.name)));
 
     app.delete('/templates/:name', {
+      config: { sharedWithE2b: true }, // E2B's Sandbox.deleteSnapshot
       schema: { operationId: 'deleteTemplate', tags: ttags, summary: 'Delete a template', description: 'Instances made from it go on (they hold their own layers).', params: ImageNameParams, response: { 204: noContent('Deleted'), ...errorResponses } },
     }, async (req, reply) => {
       await fp.templates.delete(req.owner, req.params.name);
