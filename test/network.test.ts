@@ -1,6 +1,9 @@
 import { connect, createServer, type Server } from 'node:net';
 import { networkInterfaces } from 'node:os';
-import { readFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ChildServer } from './helpers/child-server.js';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -447,6 +450,25 @@ describe('the address pool', () => {
       expect((await small.api('POST', '/instances', {}, c)).status).toBe(201);
     } finally {
       await small.close();
+    }
+  });
+});
+
+describe('a server whose firewall fails at start', () => {
+  it('exits and leaves nothing on the host\'s network: no gateway address, no table', async () => {
+    // nft as it fails when it crashes (seen: an older nft reading a newer one's tables).
+    const dir = await mkdtemp(join(tmpdir(), 'forkpoint-nft-'));
+    const fake = join(dir, 'bin');
+    try {
+      await execa('mkdir', [fake]);
+      await writeFile(join(fake, 'nft'), '#!/bin/sh\ncat >/dev/null\nkill -SEGV $$\n');
+      await chmod(join(fake, 'nft'), 0o755);
+      const data = join(dir, 'data');
+      await expect(ChildServer.start(data, undefined, { PATH: `${fake}:${process.env.PATH}` })).rejects.toThrow(/exited/);
+      const gateway = subnetFor(data).replace(/0\/24$/, '1');
+      expect((await execa('ip', ['-o', '-4', 'addr', 'show', 'dev', 'lo'])).stdout).not.toContain(` ${gateway}/32 `);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
     }
   });
 });

@@ -41,7 +41,12 @@ export async function startServer(config: Partial<ConfigInput> = {}, existingDat
   const log = pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' });
   let engine!: Engine;
   const fp = await Forkpoint.open(cfg, log, VERSION, (nodeId) => (engine = localEngine(cfg, log, nodeId)));
-  await fp.start();
+  await fp.start().catch(async (err: unknown) => {
+    // A server that fails to start (its firewall refused, say) leaves nothing behind either.
+    await fp.close().catch(() => {});
+    if (!existingDataDir) await rm(dataDir, { recursive: true, force: true });
+    throw err;
+  });
   const token = (await fp.ensureInitialToken()) ?? (await readFile(fp.layout.initialTokenFile, 'utf8')).trim();
   let app: FastifyInstance;
   let url: string;

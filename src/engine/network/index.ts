@@ -62,9 +62,16 @@ export class Network {
     if (ip.exitCode !== 0) throw new EngineError('NETWORK_FAILED', `the gateway address: ${ip.stderr.trim()}`);
     // Routing between the sandboxes' links and the host's: the firewall decides what passes.
     await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
-    await this.firewall.init(entries);
-    for (const e of entries) this.byAddress.set(e.address, { id: e.id, policy: e.policy });
-    await this.dns.start();
+    try {
+      await this.firewall.init(entries);
+      for (const e of entries) this.byAddress.set(e.address, { id: e.id, policy: e.policy });
+      await this.dns.start();
+    } catch (err) {
+      // A start that fails here leaves nothing on the host's network, unless sandboxes left
+      // running use it (they keep their gateway for the next start).
+      if (entries.length === 0) await this.destroy().catch(() => {});
+      throw err;
+    }
   }
 
   /** A free address of the subnet (`used`: every instance's), with its MAC; none when the
@@ -129,7 +136,10 @@ export class Network {
   /** Removes the firewall table and the gateway address: no sandbox of this server is left. */
   async destroy(): Promise<void> {
     this.dns.close();
-    await this.firewall.destroy();
-    await execa('ip', ['addr', 'del', `${this.gateway}/32`, 'dev', 'lo'], { reject: false });
+    try {
+      await this.firewall.destroy();
+    } finally {
+      await execa('ip', ['addr', 'del', `${this.gateway}/32`, 'dev', 'lo'], { reject: false });
+    }
   }
 }
