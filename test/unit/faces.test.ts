@@ -9,6 +9,7 @@ import { Forkpoint } from '../../src/core/forkpoint.js';
 import { buildApp } from '../../src/http/app.js';
 import { VERSION } from '../../src/version.js';
 import { FakeEngine } from '../fakes/fake-engine.js';
+import { startFakeNode } from '../fakes/fake-node.js';
 
 // Each face's envelope and its auth, through `app.inject`: no root, no engine started, no
 // sandbox, no socket.
@@ -91,14 +92,27 @@ describe('the E2B face: {"code": status, "message"}', () => {
     expect([invalid.status, invalid.body?.code]).toEqual([400, 400]);
     const envd = await call('GET', '/files?path=/etc/passwd', { 'x-api-key': owner });
     expect([envd.status, envd.body?.code]).toEqual([403, 403]);
-    const forged = await call('GET', '/files?path=/etc/passwd', { 'e2b-sandbox-id': 'inst_nope', 'x-access-token': 'tok_x.y' });
-    expect([forged.status, forged.body?.code]).toEqual([401, 401]);
+    // A sandbox id that names nothing is E2B's proxy's 502, answered before any token is read.
+    const gone = await call('GET', '/files?path=/etc/passwd', { 'e2b-sandbox-id': 'inst_nope', 'x-access-token': 'tok_x.y' });
+    expect([gone.status, gone.body?.code]).toEqual([502, 502]);
     expect((await call('GET', '/v2/sandboxes', { 'x-api-key': owner })).body).toEqual([]);
     // envd's processes and files speak Connect: its error codes are Connect's.
     const rpc = await call('POST', '/process.Process/List', { 'x-api-key': owner }, {});
     expect([rpc.status, rpc.body]).toEqual([403, { code: 'permission_denied', message: expect.any(String) }]);
     const rpcNone = await call('POST', '/filesystem.Filesystem/Stat', {}, { path: '/' });
     expect([rpcNone.status, rpcNone.body?.code]).toEqual([401, 'unauthenticated']);
+  });
+
+  it('refuses a forged access token on a sandbox that exists', async () => {
+    const n = await startFakeNode();
+    try {
+      const made = await n.call('POST', '/sandboxes', { templateID: 'default' }, { 'x-api-key': n.token });
+      expect(made.status).toBe(201);
+      const forged = await n.call('GET', '/files?path=/etc/passwd', undefined, { authorization: '', 'e2b-sandbox-id': made.body.sandboxID, 'x-access-token': 'tok_x.y' });
+      expect([forged.status, forged.body?.code]).toEqual([401, 401]);
+    } finally {
+      await n.close();
+    }
   });
 });
 
