@@ -64,9 +64,12 @@ export interface BenchServer {
   close(): Promise<void>;
 }
 
+/** FORKPOINT_CRIU points a bench at another CRIU (one built without forkpoint's patches, say). */
+const criuFromEnv = () => (process.env.FORKPOINT_CRIU ? { criuPath: process.env.FORKPOINT_CRIU } : {});
+
 export async function benchServer(opts: { unconfined?: boolean; networking?: 'on' | 'off'; config?: Record<string, string> } = {}): Promise<BenchServer> {
   const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
-  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, ...opts.config } });
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, ...criuFromEnv(), ...opts.config } });
   const log = pino({ level: 'silent' });
   let engine!: Engine;
   const fp = await Forkpoint.open(cfg, log, VERSION, (nodeId) => (engine = localEngine(cfg, log, nodeId, { unconfinedForBenchmarks: opts.unconfined ?? false })));

@@ -1,4 +1,5 @@
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -20,6 +21,31 @@ describe('the project\'s CRIU', () => {
     expect(major! * 100 + minor!).toBeGreaterThanOrEqual(402);
     const check = await execa(criu, ['check'], { reject: false });
     expect(check.exitCode, check.stderr).toBe(0);
+  });
+
+  it('is forkpoint\'s build, with the patches of deploy/criu/: set-up did not fall back to an unpatched CRIU', async () => {
+    const criu = loadConfig({ env: {} }).criuPath;
+    const patches = (await readdir('deploy/criu')).filter((f) => f.endsWith('.patch')).sort();
+    const digest = createHash('sha256');
+    for (const f of patches) digest.update(await readFile(join('deploy/criu', f)));
+    expect((await readFile(`${criu}.patches`, 'utf8')).trim()).toBe(digest.digest('hex'));
+    // The patch itself: a network namespace dumped empty costs no walk of the host's conntrack
+    // table (CRIU's log names that walk "Dumping netns links", after the namespace's info).
+    const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
+    const tree = execa('setsid', ['unshare', '-n', 'sleep', '60'], { stdio: 'ignore', reject: false });
+    try {
+      await new Promise((r) => setTimeout(r, 200));
+      const dumped = await execa(criu, ['dump', '-t', String(tree.pid), '-D', dir, '--empty-ns', 'net', '--leave-running', '--network-lock', 'skip', '-v4', '-o', 'dump.log'], { reject: false, timeout: 30_000 });
+      const log = await readFile(join(dir, 'dump.log'), 'utf8');
+      expect(dumped.exitCode, log.slice(-2000)).toBe(0);
+      const afterNetns = log.slice(log.indexOf('Dump NET namespace info'));
+      expect(afterNetns.length).toBeLessThan(log.length);
+      expect(afterNetns).not.toContain('Dumping netns links');
+    } finally {
+      tree.kill('SIGKILL');
+      await tree;
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('dumps and restores a process holding a listening TCP socket', async () => {
