@@ -30,11 +30,11 @@
  *                               answered. With LATER, in the netns CRIU makes for the tree (a
  *                               tree in a user namespace: --empty-ns net), when it notifies
  *                               "setup-namespaces" -> 'K'
- *   'L' PID                     bound the per-user counters of PID's user namespace (one
- *                               CRIU restored: see userns_limits) -> 'K'
  * and 'E' MESSAGE for a failure. CRIU's notifications during an 'R' (a restore with
- * notify_scripts) are answered here: "setup-namespaces" brings up the network namespace CRIU
- * made (lo, the sandbox's settings, the link of a deferred 'N'); every other one is just acked. 'M' mounts in the host's mount namespace (where the engine finds
+ * notify_scripts: a tree in a user namespace) are answered here: "setup-namespaces" bounds the
+ * per-user counters of the user namespace CRIU made (afresh, unbounded: see userns_limits)
+ * before any task of the tree runs, and brings up the network namespace CRIU made (lo, the
+ * sandbox's settings, the link of a deferred 'N'); every other one is just acked. 'M' mounts in the host's mount namespace (where the engine finds
  * every sandbox's disk: re-adoption after a restart, teardown) and gives CRIU, in the worker's
  * private one, a clone of that mount (see mount_disk). With --pidfile, the pid of a restored tree is written there
  * as soon as CRIU answers, so that a server that dies meanwhile can still find it. EOF on stdin ends the worker; with it CRIU, whose restored
@@ -266,7 +266,9 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
           long npid = -1;
           if (got <= 0 || !notification((const uint8_t *)buf, (const uint8_t *)buf + got, script, sizeof(script), &npid)) break;
           int ok = 1;
-          if (!strcmp(script, "setup-namespaces") && npid > 0 && set_up_restored_netns(npid, &later, msg, sizeof(msg)) < 0) ok = 0, setup_failed = 1;
+          if (!strcmp(script, "setup-namespaces") && npid > 0 &&
+              (userns_limits_of((pid_t)npid, msg, sizeof(msg)) < 0 || set_up_restored_netns(npid, &later, msg, sizeof(msg)) < 0))
+            ok = 0, setup_failed = 1;
           const uint8_t ack[] = {0x08, 0x06, 0x18, (uint8_t)ok}; /* criu_req: type NOTIFY, notify_success */
           if (send(sk, ack, sizeof(ack), 0) != (ssize_t)sizeof(ack)) { got = -1; break; }
         }
@@ -335,9 +337,6 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
         snprintf(route_addr, sizeof(route_addr), "%.31s", f[1]);
         snprintf(route_gw, sizeof(route_gw), "%.31s", f[2]);
       }
-      if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
-    } else if (kind == 'L') {
-      int rc = userns_limits_of((pid_t)atoi(data), msg, sizeof(msg));
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else {
       reply_text('E', "unknown request");

@@ -196,6 +196,25 @@ describe('user namespaces, from inside and from the host', () => {
     expect((await sh(b.id, `${KIT} inotify 100 0`)).stdout.trim()).toBe('inotify: opened 100 (all)');
   });
 
+  it('a restored sandbox is bounded before it runs again: a loop opening inotify instances through a checkpoint, a fork and a rollback never holds more than 128', async () => {
+    const a = await s.instance({ name: 'inotify-race' });
+    await installKit(s, a.id, kit);
+    // The loop holds 128 when it is dumped and tries again at once after each refusal: a restored
+    // namespace left unbounded for a moment (as it was until the engine bounded it, after CRIU
+    // had resumed the tree) lets it open more.
+    await sh(a.id, `${KIT} inotify-race 4 > /tmp/race &`, 'main');
+    await new Promise((r) => setTimeout(r, 300));
+    const ck = (await s.api('POST', `/instances/${a.id}/checkpoints?wait=true`, { memory: true })).body;
+    expect(ck.status, ck.error).toBe('ready');
+    const fork = (await s.api('POST', `/instances/${a.id}/fork`, { checkpoint_id: ck.id })).body;
+    expect(fork.status).toBe('running');
+    expect((await s.api('POST', `/instances/${a.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    for (const id of [a.id, fork.id]) {
+      const held = await eventually(async () => (await sh(id, 'cat /tmp/race')).stdout.trim() || undefined, 15_000);
+      expect(held, id).toBe('inotify-race: opened 128');
+    }
+  });
+
   it('user_namespace: false keeps the host\'s ids, said in the view, and its forks keep them too', async () => {
     const inst = await s.instance({ name: 'hostids', user_namespace: false });
     expect(inst.user_namespace).toBe(false);

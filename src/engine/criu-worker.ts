@@ -160,12 +160,6 @@ export class CriuWorker {
     await this.request('N', `${link.hostIf}\0${link.address}\0${link.gateway}\0${link.mac}${inTreeNetns ? '\x001' : ''}`);
   }
 
-  /** Bounds the per-user counters of the user namespace CRIU restored `pid` into (it makes
-   * the namespace afresh, unbounded; native/idmap.c userns_limits). */
-  async boundUserNamespace(pid: number): Promise<void> {
-    await this.request('L', String(pid));
-  }
-
   async setHostname(pid: number, hostname: string): Promise<void> {
     await this.request('H', `${pid}\0${hostname}`);
   }
@@ -203,8 +197,9 @@ export class CriuWorker {
     }, CRIU_DEADLINES.dumpOrRestore);
   }
 
-  /** `ownNetns`: as for `dump`; the worker then answers CRIU's notifications, and sets the
-   * network namespace CRIU makes up when it is made (criu_run.c, 'N' with LATER). */
+  /** `ownNetns`: as for `dump`; the worker then answers CRIU's notifications: when CRIU has made
+   * the tree's namespaces, it bounds the user namespace's per-user counters and sets up the
+   * network namespace (criu_run.c, 'N' with LATER), before any task of the tree runs. */
   async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,

@@ -258,7 +258,9 @@ export class Engine implements SandboxRuntime {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
         throw new EngineError('RESTORE_FAILED', lastError(log) ?? resp.cr_errmsg ?? 'criu restore failed', log);
       }
-      await Promise.all([hostname && r.worker.setHostname(pid, hostname), spec.uidBase !== null && r.worker.boundUserNamespace(pid)]);
+      // A tree in a user namespace had its per-user counters bounded by the relay before any of
+      // it ran (criu_run.c, "setup-namespaces").
+      if (hostname) await r.worker.setHostname(pid, hostname);
       return { pid, startTime: await processStartTime(pid) };
     } catch (err) {
       throw err instanceof EngineError && (err.code === 'RESTORE_FAILED' || err.code === 'LAYER_LIMIT' || err.code === 'TIMEOUT')
