@@ -104,6 +104,29 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('files as envd lists them: sorted by name, a link as what it points to with an absolute target, and a missing file removed without an error', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      // Created out of order; envd walks a directory in name order (it answered the agent's).
+      await sbx.commands.run('mkdir -p /tmp/ls/b /tmp/ls/a && touch /tmp/ls/c /tmp/ls/B /tmp/ls/a/z /tmp/ls/a/y && cd /tmp/ls && ln -s c link && ln -s link link2 && ln -s gone dangling');
+      const top = await sbx.files.list('/tmp/ls');
+      expect(top.map((e) => e.name)).toEqual(['B', 'a', 'b', 'c', 'dangling', 'link', 'link2']);
+      expect((await sbx.files.list('/tmp/ls', { depth: 2 })).map((e) => e.path)).toEqual(
+        ['/tmp/ls/B', '/tmp/ls/a', '/tmp/ls/a/y', '/tmp/ls/a/z', '/tmp/ls/b', '/tmp/ls/c', '/tmp/ls/dangling', '/tmp/ls/link', '/tmp/ls/link2']);
+      const link = await sbx.files.getInfo('/tmp/ls/link');
+      expect([link.type, link.symlinkTarget]).toEqual(['file', '/tmp/ls/c']);
+      const chained = top.find((e) => e.name === 'link2')!;
+      expect([chained.type, chained.symlinkTarget]).toEqual(['file', '/tmp/ls/c']);
+      const dangling = top.find((e) => e.name === 'dangling')!;
+      expect([dangling.type, dangling.symlinkTarget]).toEqual(['symlink', '/tmp/ls/gone']);
+      await sbx.files.remove('/tmp/ls/never-was');
+      await sbx.files.remove('/tmp/ls/link');
+      expect([await sbx.files.exists('/tmp/ls/link'), await sbx.files.exists('/tmp/ls/c')]).toEqual([false, true]);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
     const sbx = await Sandbox.create();
     try {

@@ -2,6 +2,7 @@ import { posix } from 'node:path';
 import { Code, ConnectError, type ServiceImpl } from '@connectrpc/connect';
 import { timestampFromMs } from '@bufbuild/protobuf/wkt';
 import type { Forkpoint } from '../../core/forkpoint.js';
+import { NotFoundError } from '../../core/errors.js';
 import type { FileInfo } from '../../core/files.js';
 import { callerOf, envdPath, type SandboxCaller } from './caller.js';
 import { FileType, Filesystem, type EntryInfo } from './gen/filesystem/filesystem_pb.js';
@@ -9,6 +10,8 @@ import { connectError } from './process.js';
 
 const MAX_DEPTH = 8;
 const MAX_ENTRIES = 10_000;
+/** Links followed to tell what a link points to (the kernel's own bound is 40). */
+const MAX_LINK_HOPS = 8;
 
 const TYPE: Record<FileInfo['type'], FileType> = { file: FileType.FILE, dir: FileType.DIRECTORY, link: FileType.SYMLINK, other: FileType.UNSPECIFIED };
 
@@ -34,10 +37,32 @@ export function entryInfo(path: string, st: Pick<FileInfo, 'type' | 'size' | 'mo
   };
 }
 
+/** Where a link points, as envd says it: an absolute path, a relative target taken from the
+ * link's own directory. */
+export function linkTarget(path: string, target: string): string {
+  return posix.isAbsolute(target) ? posix.normalize(target) : posix.join(posix.dirname(path), target);
+}
+
+/** Go's `sort.Strings` order (bytes), which envd's directory walk lists in. */
+const byName = (a: { name: string }, b: { name: string }) => Buffer.compare(Buffer.from(a.name), Buffer.from(b.name));
+
 /** envd's filesystem service over the core's file service (every path resolved by the agent in
  * the sandbox's own root). Watching is not served. */
 export function filesystemService(fp: Forkpoint): ServiceImpl<typeof Filesystem> {
-  const stat = async (c: SandboxCaller, path: string) => entryInfo(path, await fp.files.stat(c.owner, c.id, path));
+  /** A link is described as envd does: the type of what it points to (a link's own when that
+   * is missing), its target as an absolute path. */
+  const describe = async (c: SandboxCaller, path: string, st: FileInfo) => {
+    if (st.type !== 'link' || st.target === null) return entryInfo(path, st);
+    let target = linkTarget(path, st.target);
+    let pointed: FileInfo | undefined;
+    for (let hops = 0; hops < MAX_LINK_HOPS; hops++) {
+      pointed = await fp.files.stat(c.owner, c.id, target).catch(() => undefined);
+      if (pointed?.type !== 'link' || pointed.target === null) break;
+      target = linkTarget(target, pointed.target);
+    }
+    return entryInfo(path, { ...st, type: pointed && pointed.type !== 'link' ? pointed.type : 'link', target });
+  };
+  const stat = async (c: SandboxCaller, path: string) => describe(c, path, await fp.files.stat(c.owner, c.id, path));
   const guard = <T>(p: Promise<T>) => p.catch((err: unknown) => Promise.reject(connectError(err)));
   const unsupported = () => Promise.reject(new ConnectError('watching directories is not supported by forkpoint', Code.Unimplemented));
 
@@ -66,12 +91,12 @@ export function filesystemService(fp: Forkpoint): ServiceImpl<typeof Filesystem>
       const depth = Math.min(Math.max(req.depth || 1, 1), MAX_DEPTH);
       const entries: EntryInfo[] = [];
       const walk = async (dir: string, level: number): Promise<void> => {
-        for (const e of await guard(fp.files.list(c.owner, c.id, dir))) {
+        for (const e of (await guard(fp.files.list(c.owner, c.id, dir))).sort(byName)) {
           if (entries.length >= MAX_ENTRIES) return;
           const path = posix.join(dir, e.name);
           const info = await fp.files.stat(c.owner, c.id, path).catch(() => undefined);
           if (!info) continue;
-          entries.push(entryInfo(path, info));
+          entries.push(await describe(c, path, info));
           if (e.type === 'dir' && level < depth) await walk(path, level + 1);
         }
       };
@@ -83,7 +108,12 @@ export function filesystemService(fp: Forkpoint): ServiceImpl<typeof Filesystem>
     async remove(req, ctx) {
       const c = callerOf(ctx);
       const path = envdPath(req.path);
-      const st = await guard(fp.files.stat(c.owner, c.id, path));
+      // envd removes as `os.RemoveAll` does: what is not there is already removed.
+      const st = await fp.files.stat(c.owner, c.id, path).catch((err: unknown) => {
+        if (err instanceof NotFoundError) return undefined;
+        throw connectError(err);
+      });
+      if (!st) return {};
       if (st.type === 'dir') {
         const r = await guard(fp.commands.exec(c.owner, c.id, { command: ['rm', '-rf', '--', path] }));
         if (r.exitCode !== 0) throw new ConnectError(`could not remove ${path}`, Code.Internal);
