@@ -65,6 +65,27 @@ describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => 
     await sb.kill();
   });
 
+  it('as OpenComputer answers them (issue 23): a directory removed with what is in it, a checkpoint name taken (409), the checkpoint limit (400)', async () => {
+    const small = await startServer({ maxCheckpointsPerInstance: 2 });
+    try {
+      const o = { apiUrl: small.url, apiKey: small.token };
+      const sb = await Sandbox.create(o);
+      await sb.files.write('/work/tree/deep/a.txt', 'a');
+      await sb.exec.run('ln -s /etc /work/tree/etc-link');
+      await sb.files.remove('/work/tree');
+      expect([await sb.files.exists('/work/tree'), await sb.files.exists('/etc/passwd')]).toEqual([false, true]);
+      await sb.files.remove('/work/never-was');
+      await sb.createCheckpoint('one');
+      await expect(sb.createCheckpoint('one')).rejects.toThrow(/409/);
+      await sb.createCheckpoint('two');
+      await expect(sb.createCheckpoint('three')).rejects.toThrow(/400/);
+      expect((await sb.listCheckpoints()).map((c) => c.name).sort()).toEqual(['one', 'two']);
+      await sb.kill();
+    } finally {
+      await small.close();
+    }
+  });
+
   it('a wrong key is refused', async () => {
     await expect(Sandbox.create({ apiUrl: s.url, apiKey: 'nope' })).rejects.toThrow(/401/);
   });

@@ -17,6 +17,9 @@ export interface CreateCheckpoint {
   label?: string | undefined;
   memory?: boolean | undefined;
   retention?: { mode: 'delete_oldest' } | undefined;
+  /** The label names one checkpoint of the instance (OpenComputer's names): another that is
+   * not failed answers 409, reason LABEL_TAKEN. */
+  uniqueLabel?: boolean | undefined;
 }
 
 export interface ForkInput {
@@ -123,6 +126,7 @@ export class CheckpointService {
     if (memory && inst.status !== 'running') {
       throw new ConflictError('a memory checkpoint needs a running instance; use "memory": false', { status: inst.status });
     }
+    if (input.uniqueLabel && input.label !== undefined) await this.refuseTakenLabel(inst.id, input.label);
     await this.enforceLimit(inst, input.retention?.mode === 'delete_oldest');
     const c: CheckpointRecord = {
       id: newId('ckpt'),
@@ -189,12 +193,18 @@ export class CheckpointService {
     return free;
   }
 
+  private async refuseTakenLabel(instanceId: string, label: string): Promise<void> {
+    const taken = (await this.store.checkpoints.forInstance(instanceId)).some((c) => c.label === label && c.status !== 'failed');
+    if (taken) throw new ConflictError(`a checkpoint named ${label} already exists for this instance`, { reason: 'LABEL_TAKEN', label });
+  }
+
   private async enforceLimit(inst: InstanceRecord, deleteOldest: boolean): Promise<void> {
     const max = inst.maxCheckpoints ?? this.defaultMax;
     const existing = (await this.store.checkpoints.forInstance(inst.id)).filter((c) => c.status !== 'failed');
     if (existing.length < max) return;
     if (!deleteOldest) {
       throw new QuotaExceededError(`instance ${inst.id} has ${existing.length} of ${max} checkpoints; delete one or pass "retention": {"mode": "delete_oldest"}`, {
+        reason: 'CHECKPOINTS_PER_INSTANCE',
         limit: max,
       });
     }

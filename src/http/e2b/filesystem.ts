@@ -2,11 +2,11 @@ import { posix } from 'node:path';
 import { Code, ConnectError, type ServiceImpl } from '@connectrpc/connect';
 import { timestampFromMs } from '@bufbuild/protobuf/wkt';
 import type { Forkpoint } from '../../core/forkpoint.js';
-import { NotFoundError } from '../../core/errors.js';
 import type { FileInfo } from '../../core/files.js';
 import { callerOf, envdPath, type SandboxCaller } from './caller.js';
 import { FileType, Filesystem, type EntryInfo } from './gen/filesystem/filesystem_pb.js';
 import { connectError } from './process.js';
+import { removeTree } from '../remove-tree.js';
 
 const MAX_DEPTH = 8;
 const MAX_ENTRIES = 10_000;
@@ -107,19 +107,7 @@ export function filesystemService(fp: Forkpoint): ServiceImpl<typeof Filesystem>
     },
     async remove(req, ctx) {
       const c = callerOf(ctx);
-      const path = envdPath(req.path);
-      // envd removes as `os.RemoveAll` does: what is not there is already removed.
-      const st = await fp.files.stat(c.owner, c.id, path).catch((err: unknown) => {
-        if (err instanceof NotFoundError) return undefined;
-        throw connectError(err);
-      });
-      if (!st) return {};
-      if (st.type === 'dir') {
-        const r = await guard(fp.commands.exec(c.owner, c.id, { command: ['rm', '-rf', '--', path] }));
-        if (r.exitCode !== 0) throw new ConnectError(`could not remove ${path}`, Code.Internal);
-      } else {
-        await guard(fp.files.remove(c.owner, c.id, path));
-      }
+      await guard(removeTree(fp, c.owner, c.id, envdPath(req.path)));
       return {};
     },
     watchDir: async function* () {

@@ -4,7 +4,9 @@ import type { Forkpoint } from '../../core/forkpoint.js';
 import type { CheckpointRecord } from '../../store/checkpoints.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import type { Readable } from 'node:stream';
+import { InvalidRequestError, QuotaExceededError } from '../../core/errors.js';
 import { declareFace } from '../errors.js';
+import { removeTree } from '../remove-tree.js';
 import { sendWithOutputs } from '../output-json.js';
 import { noContent, ok, OPTIONAL_BODY, optionalBody } from '../schemas/common.js';
 import {
@@ -150,7 +152,13 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 201: ok('The checkpoint, processing', CheckpointInfo), ...errors },
       },
     }, async (req, reply) => {
-      const { checkpoint } = await fp.checkpoints.create(req.owner, req.params.id, { label: req.body.name, memory: true });
+      const { checkpoint } = await fp.checkpoints.create(req.owner, req.params.id, { label: req.body.name, memory: true, uniqueLabel: true }).catch((err: unknown) => {
+        // OpenComputer answers its per-sandbox checkpoint limit with 400, not 429.
+        if (err instanceof QuotaExceededError && (err.details as { reason?: string } | undefined)?.reason === 'CHECKPOINTS_PER_INSTANCE') {
+          throw new InvalidRequestError(err.message, err.details, { cause: err });
+        }
+        throw err;
+      });
       return reply.code(201).send(checkpointView(checkpoint));
     });
 
@@ -239,9 +247,9 @@ const fileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.delete('/sandboxes/:id/files', {
-      schema: { operationId: 'ocDeleteFile', tags, summary: 'Remove a file or an empty directory', description: 'Removing what is not there is no error.', params: SandboxParams, querystring: PathQuery, response: { 204: noContent('Removed'), ...errors } },
+      schema: { operationId: 'ocDeleteFile', tags, summary: 'Remove a file, or a directory and everything in it', description: 'As OpenComputer\'s agent does (`os.RemoveAll`): a link itself, never what it points to; removing what is not there is no error.', params: SandboxParams, querystring: PathQuery, response: { 204: noContent('Removed'), ...errors } },
     }, async (req, reply) => {
-      await fp.files.remove(req.owner, req.params.id, req.query.path);
+      await removeTree(fp, req.owner, req.params.id, req.query.path);
       return reply.code(204).send(null);
     });
 
