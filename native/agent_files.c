@@ -54,6 +54,8 @@ void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
 }
 
 /* READ_FILE: u32 max, path; READ_AT: u32 max, u64 offset, path. */
+#define READ_CHUNK (64 * 1024)
+
 void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
   uint32_t max;
   uint64_t offset = 0;
@@ -78,7 +80,10 @@ void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
   }
   uint32_t got = 0;
   for (;;) {
-    ssize_t r = pread(fd, buf + got, (size_t)max + 1 - got, (off_t)(offset + got));
+    /* At most 64 KiB a call: the kernel answers a read of a sysctl file (/proc/sys) of 4 MiB or
+     * more with ENOMEM, whatever the file holds. */
+    size_t want = (size_t)max + 1 - got;
+    ssize_t r = pread(fd, buf + got, want < READ_CHUNK ? want : READ_CHUNK, (off_t)(offset + got));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       int e = errno;

@@ -127,6 +127,17 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('a sysctl file reads as what it holds (it answered "Cannot allocate memory")', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const bootId = (await sbx.files.read('/proc/sys/kernel/random/boot_id')).trim();
+      expect(bootId).toMatch(/^[0-9a-f-]{36}$/);
+      expect(bootId).toBe((await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim());
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
     const sbx = await Sandbox.create();
     try {
