@@ -138,6 +138,38 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('a command past its request\'s deadline ends the stream with deadline_exceeded and is killed (the stream just stopped: E2B\'s Python SDK read a command with no end)', async () => {
+    const made = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });
+    const id: string = made.body.sandboxID;
+    try {
+      // Connect's streaming framing, as E2B's Python SDK speaks it: its timeout travels as the
+      // request's Connect-Timeout-Ms, which the server alone enforces.
+      const message = Buffer.from(JSON.stringify({ process: { cmd: '/bin/sh', args: ['-c', 'sleep 30'] } }));
+      const envelope = Buffer.concat([Buffer.from([0, 0, 0, 0, 0]), message]);
+      envelope.writeUInt32BE(message.length, 1);
+      const started = Date.now();
+      const r = await fetch(`${s.url}/process.Process/Start`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/connect+json', 'connect-protocol-version': '1', 'connect-timeout-ms': '800', 'e2b-sandbox-id': id, 'x-access-token': made.body.envdAccessToken as string },
+        body: envelope,
+      });
+      const body = Buffer.from(await r.arrayBuffer());
+      expect(Date.now() - started).toBeLessThan(20_000);
+      const frames: { flags: number; json: any }[] = [];
+      for (let at = 0; at + 5 <= body.length;) {
+        const len = body.readUInt32BE(at + 1);
+        frames.push({ flags: body[at]!, json: JSON.parse(body.subarray(at + 5, at + 5 + len).toString()) });
+        at += 5 + len;
+      }
+      expect(frames[0]!.json.event.start.pid).toBeGreaterThan(0);
+      const end = frames.at(-1)!;
+      expect([end.flags & 2, end.json.error?.code]).toEqual([2, 'deadline_exceeded']);
+      await until('the command killed', async () => !(await s.exec(id, { command: 'ps -o args' })).stdout.includes('sleep 30'));
+    } finally {
+      await s.api('DELETE', `/instances/${id}`);
+    }
+  });
+
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
     const sbx = await Sandbox.create();
     try {

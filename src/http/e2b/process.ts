@@ -66,19 +66,32 @@ export function processService(fp: Forkpoint): ServiceImpl<typeof Process> {
       },
     });
     const deadline = ctx.timeoutMs();
-    const timer = deadline !== undefined ? setTimeout(onDeadline, deadline) : undefined;
+    let expired = false;
+    const expire = () => {
+      expired = true;
+      onDeadline();
+      queue.end();
+    };
+    const timer = deadline !== undefined ? setTimeout(expire, deadline) : undefined;
     const onAbort = () => queue.end();
     ctx.signal.addEventListener('abort', onAbort);
     const every = Number(ctx.requestHeader.get('keepalive-ping-interval')) || DEFAULT_KEEPALIVE_S;
     try {
       for await (const event of queue.withKeepAlive(every * 1000, keepAlive)) {
-        if (ctx.signal.aborted) return;
+        if (ctx.signal.aborted || expired) break;
         yield { event: { $typeName: 'process.ProcessEvent', event } };
       }
     } finally {
       clearTimeout(timer);
       ctx.signal.removeEventListener('abort', onAbort);
       attachment.detach();
+    }
+    // A stream its deadline ended says so, as envd's does (E2B's Python SDK raises its timeout
+    // from this code; a stream that just stopped read as a command without an end).
+    const reason: unknown = ctx.signal.reason;
+    if (expired || (reason instanceof ConnectError && reason.code === Code.DeadlineExceeded)) {
+      if (!expired) onDeadline(); // Connect's own deadline fired first
+      throw new ConnectError('the request ran past its deadline', Code.DeadlineExceeded);
     }
   }
 
