@@ -87,9 +87,10 @@ token
   .description('Create a token and print it (shown once)')
   .option('-o, --owner <owner>', 'the owner everything made with it belongs to', 'default')
   .option('-n, --name <name>', 'a name to recognise it by', 'cli')
-  .action(async (o: { owner: string; name: string }) => {
+  .option('--e2b', 'write it as E2B\'s SDKs expect a key (e2b_ and hex); it works on every face')
+  .action(async (o: { owner: string; name: string; e2b?: boolean }) => {
     const store = await serversStore(config());
-    const { token: t, record } = await store.tokens.create(o.owner, o.name);
+    const { token: t, record } = await store.tokens.create(o.owner, o.name, o.e2b ? 'e2b' : 'forkpoint');
     process.stdout.write(`${t}\n`);
     process.stderr.write(`token ${record.id} for owner ${record.owner}\n`);
     await store.close();

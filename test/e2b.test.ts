@@ -1,3 +1,4 @@
+import { execa } from 'execa';
 import { CommandExitError, InvalidArgumentError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
@@ -167,6 +168,25 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
       await until('the command killed', async () => !(await s.exec(id, { command: 'ps -o args' })).stdout.includes('sleep 30'));
     } finally {
       await s.api('DELETE', `/instances/${id}`);
+    }
+  });
+
+  it('`token create --e2b` writes a key E2B\'s SDKs accept as it is (Python refused forkpoint\'s before sending it), the same credential on every face', async () => {
+    const made = await execa(process.execPath, [new URL('../dist/cli.js', import.meta.url).pathname, 'token', 'create', '--e2b', '--owner', 'e2b-shaped'], { env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir, FORKPOINT_CONFIG: '' } });
+    const key = made.stdout.trim();
+    // The check both SDKs make (python-sdk e2b/api/__init__.py, js-sdk src/api/index.ts).
+    expect(key).toMatch(/^e2b_[0-9a-f]+$/);
+    const sbx = await Sandbox.create({ apiKey: key });
+    try {
+      expect((await sbx.commands.run('echo via-e2b-key')).stdout).toBe('via-e2b-key\n');
+      const bearer = { authorization: `Bearer ${key}` };
+      expect((await s.api('GET', `/instances/${sbx.sandboxId}`, undefined, bearer)).status).toBe(200);
+      expect((await s.api('GET', '/api/sandboxes', undefined, bearer)).status).toBe(200);
+      expect((await s.api('GET', `/instances/${sbx.sandboxId}`)).status).toBe(404); // another owner's token
+      const forged = `${key.slice(0, 28)}${'0'.repeat(key.length - 28)}`;
+      expect((await s.api('GET', '/instances', undefined, { authorization: `Bearer ${forged}` })).status).toBe(401);
+    } finally {
+      await sbx.kill();
     }
   });
 

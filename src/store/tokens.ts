@@ -24,17 +24,34 @@ const toRecord = (r: Selectable<Tables['tokens']>): TokenRecord => ({
 
 const hash = (secret: string): Buffer => createHash('sha256').update(secret).digest();
 
-/** A token is `fpk_<id>.<secret>`: the id finds the row, the secret is compared as a hash in
- * constant time. Only the hash is stored. */
+/** How a token is written: forkpoint's own, or E2B's (`e2b_` and hex only), which E2B's SDKs
+ * check a key against before they send it (Python always, JS when asked). */
+export type TokenShape = 'forkpoint' | 'e2b';
+
+/** forkpoint's `fpk_<id>.<secret>`, or E2B's `e2b_<24 hex of the id><48 hex of the secret>`. */
+const SHAPES = { forkpoint: /^fpk_(tok_[0-9a-z]+)\.([A-Za-z0-9_-]+)$/, e2b: /^e2b_([0-9a-f]{24})([0-9a-f]{48})$/ } as const;
+
+/** A token's row id and secret, read from either shape. */
+function parse(token: string): { id: string; secret: string } | undefined {
+  const own = SHAPES.forkpoint.exec(token);
+  if (own) return { id: own[1]!, secret: own[2]! };
+  const e2b = SHAPES.e2b.exec(token);
+  return e2b ? { id: `tok_${e2b[1]!}`, secret: e2b[2]! } : undefined;
+}
+
+/** A token names its row by id; its secret is compared as a hash in constant time. Only the
+ * hash is stored. Both shapes are one kind of credential, with the same scope. */
 export class TokenStore {
   constructor(private readonly db: Db) {}
 
-  async create(owner: string, name: string): Promise<{ token: string; record: TokenRecord }> {
-    const id = newId('tok', 12);
-    const secret = randomBytes(24).toString('base64url');
+  async create(owner: string, name: string, shape: TokenShape = 'forkpoint'): Promise<{ token: string; record: TokenRecord }> {
+    const e2b = shape === 'e2b';
+    const idPart = e2b ? randomBytes(12).toString('hex') : undefined;
+    const id = idPart ? `tok_${idPart}` : newId('tok', 12);
+    const secret = e2b ? randomBytes(24).toString('hex') : randomBytes(24).toString('base64url');
     const row = { id, owner, name, secret_hash: hash(secret), created_at: new Date().toISOString(), last_used_at: null, revoked_at: null };
     await this.db.insertInto('tokens').values(row).execute();
-    return { token: `fpk_${id}.${secret}`, record: toRecord(row) };
+    return { token: idPart ? `e2b_${idPart}${secret}` : `fpk_${id}.${secret}`, record: toRecord(row) };
   }
 
   async get(id: string): Promise<TokenRecord | undefined> {
@@ -63,9 +80,9 @@ export class TokenStore {
 
   /** The owner of a valid token, or undefined. */
   async verify(token: string): Promise<TokenRecord | undefined> {
-    const m = /^fpk_(tok_[0-9a-z]+)\.([A-Za-z0-9_-]+)$/.exec(token);
-    const probe = hash(m ? m[2]! : token);
-    const row = m ? await this.db.selectFrom('tokens').selectAll().where('id', '=', m[1]!).executeTakeFirst() : undefined;
+    const m = parse(token);
+    const probe = hash(m ? m.secret : token);
+    const row = m ? await this.db.selectFrom('tokens').selectAll().where('id', '=', m.id).executeTakeFirst() : undefined;
     // Compare even when no row matched, so that timing does not tell ids apart.
     const stored = row?.secret_hash ?? Buffer.alloc(32);
     const equal = stored.length === probe.length && timingSafeEqual(stored, probe);
