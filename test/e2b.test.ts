@@ -190,6 +190,25 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('Sandbox.list orders by start time and filters by startedAfter and template (they were ignored)', async () => {
+    const tag = { listTest: String(Date.now()) };
+    const a = await Sandbox.create({ metadata: tag });
+    const b = await Sandbox.create({ metadata: tag });
+    try {
+      const ids = async (opts: Parameters<typeof Sandbox.list>[0]) => (await Sandbox.list(opts).nextItems()).map((x) => x.sandboxId);
+      expect(await ids({ query: { metadata: tag }, order: 'asc' })).toEqual([a.sandboxId, b.sandboxId]);
+      expect(await ids({ query: { metadata: tag }, order: 'desc' })).toEqual([b.sandboxId, a.sandboxId]);
+      const startedB = (await b.getInfo()).startedAt;
+      expect(await ids({ query: { metadata: tag, startedAfter: startedB } })).toEqual([b.sandboxId]);
+      expect(await ids({ query: { metadata: tag, startedAfter: new Date(startedB.getTime() + 60_000) } })).toEqual([]);
+      expect(await ids({ query: { metadata: tag, template: 'base' }, order: 'asc' })).toEqual([a.sandboxId, b.sandboxId]);
+      expect(await ids({ query: { metadata: tag, template: (await a.getInfo()).templateId }, order: 'asc' })).toEqual([a.sandboxId, b.sandboxId]);
+      expect(await ids({ query: { metadata: tag, template: 'no-such-template' } })).toEqual([]);
+    } finally {
+      await Promise.all([a.kill(), b.kill()]);
+    }
+  });
+
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
     const sbx = await Sandbox.create();
     try {

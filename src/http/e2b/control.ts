@@ -26,6 +26,11 @@ const Timeout = z.object({ timeout: z.number().int().min(0).max(30 * 86400) });
 const ListQuery = z.object({
   metadata: z.string().max(4096).optional(),
   state: z.string().max(64).optional(),
+  /** By start time; newest first unless `asc`. */
+  order: z.enum(['asc', 'desc']).optional(),
+  startedAfter: z.string().datetime({ offset: true }).optional(),
+  /** A template's id or alias. */
+  template: z.string().max(128).optional(),
   limit: z.coerce.number().int().min(1).max(1000).default(100),
   nextToken: z.string().max(128).optional(),
 });
@@ -116,12 +121,15 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return page.items;
     });
 
-    /** The owner's instances as E2B lists them, filtered by metadata (`k=v&k2=v2`) and state,
-     * newest first, a page at a time (the token is the last id of the previous page). */
+    /** The owner's instances as E2B lists them, filtered by metadata (`k=v&k2=v2`), state,
+     * start time and template, newest first unless `order=asc`, a page at a time (the token is
+     * the last id of the previous page). */
     async function listed(req: FastifyRequest, q: z.infer<typeof ListQuery>) {
       const owner = req.owner;
       const want = new URLSearchParams(q.metadata ?? '');
       const states = q.state ? q.state.split(',') : ['running', 'paused'];
+      const after = q.startedAfter ? Date.parse(q.startedAfter) : undefined;
+      const templates = q.template ? new Set([q.template, aliases[q.template] ?? q.template]) : undefined;
       const all = [] as ReturnType<typeof detail>[];
       let cursor: string | undefined;
       do {
@@ -130,10 +138,14 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
           if (r.status !== 'running' && r.status !== 'hibernated') continue;
           if ([...want].some(([k, v]) => r.metadata[k] !== v)) continue;
           const d = detail(r, req);
-          if (states.includes(d.state)) all.push(d);
+          if (!states.includes(d.state)) continue;
+          if (after !== undefined && Date.parse(d.startedAt) < after) continue;
+          if (templates && !templates.has(d.templateID)) continue;
+          all.push(d);
         }
         cursor = page.nextCursor ?? undefined;
       } while (cursor);
+      all.sort((a, b) => (Date.parse(b.startedAt) - Date.parse(a.startedAt)) * (q.order === 'asc' ? -1 : 1));
       const start = q.nextToken ? all.findIndex((d) => d.sandboxID === q.nextToken) + 1 : 0;
       const items = all.slice(start, start + q.limit);
       return { items, next: start + q.limit < all.length ? items.at(-1)?.sandboxID : undefined };
