@@ -209,6 +209,24 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('listSnapshots filters by name and by the sandbox they were taken of (it listed every snapshot)', async () => {
+    const [a, b] = await Promise.all([Sandbox.create(), Sandbox.create()]);
+    try {
+      const name = `snap-filter-${Date.now()}`;
+      const ofA = await a.createSnapshot({ name });
+      const ofB = await b.createSnapshot();
+      const ids = async (p: ReturnType<typeof Sandbox.listSnapshots>) => (await p.nextItems()).map((x) => x.snapshotId);
+      expect(await ids(Sandbox.listSnapshots({ name }))).toEqual([ofA.snapshotId]);
+      expect(await ids(Sandbox.listSnapshots({ name: `${name}-does-not-exist` }))).toEqual([]);
+      expect(await ids(a.listSnapshots())).toEqual([ofA.snapshotId]);
+      expect(await ids(b.listSnapshots())).toEqual([ofB.snapshotId]);
+      expect(await ids(Sandbox.listSnapshots())).toEqual(expect.arrayContaining([ofA.snapshotId, ofB.snapshotId]));
+      await Promise.all([Sandbox.deleteSnapshot(ofA.snapshotId), Sandbox.deleteSnapshot(ofB.snapshotId)]);
+    } finally {
+      await Promise.all([a.kill(), b.kill()]);
+    }
+  });
+
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
     const sbx = await Sandbox.create();
     try {

@@ -5,6 +5,7 @@ import type { Forkpoint } from '../../core/forkpoint.js';
 import { NotFoundError } from '../../core/errors.js';
 import type { CreateInstance } from '../../core/instances.js';
 import type { InstanceRecord } from '../../store/instances.js';
+import type { TemplateRecord } from '../../store/templates.js';
 import { E2B_HOME, ENVD_VERSION } from './caller.js';
 
 /** E2B's API: camelCase as its spec has it (`allow_internet_access` is its one snake). */
@@ -201,9 +202,29 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(201).send({ snapshotID: t.name, names: [t.name] });
     });
 
-    app.get('/snapshots', { schema: { ...hidden, querystring: z.object({ sandboxID: z.string().optional() }).passthrough() } }, async (req) =>
-      (await fp.templates.list(req.owner)).filter((t) => t.status === 'ready').map((t) => ({ snapshotID: t.name, names: [t.name] })),
-    );
+    const SnapshotQuery = z.object({
+      sandboxID: z.string().max(128).optional(),
+      name: z.string().max(128).optional(),
+      limit: z.coerce.number().int().min(1).max(1000).default(100),
+      nextToken: z.string().max(128).optional(),
+    }).passthrough();
+    /** The sandbox a snapshot was taken of: its checkpoint's, while that checkpoint is kept. */
+    const sandboxOf = async (owner: string, t: TemplateRecord) => {
+      const checkpointId = t.source.startsWith('checkpoint:') ? t.source.slice('checkpoint:'.length) : undefined;
+      return checkpointId ? (await fp.checkpoints.find(owner, checkpointId).catch(() => undefined))?.instanceId : undefined;
+    };
+    app.get('/snapshots', { schema: { ...hidden, querystring: SnapshotQuery } }, async (req, reply) => {
+      const q = req.query;
+      let snaps = (await fp.templates.list(req.owner)).filter((t) => t.status === 'ready' && (q.name === undefined || t.name === q.name));
+      if (q.sandboxID !== undefined) {
+        const of = await Promise.all(snaps.map((t) => sandboxOf(req.owner, t)));
+        snaps = snaps.filter((_, i) => of[i] === q.sandboxID);
+      }
+      const start = q.nextToken ? snaps.findIndex((t) => t.name === q.nextToken) + 1 : 0;
+      const page = snaps.slice(start, start + q.limit);
+      if (start + q.limit < snaps.length && page.length) reply.header('x-next-token', page.at(-1)!.name);
+      return page.map((t) => ({ snapshotID: t.name, names: [t.name] }));
+    });
 
     app.post('/sandboxes/:sandboxID/fork', { schema: { ...hidden, params: IdParams, body: z.object({ timeout: z.number().int().min(0).optional(), count: z.number().int().min(1).max(100).optional() }).optional() } }, async (req, reply) => {
       const forks = await fp.checkpoints.fork(req.owner, req.params.sandboxID, { count: req.body?.count ?? 1 });
