@@ -1,5 +1,5 @@
 import { execa } from 'execa';
-import { CommandExitError, InvalidArgumentError, Sandbox } from 'e2b';
+import { CommandExitError, InvalidArgumentError, Sandbox, TimeoutError } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
 import { until } from './helpers/wait.js';
@@ -225,6 +225,15 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     } finally {
       await Promise.all([a.kill(), b.kill()]);
     }
+  });
+
+  it('a command whose sandbox is killed under it fails as E2B\'s does: the connection drops, then the health check says the sandbox is gone (it ended with exit -1)', async () => {
+    const sbx = await Sandbox.create();
+    const cmd = await sbx.commands.run('sleep 60', { background: true });
+    await sbx.kill();
+    const err = await cmd.wait().catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TimeoutError);
+    expect((err as Error).message).toContain('sandbox was killed or reached its end of life');
   });
 
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {

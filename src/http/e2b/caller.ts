@@ -10,6 +10,10 @@ export interface SandboxCaller {
 
 export const callerKey = createContextKey<SandboxCaller | undefined>(undefined);
 
+/** Cuts the call's connection, as a sandbox that dies under envd does: E2B's SDKs read a
+ * connection dropped mid-stream, then a failed health check, as "the sandbox was killed". */
+export const dropConnectionKey = createContextKey<() => void>(() => {});
+
 /** Where E2B's envd puts a user's files and starts commands: its default user's home. */
 export const E2B_HOME = '/home/user';
 /** The envd version this face speaks: what the SDK's feature checks compare against. */

@@ -32,13 +32,14 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     const config = { scope: 'sandbox' as const };
 
     // The SDK's isRunning(): 204 while the sandbox runs, 502 (E2B's proxy's answer) once it is
-    // paused or stopped.
+    // paused, stopped or being killed.
     app.get('/health', { config, schema: hidden }, async (req, reply) => {
       const c = callerOfRequest(req);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
       try {
         const { status } = await fp.instances.get(c.owner, c.id);
         if (status !== 'running') return envdError(reply, new ForkpointError('SANDBOX_NOT_RUNNING', `sandbox ${c.id} is ${status}, not running`));
+        if (fp.instances.isBeingDeleted(c.id)) return envdError(reply, new ForkpointError('SANDBOX_NOT_RUNNING', `sandbox ${c.id} is being killed`));
       } catch (err) {
         return envdError(reply, err);
       }

@@ -3,7 +3,7 @@ import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
 import type { FastifyPluginAsync } from 'fastify';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { declareFace } from '../errors.js';
-import { callerKey, callerOfRequest, ENVD_PORT } from './caller.js';
+import { callerKey, callerOfRequest, dropConnectionKey, ENVD_PORT } from './caller.js';
 import { e2bControlRoutes } from './control.js';
 import { envdFileRoutes } from './files.js';
 import { filesystemService } from './filesystem.js';
@@ -38,7 +38,7 @@ export const e2bFace = (fp: Forkpoint): FastifyPluginAsync =>
           router.service(Process, processService(fp));
           router.service(Filesystem, filesystemService(fp));
         },
-        contextValues: (req) => createContextValues().set(callerKey, callerOfRequest(req)),
+        contextValues: (req) => createContextValues().set(callerKey, callerOfRequest(req)).set(dropConnectionKey, () => req.raw.socket.destroy()),
         shutdownTimeoutMs: 1000,
       });
     });

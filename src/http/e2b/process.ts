@@ -2,7 +2,7 @@ import { Code, ConnectError, type HandlerContext, type ServiceImpl } from '@conn
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { ForkpointError } from '../../core/errors.js';
 import type { ExecutionState } from '../../core/executions.js';
-import { callerOf, E2B_HOME, envdPath, type SandboxCaller } from './caller.js';
+import { callerOf, dropConnectionKey, E2B_HOME, envdPath, type SandboxCaller } from './caller.js';
 import { Process, Signal, type ProcessEvent, type ProcessSelector } from './gen/process/process_pb.js';
 import { EventQueue } from './queue.js';
 
@@ -53,6 +53,7 @@ export function processService(fp: Forkpoint): ServiceImpl<typeof Process> {
   async function* follow(c: SandboxCaller, state: ExecutionState, from: [number, number], ctx: HandlerContext, onDeadline: () => void): AsyncGenerator<{ event: { $typeName: 'process.ProcessEvent'; event: Event } }> {
     const pty = state.record.kind === 'pty';
     const queue = new EventQueue<Event>(sizeOf, MAX_QUEUED);
+    let lostWhy: string | undefined;
     const attachment = await fp.executions.attach(c.owner, c.id, state.record.id, from, {
       output: (stream, _offset, data) => queue.push(dataEvent(stream, pty, data)),
       replayed: () => {},
@@ -61,7 +62,7 @@ export function processService(fp: Forkpoint): ServiceImpl<typeof Process> {
         queue.end();
       },
       lost: (why) => {
-        queue.push(endEvent(-1, 'lost', why));
+        lostWhy = why;
         queue.end();
       },
     });
@@ -93,6 +94,21 @@ export function processService(fp: Forkpoint): ServiceImpl<typeof Process> {
       if (!expired) onDeadline(); // Connect's own deadline fired first
       throw new ConnectError('the request ran past its deadline', Code.DeadlineExceeded);
     }
+    if (lostWhy === undefined || ctx.signal.aborted) return;
+    // The process was lost because its sandbox stopped (killed, paused, gone): envd's VM would
+    // have taken the connection with it. Lost while the sandbox runs on (a rollback replaced its
+    // processes), the stream ends with the process.
+    if (!(await sandboxRuns(c))) {
+      ctx.values.get(dropConnectionKey)();
+      throw new ConnectError('terminated: the sandbox stopped', Code.Unknown);
+    }
+    yield { event: { $typeName: 'process.ProcessEvent', event: endEvent(-1, 'lost', lostWhy) } };
+  }
+
+  async function sandboxRuns(c: SandboxCaller): Promise<boolean> {
+    if (fp.instances.isBeingDeleted(c.id)) return false;
+    const r = await fp.instances.get(c.owner, c.id).catch(() => undefined);
+    return r?.status === 'running';
   }
 
   return {
