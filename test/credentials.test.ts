@@ -97,6 +97,33 @@ describe('credentials × routes', () => {
     }
   });
 
+  it('a sandbox\'s traffic token (E2B-Traffic-Access-Token) opens its own ports and nothing else, on every route', async () => {
+    const a = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 120 }, { 'x-api-key': s.token });
+    const b = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 120 }, { 'x-api-key': s.token });
+    const A: string = a.body.sandboxID;
+    const B: string = b.body.sandboxID;
+    const traffic = { 'e2b-sandbox-id': A, 'e2b-traffic-access-token': a.body.trafficAccessToken as string };
+    try {
+      const opened: string[] = [];
+      for (const [method, path] of await ownerRoutes()) {
+        for (const id of [A, B]) {
+          const r = await call(method, fill(path, id), traffic);
+          if (r.status !== 401) opened.push(`${method} ${fill(path, id)} → ${r.status}`);
+        }
+      }
+      expect(opened).toEqual([]);
+      for (const [method, path] of [['GET', '/health'], ['GET', '/files?path=/etc/passwd'], ['POST', '/process.Process/List']] as const) {
+        expect((await call(method, path, traffic)).status, path).toBe(401);
+        expect((await call(method, path, { 'e2b-sandbox-id': A, 'x-access-token': traffic['e2b-traffic-access-token'] })).status, path).toBe(401);
+      }
+      expect((await call('GET', `/instances/${A}/ports/8080/`, traffic)).status).toBe(503); // in, and nothing listens
+      expect((await call('GET', `/instances/${B}/ports/8080/`, traffic)).status).toBe(403);
+      expect((await call('GET', `/instances/${B}/ports/8080/`, { ...traffic, 'e2b-sandbox-id': B })).status).toBe(401);
+    } finally {
+      for (const id of [A, B]) await s.api('DELETE', `/instances/${id}`);
+    }
+  });
+
   it('a preview link opens its port and nothing else, on every route', async () => {
     const inst = await s.instance();
     try {

@@ -322,6 +322,25 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
 });
 
 describe('@e2b/code-interpreter, unchanged', () => {
+  it('code contexts (their calls carry the traffic token, not the access token: they answered 401) and the sandbox\'s variables in runCode (they were not there)', async () => {
+    const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
+    const sbx = await CodeSandbox.create({ envs: { SANDBOX_VAR: 'from-create' } });
+    try {
+      const ctx = await sbx.createCodeContext();
+      expect(ctx).toMatchObject({ language: 'python', cwd: '/home/user' });
+      expect((await sbx.listCodeContexts()).map((c) => c.id)).toContain(ctx.id);
+      await sbx.runCode('x = 41', { context: ctx });
+      expect((await sbx.runCode('print(x + 1)', { context: ctx })).logs.stdout).toEqual(['42\n']);
+      expect((await sbx.runCode('print("x" in globals())')).logs.stdout).toEqual(['False\n']); // the default context is another
+      await sbx.removeCodeContext(ctx);
+      expect((await sbx.listCodeContexts()).map((c) => c.id)).not.toContain(ctx.id);
+      const env = await sbx.runCode('import os; print(os.environ.get("SANDBOX_VAR"), os.environ.get("RUN_VAR"))', { envs: { RUN_VAR: 'per-run' } });
+      expect(env.logs.stdout).toEqual(['from-create per-run\n']);
+    } finally {
+      await sbx.kill();
+    }
+  }, 180_000);
+
   it('runCode keeps state between cells, and a snapshot and a sandbox from it keep it too', async () => {
     const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
     const sbx = await CodeSandbox.create();
@@ -384,6 +403,14 @@ describe('attacks on the E2B face', () => {
     expect(f.envdAccessToken).not.toBe(tokenA);
     expect((await rpc(f.sandboxID, tokenA)).status).toBe(401);
     expect((await rpc(f.sandboxID, f.envdAccessToken)).status).toBe(200);
+
+    // The traffic token opens the sandbox's ports, not its envd, and no other sandbox's ports.
+    const traffic: string = a.body.trafficAccessToken;
+    expect(traffic).toMatch(/^tok_/);
+    expect((await rpc(a.body.sandboxID, traffic)).status).toBe(401);
+    const viaTraffic = (id: string) => fetch(`${s.url}/`, { headers: { 'e2b-sandbox-id': id, 'e2b-sandbox-port': '8080', 'e2b-traffic-access-token': traffic } });
+    expect((await viaTraffic(a.body.sandboxID)).status).toBe(503); // let in: nothing listens there
+    expect((await viaTraffic(b.body.sandboxID)).status).toBe(401);
 
     expect((await s.api('GET', `/sandboxes/${a.body.sandboxID}`, undefined, {})).status).toBe(401);
     const { token } = await s.fp.store.tokens.create('intruder', 'test');

@@ -50,6 +50,17 @@ class Stream:
             self.pending = ""
 
 
+def sandbox_env():
+    """The sandbox's variables, given when it was made (after this server started: it is
+    restored from the template's checkpoint), as forkpoint's E2B face writes them."""
+    try:
+        with open("/run/e2b/envs.json") as f:
+            env = json.load(f)
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def run(ctx, code, env, emit):
     import os
 
@@ -58,6 +69,7 @@ def run(ctx, code, env, emit):
         emit({"type": "number_of_executions", "execution_count": ctx.count})
         saved = sys.stdout, sys.stderr, dict(os.environ)
         sys.stdout, sys.stderr = Stream(emit, "stdout"), Stream(emit, "stderr")
+        os.environ.update(sandbox_env())
         os.environ.update(env or {})
         try:
             tree = ast.parse(code, mode="exec")

@@ -21,6 +21,14 @@ export interface SandboxCredential {
   sandboxId: string;
 }
 
+/** A sandbox's traffic token (E2B's `E2B-Traffic-Access-Token`, which its code interpreter
+ * sends to its port): that sandbox's ports, not its envd. */
+export interface TrafficCredential {
+  kind: 'traffic';
+  owner: string;
+  sandboxId: string;
+}
+
 /** A preview link or its cookie: one port of one sandbox, until it expires or the API token
  * that made it is revoked. */
 export interface PreviewCredential {
@@ -31,7 +39,7 @@ export interface PreviewCredential {
 }
 
 /** Every credential forkpoint accepts; what each may open is the HTTP edge's one table. */
-export type Credential = OwnerCredential | SandboxCredential | PreviewCredential;
+export type Credential = OwnerCredential | SandboxCredential | TrafficCredential | PreviewCredential;
 
 /**
  * Turns what a client presents into a credential, or nothing: API tokens (the store's),
@@ -83,6 +91,19 @@ export class Credentials {
     if (!rec || !madeBy) return undefined;
     if (!(await this.lives(madeBy, rec.owner))) return undefined;
     return { kind: 'sandbox', owner: rec.owner, sandboxId };
+  }
+
+  /** The traffic token of a sandbox, for the API token that asks. */
+  trafficTokenFor(by: OwnerCredential, sandboxId: string): string {
+    return this.links().trafficToken(by.owner, sandboxId, by.tokenId);
+  }
+
+  async trafficToken(sandboxId: string, token: string): Promise<TrafficCredential | undefined> {
+    const rec = await this.store.instances.get(sandboxId);
+    const madeBy = rec && this.links().verifyTraffic(token, rec.owner, sandboxId);
+    if (!rec || !madeBy) return undefined;
+    if (!(await this.lives(madeBy, rec.owner))) return undefined;
+    return { kind: 'traffic', owner: rec.owner, sandboxId };
   }
 
   /** Whether an instance of that id exists (an id is random: this tells nothing to guess with). */

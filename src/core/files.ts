@@ -108,12 +108,12 @@ export class FileService {
   }
 
   /** Writes a whole file, making its parent directories. */
-  async write(owner: string, id: string, path: string, data: Buffer): Promise<void> {
+  async write(owner: string, id: string, path: string, data: Buffer, mode = 0o644): Promise<void> {
     if (data.length > MAX_FILE_BYTES) throw new PayloadTooLargeError(`files are written up to ${MAX_FILE_BYTES} bytes at a time`);
     await this.op(owner, id, path, async (a, p) => {
       const parent = p.slice(0, p.lastIndexOf('/'));
       if (parent) await a.mkdir(parent);
-      await a.writeFile(p, data, 0o644);
+      await a.writeFile(p, data, mode);
     });
   }
 

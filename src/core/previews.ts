@@ -63,7 +63,22 @@ export class PreviewLinks {
     return want.length === got.length && timingSafeEqual(want, got) ? m[1] : undefined;
   }
 
-  private accessMac(owner: string, id: string, tokenId: string): string {
-    return createHmac('sha256', this.secret).update(`access\n${owner}\n${id}\n${tokenId}`).digest('base64url');
+  private accessMac(owner: string, id: string, tokenId: string, kind: 'access' | 'traffic' = 'access'): string {
+    return createHmac('sha256', this.secret).update(`${kind}\n${owner}\n${id}\n${tokenId}`).digest('base64url');
+  }
+
+  /** A sandbox's traffic token (E2B's `E2B-Traffic-Access-Token`), made like its access token
+   * but signed apart: it opens that instance's ports and not its in-sandbox API. */
+  trafficToken(owner: string, id: string, tokenId: string): string {
+    return `${tokenId}.${this.accessMac(owner, id, tokenId, 'traffic')}`;
+  }
+
+  /** The API token id a traffic token was made for, if it is this instance's. */
+  verifyTraffic(token: string, owner: string, id: string): string | undefined {
+    const m = /^(tok_[0-9a-z]{1,40})\.([A-Za-z0-9_-]{43})$/.exec(token);
+    if (!m) return undefined;
+    const want = Buffer.from(this.accessMac(owner, id, m[1]!, 'traffic'));
+    const got = Buffer.from(m[2]!);
+    return want.length === got.length && timingSafeEqual(want, got) ? m[1] : undefined;
   }
 }

@@ -33,13 +33,13 @@ const OPENS: Record<Exclude<Scope, 'public'>, readonly Credential['kind'][]> = {
   owner: ['owner'],
   operator: ['owner'],
   sandbox: ['sandbox'],
-  port: ['owner', 'sandbox', 'preview'],
+  port: ['owner', 'sandbox', 'traffic', 'preview'],
 };
 
 function admits(scope: Exclude<Scope, 'public'>, c: Credential, params: { id?: string; port?: string }): boolean {
   if (!OPENS[scope].includes(c.kind)) return false;
   if (scope === 'operator') return c.kind === 'owner' && c.operator;
-  if (scope === 'port' && c.kind !== 'owner') return c.sandboxId === params.id && (c.kind === 'sandbox' || String(c.port) === params.port);
+  if (scope === 'port' && c.kind !== 'owner') return c.sandboxId === params.id && (c.kind !== 'preview' || String(c.port) === params.port);
   return true;
 }
 
@@ -47,7 +47,7 @@ const WHAT_OPENS: Record<Exclude<Scope, 'public'>, string> = {
   owner: 'an API token: Authorization: Bearer <token> or X-API-Key: <token>',
   operator: "an operator's API token (FORKPOINT_OPERATORS)",
   sandbox: "the sandbox's E2b-Sandbox-Id and X-Access-Token",
-  port: "an API token, the instance's access token or a valid preview link",
+  port: "an API token, the instance's access or traffic token, or a valid preview link",
 };
 
 /** Query parameters a WebSocket upgrade may carry its token in (browsers' WebSocket cannot
@@ -92,6 +92,8 @@ async function credentialOf(request: FastifyRequest, scope: Exclude<Scope, 'publ
   ];
   if (scope === 'sandbox') tries.reverse();
   if (scope === 'port') {
+    const traffic = request.headers['e2b-traffic-access-token'];
+    tries.push(() => (typeof sandbox === 'string' && typeof traffic === 'string' ? credentials.trafficToken(sandbox, traffic) : undefined));
     tries.push(() => {
       const signed = preview.signed(request);
       return signed && params.id && params.port ? credentials.previewLink(signed, params.id, Number(params.port)) : undefined;
@@ -140,6 +142,8 @@ function describe(c: Credential): string {
       return 'an API token';
     case 'sandbox':
       return `the access token of sandbox ${c.sandboxId}`;
+    case 'traffic':
+      return `the traffic token of sandbox ${c.sandboxId}`;
     case 'preview':
       return `a preview link of port ${c.port} of ${c.sandboxId}`;
   }

@@ -36,6 +36,8 @@ const ListQuery = z.object({
   nextToken: z.string().max(128).optional(),
 });
 const DEFAULT_TIMEOUT_S = 15;
+/** Where a sandbox's own processes find its variables (images/code-interpreter/kernel.py reads it). */
+const SANDBOX_ENVS = '/run/e2b/envs.json';
 const hidden = { hide: true };
 
 /** E2B's error: `{code, message}`, the code being the HTTP status. */
@@ -66,7 +68,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       clientID: 'forkpoint',
       envdVersion: ENVD_VERSION,
       envdAccessToken: by.credential?.kind === 'owner' ? fp.credentials.accessTokenFor(by.credential, r.id) : null,
-      trafficAccessToken: null,
+      trafficAccessToken: by.credential?.kind === 'owner' ? fp.credentials.trafficTokenFor(by.credential, r.id) : null,
       domain: null,
     });
     const detail = (r: InstanceRecord, by: FastifyRequest) => ({
@@ -107,6 +109,9 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         throw err;
       }
       await home(owner, rec.id);
+      // The sandbox's variables where a process started before them (a template's code
+      // interpreter, restored from its checkpoint) reads them, as E2B's reads envd's /envs.
+      if (Object.keys(rec.env).length) await fp.files.write(owner, rec.id, SANDBOX_ENVS, Buffer.from(JSON.stringify(rec.env)), 0o600);
       return lifetime(owner, rec.id, b.timeout, b.autoPause);
     };
 
