@@ -54,7 +54,8 @@ export function e2bError(reply: FastifyReply, status: number, message: string): 
 export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     const aliases: Record<string, string> = {
-      base: fp.config.defaultImage,
+      // E2B's `base` has curl, python3, git, procps, sudo and the like: the Debian image.
+      base: 'debian',
       'code-interpreter-v1': 'code-interpreter',
       ...(JSON.parse(fp.config.e2bTemplates) as Record<string, string>),
     };
