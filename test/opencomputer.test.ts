@@ -65,11 +65,13 @@ describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => 
     await sb.kill();
   });
 
-  it('as OpenComputer answers them (issue 23): a directory removed with what is in it, a checkpoint name taken (409), the checkpoint limit (400)', async () => {
+  it('as OpenComputer answers them (issue 23): /workspace there, a directory removed with what is in it, a checkpoint name taken (409), the checkpoint limit (400)', async () => {
     const small = await startServer({ maxCheckpointsPerInstance: 2 });
     try {
       const o = { apiUrl: small.url, apiKey: small.token };
       const sb = await Sandbox.create(o);
+      // Its examples' working directory is there (they write to it with the shell).
+      expect((await sb.exec.run('echo here > /workspace/marker && cat /workspace/marker')).stdout).toBe('here\n');
       await sb.files.write('/work/tree/deep/a.txt', 'a');
       await sb.exec.run('ln -s /etc /work/tree/etc-link');
       await sb.files.remove('/work/tree');

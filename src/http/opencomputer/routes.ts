@@ -7,6 +7,9 @@ import type { Readable } from 'node:stream';
 import { InvalidRequestError, QuotaExceededError } from '../../core/errors.js';
 import { declareFace } from '../errors.js';
 import { removeTree } from '../remove-tree.js';
+
+/** OpenComputer's working directory in every sandbox. */
+const OC_WORKSPACE = '/workspace';
 import { sendWithOutputs } from '../output-json.js';
 import { noContent, ok, OPTIONAL_BODY, optionalBody } from '../schemas/common.js';
 import {
@@ -65,7 +68,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         limits: { memoryMb: b.memoryMB, cpuPercent: b.cpuCount ? b.cpuCount * 100 : undefined },
         idleTimeoutS: b.timeout,
       };
-      const create = async (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) => {
+      const boot = async (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) => {
         // A snapshot, or a template of that name, starts from its checkpoint; an image manifest
         // is built (or found built) first; otherwise templateID is an image.
         const template = b.snapshot ?? (b.templateID && (await fp.templates.list(req.owner)).some((t) => t.name === b.templateID) ? b.templateID : undefined);
@@ -75,6 +78,13 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
           return fp.instances.create(req.owner, { ...input, image: built.image.name });
         }
         return fp.instances.create(req.owner, { ...input, image: !b.templateID || b.templateID === 'base' ? undefined : b.templateID });
+      };
+      // OpenComputer's sandboxes have /workspace, its examples' working directory, whatever
+      // the image: made here once, as the E2B face makes E2B's home.
+      const create = async (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) => {
+        const rec = await boot(onLog);
+        await fp.files.mkdir(req.owner, rec.id, OC_WORKSPACE);
+        return rec;
       };
       if ((b.image || b.snapshot) && wantsEvents(req)) return streamBuild(req, reply, create, sandboxView);
       return reply.code(201).send(sandboxView(await create()));
