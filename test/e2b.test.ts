@@ -246,6 +246,26 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('getMetrics reads the sandbox\'s CPU, memory and disk from its cgroups and its upper (it answered none)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.commands.run('head -c 5000000 /dev/urandom > /tmp/five-mb');
+      await sbx.commands.run('timeout 5 sh -c "while :; do :; done"', { background: true });
+      const [m] = await sbx.getMetrics();
+      expect(m).toBeDefined();
+      expect(m!.cpuCount).toBeGreaterThanOrEqual(1);
+      expect(m!.cpuUsedPct).toBeGreaterThan(30); // a busy loop on one of its CPUs
+      expect(m!.memUsed).toBeGreaterThan(0);
+      expect(m!.memTotal).toBe(1024 * 1024 * 1024);
+      expect(m!.diskUsed).toBeGreaterThanOrEqual(5_000_000);
+      expect(m!.diskTotal).toBeGreaterThan(m!.diskUsed);
+      await sbx.pause();
+      expect(await Sandbox.getMetrics(sbx.sandboxId)).toEqual([]);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
     const sbx = await Sandbox.create();
     try {

@@ -18,6 +18,21 @@ import { requireRoom } from './space.js';
 import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 
+/** How long CPU use is measured over for a usage reading. */
+const USAGE_WINDOW_MS = 250;
+
+export interface InstanceUsage {
+  at: Date;
+  cpuCount: number;
+  /** Of the CPUs its limit allows (`cpuCount`), over the reading's window. */
+  cpuUsedPercent: number;
+  memoryBytes: number;
+  memoryLimitBytes: number;
+  diskBytes: number;
+  /** Its disk limit or, with none, what it wrote and the room left under the data directory. */
+  diskTotalBytes: number;
+}
+
 export interface CreateInstance {
   name?: string | undefined;
   image?: string | undefined;
@@ -115,6 +130,26 @@ export class InstanceService {
 
   isBeingDeleted(id: string): boolean {
     return this.deleting.has(id);
+  }
+
+  /** What a running instance uses now: CPU over a short window, memory and disk, beside its
+   * limits. Undefined when it does not run here (hibernated, stopped). */
+  async usage(owner: string, id: string, windowMs = USAGE_WINDOW_MS): Promise<InstanceUsage | undefined> {
+    const inst = await this.get(owner, id);
+    if (inst.status !== 'running' || !this.engine.sandbox(id)) return undefined;
+    const before = await this.engine.usage(id);
+    await new Promise((r) => setTimeout(r, windowMs));
+    const now = await this.engine.usage(id);
+    const cpuCount = Math.max(1, Math.round(inst.limits.cpuPercent / 100));
+    return {
+      at: new Date(),
+      cpuCount,
+      cpuUsedPercent: Math.min(100, Math.max(0, ((now.cpuUs - before.cpuUs) / (windowMs * 1000 * cpuCount)) * 100)),
+      memoryBytes: now.memoryBytes,
+      memoryLimitBytes: inst.limits.memoryMb * 1024 * 1024,
+      diskBytes: now.diskBytes,
+      diskTotalBytes: inst.limits.diskMb ? inst.limits.diskMb * 1024 * 1024 : now.diskBytes + (await this.engine.freeBytes()),
+    };
   }
 
   async get(owner: string, id: string): Promise<InstanceRecord> {

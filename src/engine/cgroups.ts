@@ -15,7 +15,7 @@ const CPU_PERIOD_US = 100_000;
 const ALLOWED_DEVICES = ['c 1:3 rwm', 'c 1:5 rwm', 'c 1:7 rwm', 'c 1:8 rwm', 'c 1:9 rwm', 'c 5:0 rwm', 'c 5:2 rwm', 'c 136:* rwm'];
 
 /** The v1 controllers a sandbox's groups are in (freezer only while it is frozen). */
-const V1_CONTROLLERS = ['memory', 'pids', 'cpu', 'devices', 'freezer'];
+const V1_CONTROLLERS = ['memory', 'pids', 'cpu', 'cpuacct', 'devices', 'freezer'];
 /** Before groups were per node, a sandbox's were `forkpoint/<id>`: what an older server left
  * running is still found (and removed) there. */
 const LEGACY_GROUP = 'forkpoint';
@@ -156,6 +156,12 @@ export class Cgroups {
       await writeFile(join(cpu, 'cpu.cfs_quota_us'), String(Math.round((CPU_PERIOD_US * limits.cpuPercent) / 100)));
       procs.push(join(cpu, 'cgroup.procs'));
     }
+    // Where its CPU time is counted (usage): its own hierarchy on some hosts, cpu's on others.
+    const cpuacct = this.v1Dir('cpuacct', id);
+    if (existsSync(join(ROOT, 'cpuacct'))) {
+      await mkdir(cpuacct, { recursive: true });
+      procs.push(join(cpuacct, 'cgroup.procs'));
+    }
     const devices = this.v1Dir('devices', id);
     if (existsSync(join(ROOT, 'devices'))) {
       await mkdir(devices, { recursive: true });
@@ -189,6 +195,13 @@ export class Cgroups {
     const file = this.version === 2 ? join(this.v2Dir(id), 'memory.current') : join(this.v1Dir('memory', id), 'memory.usage_in_bytes');
     const n = Number((await readFile(file, 'utf8').catch(() => '0')).trim());
     return Number.isFinite(n) ? n : 0;
+  }
+
+  /** CPU time the sandbox's processes used so far, in microseconds. */
+  async cpuMicros(id: string): Promise<number> {
+    if (this.version === 2) return num(await readFile(join(this.v2Dir(id), 'cpu.stat'), 'utf8').catch(() => ''), 'usage_usec');
+    const ns = Number((await readFile(join(this.v1Dir('cpuacct', id), 'cpuacct.usage'), 'utf8').catch(() => '0')).trim());
+    return Number.isFinite(ns) ? Math.floor(ns / 1000) : 0;
   }
 
   /** Whether the limits stopped something: OOM kills and refused forks so far. */

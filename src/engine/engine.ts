@@ -23,7 +23,7 @@ import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
-import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec } from '../seam/runtime.js';
+import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec, SandboxUsage } from '../seam/runtime.js';
 
 import { Network, type SandboxNetwork } from './network/index.js';
 
@@ -605,6 +605,11 @@ export class Engine implements SandboxRuntime {
   /** Roughly what a memory dump of the sandbox will take on disk: the memory it uses now. */
   async memoryInUse(id: string): Promise<number> {
     return this.cgroups.memoryBytes(id);
+  }
+
+  async usage(id: string): Promise<SandboxUsage> {
+    const [cpuUs, memoryBytes, diskBytes] = await Promise.all([this.cgroups.cpuMicros(id), this.cgroups.memoryBytes(id), diskUsage(this.disk.upperOf(id))]);
+    return { cpuUs, memoryBytes, diskBytes };
   }
 
   async diskUsage(path: string): Promise<number> {

@@ -165,6 +165,16 @@ export interface SandboxRuntime {
 
   freeBytes(): Promise<number>;
   memoryInUse(id: string): Promise<number>;
+  /** What the sandbox uses now, from its cgroups and its upper layer. */
+  usage(id: string): Promise<SandboxUsage>;
+}
+
+export interface SandboxUsage {
+  /** CPU time its processes used since it started here, in microseconds. */
+  cpuUs: number;
+  memoryBytes: number;
+  /** Bytes it wrote on top of its image and checkpoints (its upper layer). */
+  diskBytes: number;
 }
 
 /** Frozen layers and memory images on this node's disk, and their copies in and out. */

@@ -18,6 +18,7 @@ import {
   type ProcessListener,
   type RuntimeHealth,
   type SandboxHandle,
+  type SandboxUsage,
   type SandboxNetwork,
   type SandboxRuntime,
   type SandboxSpec,
@@ -734,5 +735,11 @@ export class FakeEngine implements SandboxRuntime {
 
   async memoryInUse(): Promise<number> {
     return 1 << 20;
+  }
+
+  async usage(id: string): Promise<SandboxUsage> {
+    let diskBytes = 0;
+    for (const b of this.host.uppers.get(id)?.values() ?? []) diskBytes += b?.length ?? 0;
+    return { cpuUs: 0, memoryBytes: 1 << 20, diskBytes };
   }
 }

@@ -23,7 +23,7 @@ function snapshot(): Set<string> {
   }
   // Sandboxes' groups (forkpoint/<node>/inst_..., and forkpoint/inst_... of older servers),
   // and a node's group left with nothing in it.
-  for (const controller of ['memory', 'pids', 'cpu', 'devices', 'freezer', '.']) {
+  for (const controller of ['memory', 'pids', 'cpu', 'cpuacct', 'devices', 'freezer', '.']) {
     const root = `/sys/fs/cgroup/${controller}/forkpoint`;
     let entries: string[];
     try {

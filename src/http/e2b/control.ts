@@ -238,8 +238,20 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(201).send(lived.map((r) => ({ sandbox: sandbox(r, req) })));
     });
 
+    // One reading, now (E2B keeps a series); none while the sandbox does not run.
     app.get('/sandboxes/:sandboxID/metrics', { schema: { ...hidden, params: IdParams } }, async (req) => {
-      await fp.instances.get(req.owner, req.params.sandboxID);
-      return [];
+      const u = await fp.instances.usage(req.owner, req.params.sandboxID);
+      if (!u) return [];
+      return [{
+        timestamp: u.at.toISOString(),
+        timestampUnix: Math.floor(u.at.getTime() / 1000),
+        cpuCount: u.cpuCount,
+        cpuUsedPct: Math.round(u.cpuUsedPercent * 100) / 100,
+        memUsed: u.memoryBytes,
+        memTotal: u.memoryLimitBytes,
+        memCache: 0,
+        diskUsed: u.diskBytes,
+        diskTotal: u.diskTotalBytes,
+      }];
     });
   };
