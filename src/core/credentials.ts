@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { Store } from '../store/index.js';
 import { isStoreAway } from './errors.js';
-import type { PreviewLinks } from './previews.js';
+import type { PreviewLinks, SandboxTokenKind } from './previews.js';
 
 /** How many API tokens the cache for a database away remembers (the most recently checked). */
 const REMEMBERED = 10_000;
@@ -82,28 +82,31 @@ export class Credentials {
 
   /** The access token of a sandbox, for the API token that asks. */
   accessTokenFor(by: OwnerCredential, sandboxId: string): string {
-    return this.links().accessToken(by.owner, sandboxId, by.tokenId);
-  }
-
-  async accessToken(sandboxId: string, token: string): Promise<SandboxCredential | undefined> {
-    const rec = await this.store.instances.get(sandboxId);
-    const madeBy = rec && this.links().verifyAccess(token, rec.owner, sandboxId);
-    if (!rec || !madeBy) return undefined;
-    if (!(await this.lives(madeBy, rec.owner))) return undefined;
-    return { kind: 'sandbox', owner: rec.owner, sandboxId };
+    return this.links().sandboxToken('access', by.owner, sandboxId, by.tokenId);
   }
 
   /** The traffic token of a sandbox, for the API token that asks. */
   trafficTokenFor(by: OwnerCredential, sandboxId: string): string {
-    return this.links().trafficToken(by.owner, sandboxId, by.tokenId);
+    return this.links().sandboxToken('traffic', by.owner, sandboxId, by.tokenId);
+  }
+
+  async accessToken(sandboxId: string, token: string): Promise<SandboxCredential | undefined> {
+    const owner = await this.sandboxTokenOwner('access', sandboxId, token);
+    return owner === undefined ? undefined : { kind: 'sandbox', owner, sandboxId };
   }
 
   async trafficToken(sandboxId: string, token: string): Promise<TrafficCredential | undefined> {
+    const owner = await this.sandboxTokenOwner('traffic', sandboxId, token);
+    return owner === undefined ? undefined : { kind: 'traffic', owner, sandboxId };
+  }
+
+  /** The owner a sandbox token of that kind speaks for: its instance's, if the token was made for
+   * this instance and the API token that asked for it lives. */
+  private async sandboxTokenOwner(kind: SandboxTokenKind, sandboxId: string, token: string): Promise<string | undefined> {
     const rec = await this.store.instances.get(sandboxId);
-    const madeBy = rec && this.links().verifyTraffic(token, rec.owner, sandboxId);
-    if (!rec || !madeBy) return undefined;
-    if (!(await this.lives(madeBy, rec.owner))) return undefined;
-    return { kind: 'traffic', owner: rec.owner, sandboxId };
+    const madeBy = rec && this.links().verifySandboxToken(kind, token, rec.owner, sandboxId);
+    if (!rec || !madeBy || !(await this.lives(madeBy, rec.owner))) return undefined;
+    return rec.owner;
   }
 
   /** Whether an instance of that id exists (an id is random: this tells nothing to guess with). */

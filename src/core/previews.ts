@@ -2,6 +2,9 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 
+/** What a sandbox token opens: its envd and ports (`access`), or its ports (`traffic`). */
+export type SandboxTokenKind = 'access' | 'traffic';
+
 /** The longest a preview link may live. */
 export const MAX_PREVIEW_TTL_S = 7 * 86400;
 
@@ -46,39 +49,25 @@ export class PreviewLinks {
     return want.length === got.length && timingSafeEqual(want, got) ? { owner, tokenId: m[3]! } : undefined;
   }
 
-  /** A sandbox's own access token (E2B's envd `X-Access-Token`), made for the API token that
-   * asked for it: `<token id>.<signature of (owner, instance, token id)>`. It opens that
-   * instance's in-sandbox API and ports and nothing else, and dies with the API token (the
-   * verifier checks that it lives). Derived, not stored: a fork, a new id, gets its own. */
-  accessToken(owner: string, id: string, tokenId: string): string {
-    return `${tokenId}.${this.accessMac(owner, id, tokenId)}`;
+  /** A sandbox's own token, made for the API token that asked for it: `<token id>.<signature of
+   * (kind, owner, instance, token id)>`. Its `access` kind is E2B's envd `X-Access-Token`: that
+   * instance's in-sandbox API and ports. Its `traffic` kind is E2B's `E2B-Traffic-Access-Token`:
+   * its ports only. Each dies with the API token (the verifier checks that it lives). Derived,
+   * not stored: a fork, a new id, gets its own. */
+  sandboxToken(kind: SandboxTokenKind, owner: string, id: string, tokenId: string): string {
+    return `${tokenId}.${this.sandboxMac(kind, owner, id, tokenId)}`;
   }
 
-  /** The API token id an access token was made for, if it is this instance's. */
-  verifyAccess(token: string, owner: string, id: string): string | undefined {
+  /** The API token id a sandbox token of that kind was made for, if it is this instance's. */
+  verifySandboxToken(kind: SandboxTokenKind, token: string, owner: string, id: string): string | undefined {
     const m = /^(tok_[0-9a-z]{1,40})\.([A-Za-z0-9_-]{43})$/.exec(token);
     if (!m) return undefined;
-    const want = Buffer.from(this.accessMac(owner, id, m[1]!));
+    const want = Buffer.from(this.sandboxMac(kind, owner, id, m[1]!));
     const got = Buffer.from(m[2]!);
     return want.length === got.length && timingSafeEqual(want, got) ? m[1] : undefined;
   }
 
-  private accessMac(owner: string, id: string, tokenId: string, kind: 'access' | 'traffic' = 'access'): string {
+  private sandboxMac(kind: SandboxTokenKind, owner: string, id: string, tokenId: string): string {
     return createHmac('sha256', this.secret).update(`${kind}\n${owner}\n${id}\n${tokenId}`).digest('base64url');
-  }
-
-  /** A sandbox's traffic token (E2B's `E2B-Traffic-Access-Token`), made like its access token
-   * but signed apart: it opens that instance's ports and not its in-sandbox API. */
-  trafficToken(owner: string, id: string, tokenId: string): string {
-    return `${tokenId}.${this.accessMac(owner, id, tokenId, 'traffic')}`;
-  }
-
-  /** The API token id a traffic token was made for, if it is this instance's. */
-  verifyTraffic(token: string, owner: string, id: string): string | undefined {
-    const m = /^(tok_[0-9a-z]{1,40})\.([A-Za-z0-9_-]{43})$/.exec(token);
-    if (!m) return undefined;
-    const want = Buffer.from(this.accessMac(owner, id, m[1]!, 'traffic'));
-    const got = Buffer.from(m[2]!);
-    return want.length === got.length && timingSafeEqual(want, got) ? m[1] : undefined;
   }
 }
