@@ -229,3 +229,18 @@ describe('a restart of the server', () => {
     expect(await sh(n, id, 'cat /x')).toBe('kept');
   });
 });
+
+describe('usage', () => {
+  it('a running instance\'s reading: what it wrote on disk and its memory, beside its limits; none for a stopped one (409)', async () => {
+    const n = await node();
+    const id = await create(n, { limits: { memory_mb: 256, disk_mb: 1024 } });
+    await putFile(n, id, '/root/data', 'x'.repeat(10_000));
+    const u = await n.call('GET', `/instances/${id}/usage`);
+    expect(u.status, JSON.stringify(u.body)).toBe(200);
+    expect(u.body).toMatchObject({ cpu_count: 1, memory_limit_bytes: 256 * 1024 * 1024, disk_total_bytes: 1024 * 1024 * 1024 });
+    expect(u.body.disk_bytes).toBeGreaterThanOrEqual(10_000);
+    expect((await n.call('POST', `/instances/${id}/stop`)).status).toBe(200);
+    const stopped = await n.call('GET', `/instances/${id}/usage`);
+    expect([stopped.status, stopped.body.error.details]).toEqual([409, { reason: 'NOT_RUNNING' }]);
+  });
+});

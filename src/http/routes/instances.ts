@@ -1,10 +1,10 @@
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
-import { InvalidRequestError } from '../../core/errors.js';
+import { ConflictError, InvalidRequestError } from '../../core/errors.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import {
-  CreateInstanceRequest, DrainResult, errorResponses, IdParams, Instance, InstancePage, NodeList, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
+  CreateInstanceRequest, DrainResult, errorResponses, IdParams, Instance, InstancePage, InstanceUsage, NodeList, noContent, ok, OPTIONAL_BODY, optionalBody, PageQuery, UpdateInstanceRequest,
 } from '../schemas/index.js';
 import { instanceView as viewOf } from '../views.js';
 
@@ -104,6 +104,29 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('The instance', Instance), ...errorResponses },
       },
     }, async (req) => instanceView(await fp.instances.get(req.owner, req.params.id)));
+
+    app.get('/instances/:id/usage', {
+      schema: {
+        operationId: 'getInstanceUsage',
+        tags,
+        summary: 'What a running instance uses now',
+        description: 'CPU (over a 250 ms reading), memory and disk, beside its limits, read from its cgroups and its disk. 409 when it does not run.',
+        params: IdParams,
+        response: { 200: ok('The reading', InstanceUsage), ...errorResponses },
+      },
+    }, async (req) => {
+      const u = await fp.instances.usage(req.owner, req.params.id);
+      if (!u) throw new ConflictError(`instance ${req.params.id} is not running`, { reason: 'NOT_RUNNING' });
+      return {
+        at: u.at.toISOString(),
+        cpu_count: u.cpuCount,
+        cpu_used_percent: Math.round(u.cpuUsedPercent * 100) / 100,
+        memory_bytes: u.memoryBytes,
+        memory_limit_bytes: u.memoryLimitBytes,
+        disk_bytes: u.diskBytes,
+        disk_total_bytes: u.diskTotalBytes,
+      };
+    });
 
     app.patch('/instances/:id', {
       schema: {

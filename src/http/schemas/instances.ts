@@ -168,3 +168,15 @@ export const Instance = z
 export const InstancePage = z
   .object({ items: z.array(Instance), next_cursor: z.string().nullable().describe('pass as `cursor` for the next page; null on the last') })
   .meta({ id: 'InstancePage' });
+
+export const InstanceUsage = z
+  .object({
+    at: z.string().describe('when it was read'),
+    cpu_count: z.number().int().describe('CPUs its limit allows'),
+    cpu_used_percent: z.number().describe('of those CPUs, over the 250 ms the reading takes'),
+    memory_bytes: z.number().int(),
+    memory_limit_bytes: z.number().int(),
+    disk_bytes: z.number().int().describe('what it wrote on top of its image and checkpoints'),
+    disk_total_bytes: z.number().int().describe('its disk limit, or with none what it wrote and the room left on the node'),
+  })
+  .meta({ id: 'InstanceUsage', examples: [{ at: '2026-11-22T08:00:00.000Z', cpu_count: 1, cpu_used_percent: 12.5, memory_bytes: 41943040, memory_limit_bytes: 1073741824, disk_bytes: 5242880, disk_total_bytes: 53687091200 }] });
