@@ -124,6 +124,27 @@ describe('credentials × routes', () => {
     }
   });
 
+  it('a signed file link (OpenComputer\'s downloadUrl) reads its file and opens nothing else, on every route', async () => {
+    const inst = await s.instance();
+    try {
+      await s.exec(inst.id, { command: 'echo secret-ish > /root/f' });
+      const made = await s.api('POST', `/api/sandboxes/${inst.id}/files/download-url`, { path: '/root/f', expiresIn: 60 });
+      expect(made.status, JSON.stringify(made.body)).toBe(200);
+      const link = new URL(made.body.url as string);
+      const signature = link.searchParams.get('signature')!;
+      const opened: string[] = [];
+      for (const [method, path] of await ownerRoutes()) {
+        const url = fill(path, inst.id);
+        const r = await call(method, `${url}${url.includes('?') ? '&' : '?'}path=%2Froot%2Ff&signature=${encodeURIComponent(signature)}`, {});
+        if (r.status !== 401 && !(method === 'GET' && path === '/api/sandboxes/{id}/files/signed')) opened.push(`${method} ${url} → ${r.status}`);
+      }
+      expect(opened).toEqual([]);
+      expect((await call('GET', `${link.pathname}${link.search}`, {})).text).toBe('secret-ish\n');
+    } finally {
+      await s.api('DELETE', `/instances/${inst.id}`);
+    }
+  });
+
   it('a preview link opens its port and nothing else, on every route', async () => {
     const inst = await s.instance();
     try {

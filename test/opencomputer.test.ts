@@ -88,6 +88,42 @@ describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => 
     }
   });
 
+  it('downloadUrl and uploadUrl: a link that reads or writes one file with no key, and nothing else', async () => {
+    const sb = await Sandbox.create(opts);
+    try {
+      await sb.files.write('/root/report.txt', 'the report\n');
+      const down = await sb.downloadUrl('/root/report.txt', { expiresIn: 60 });
+      const got = await fetch(down);
+      expect([got.status, await got.text()]).toEqual([200, 'the report\n']);
+      const up = await sb.uploadUrl('/root/upload.txt');
+      expect((await fetch(up, { method: 'PUT', body: 'put with no key\n' })).status).toBe(204);
+      expect(await sb.files.read('/root/upload.txt')).toBe('put with no key\n');
+
+      // Another path, the other direction, another sandbox, a changed signature, or a link made
+      // by a token revoked since: refused, and nothing read or written.
+      const other = new URL(down);
+      other.searchParams.set('path', '/etc/shadow');
+      expect((await fetch(other)).status).toBe(401);
+      expect((await fetch(down, { method: 'PUT', body: 'overwrite' })).status).toBe(401);
+      expect(await sb.files.read('/root/report.txt')).toBe('the report\n');
+      expect((await fetch(up)).status).toBe(401);
+      const second = await Sandbox.create(opts);
+      expect((await fetch(down.replace(sb.sandboxId, second.sandboxId))).status).toBe(401);
+      await second.kill();
+      const forged = new URL(down);
+      forged.searchParams.set('signature', forged.searchParams.get('signature')!.replace(/.$/, (c) => (c === 'A' ? 'B' : 'A')));
+      expect((await fetch(forged)).status).toBe(401);
+      const { token, record } = await s.fp.store.tokens.create('default', 'short-lived');
+      const byRevoked = await Sandbox.connect(sb.sandboxId, { apiUrl: s.url, apiKey: token });
+      const link = await byRevoked.downloadUrl('/root/report.txt');
+      expect((await fetch(link)).status).toBe(200);
+      await s.fp.store.tokens.revoke(record.id);
+      expect((await fetch(link)).status).toBe(401);
+    } finally {
+      await sb.kill();
+    }
+  });
+
   it('a wrong key is refused', async () => {
     await expect(Sandbox.create({ apiUrl: s.url, apiKey: 'nope' })).rejects.toThrow(/401/);
   });

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { Store } from '../store/index.js';
 import { isStoreAway } from './errors.js';
-import type { PreviewLinks, SandboxTokenKind } from './previews.js';
+import type { FileLinkDirection, PreviewLinks, SandboxTokenKind } from './previews.js';
 
 /** How many API tokens the cache for a database away remembers (the most recently checked). */
 const REMEMBERED = 10_000;
@@ -38,8 +38,18 @@ export interface PreviewCredential {
   port: number;
 }
 
+/** A signed file link: one path of one sandbox, read or written, until it expires or the API
+ * token that made it is revoked. */
+export interface FileLinkCredential {
+  kind: 'file';
+  owner: string;
+  sandboxId: string;
+  path: string;
+  direction: FileLinkDirection;
+}
+
 /** Every credential forkpoint accepts; what each may open is the HTTP edge's one table. */
-export type Credential = OwnerCredential | SandboxCredential | TrafficCredential | PreviewCredential;
+export type Credential = OwnerCredential | SandboxCredential | TrafficCredential | PreviewCredential | FileLinkCredential;
 
 /**
  * Turns what a client presents into a credential, or nothing: API tokens (the store's),
@@ -123,6 +133,17 @@ export class Credentials {
   /** A preview link of a port, for the API token that asks. */
   previewLinkFor(by: OwnerCredential, sandboxId: string, port: number, ttlS: number): { token: string; expiresAt: Date } {
     return this.links().sign(by.owner, sandboxId, port, ttlS, by.tokenId);
+  }
+
+  /** A signed link to read or write one file of a sandbox, for the API token that asks. */
+  fileLinkFor(by: OwnerCredential, sandboxId: string, path: string, direction: FileLinkDirection, ttlS: number): { token: string; expiresAt: Date } {
+    return this.links().fileLink(direction, by.owner, sandboxId, path, ttlS, by.tokenId);
+  }
+
+  async fileLink(signed: string, sandboxId: string, path: string, direction: FileLinkDirection): Promise<FileLinkCredential | undefined> {
+    const link = this.links().verifyFileLink(direction, signed, sandboxId, path);
+    if (!link || !(await this.lives(link.tokenId, link.owner))) return undefined;
+    return { kind: 'file', owner: link.owner, sandboxId, path, direction };
   }
 
   /** Whether the API token a derived credential was made from is still the owner's, unrevoked. */

@@ -5,6 +5,12 @@ import { readFile } from 'node:fs/promises';
 /** What a sandbox token opens: its envd and ports (`access`), or its ports (`traffic`). */
 export type SandboxTokenKind = 'access' | 'traffic';
 
+/** Which way a signed file link goes: a read (`download`) or a write (`upload`). */
+export type FileLinkDirection = 'download' | 'upload';
+
+/** The longest a file link may live (OpenComputer's bound). */
+export const MAX_FILE_LINK_TTL_S = 86400;
+
 /** The longest a preview link may live. */
 export const MAX_PREVIEW_TTL_S = 7 * 86400;
 
@@ -65,6 +71,33 @@ export class PreviewLinks {
     const want = Buffer.from(this.sandboxMac(kind, owner, id, m[1]!));
     const got = Buffer.from(m[2]!);
     return want.length === got.length && timingSafeEqual(want, got) ? m[1] : undefined;
+  }
+
+  /** A signed file link (OpenComputer's `downloadUrl`/`uploadUrl`): `<expiry>.<owner>.<token
+   * id>.<signature of (direction, owner, instance, path, expiry, token id)>`. It reads (or
+   * writes) that one path of that instance until it expires, and nothing else. */
+  fileLink(direction: FileLinkDirection, owner: string, id: string, path: string, ttlS: number, tokenId: string): { token: string; expiresAt: Date } {
+    const expires = Math.floor(Date.now() / 1000) + Math.min(Math.max(1, ttlS), MAX_FILE_LINK_TTL_S);
+    const o = Buffer.from(owner).toString('base64url');
+    return { token: `${expires}.${o}.${tokenId}.${this.fileMac(direction, owner, id, path, expires, tokenId)}`, expiresAt: new Date(expires * 1000) };
+  }
+
+  /** The owner and API token id a valid, unexpired file link of this path speaks for. */
+  verifyFileLink(direction: FileLinkDirection, token: string, id: string, path: string): { owner: string; tokenId: string } | undefined {
+    const m = /^(\d{1,12})\.([A-Za-z0-9_-]{1,400})\.(tok_[0-9a-z]{1,40})\.([A-Za-z0-9_-]{43})$/.exec(token);
+    if (!m) return undefined;
+    const expires = Number(m[1]);
+    if (expires < Date.now() / 1000) return undefined;
+    const owner = Buffer.from(m[2]!, 'base64url').toString('utf8');
+    const want = Buffer.from(this.fileMac(direction, owner, id, path, expires, m[3]!));
+    const got = Buffer.from(m[4]!);
+    return want.length === got.length && timingSafeEqual(want, got) ? { owner, tokenId: m[3]! } : undefined;
+  }
+
+  private fileMac(direction: FileLinkDirection, owner: string, id: string, path: string, expires: number, tokenId: string): string {
+    // Length-prefixed: a path may hold any byte but NUL, newlines included.
+    const fields = ['file', direction, owner, id, path, String(expires), tokenId].map((f) => `${Buffer.byteLength(f)}:${f}`);
+    return createHmac('sha256', this.secret).update(fields.join('')).digest('base64url');
   }
 
   private sandboxMac(kind: SandboxTokenKind, owner: string, id: string, tokenId: string): string {

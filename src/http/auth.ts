@@ -9,9 +9,11 @@ import { sendError } from './errors.js';
  * - `operator`: an API token of an operator's (FORKPOINT_OPERATORS): the cluster's nodes;
  * - `sandbox`: a sandbox's own access token (E2B's envd: `E2b-Sandbox-Id` + `X-Access-Token`);
  * - `port`: a port inside an instance (`/instances/{id}/ports/{port}`): an API token, that
- *   instance's access token, or a preview link of that port.
+ *   instance's access token, or a preview link of that port;
+ * - `file`: one file of an instance, by a signed file link of that path and direction (its
+ *   `?signature=`), or an API token.
  */
-export type Scope = 'public' | 'owner' | 'operator' | 'sandbox' | 'port';
+export type Scope = 'public' | 'owner' | 'operator' | 'sandbox' | 'port' | 'file';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -34,9 +36,11 @@ const OPENS: Record<Exclude<Scope, 'public'>, readonly Credential['kind'][]> = {
   operator: ['owner'],
   sandbox: ['sandbox'],
   port: ['owner', 'sandbox', 'traffic', 'preview'],
+  file: ['owner', 'file'],
 };
 
 function admits(scope: Exclude<Scope, 'public'>, c: Credential, params: { id?: string; port?: string }): boolean {
+  if (c.kind === 'file') return scope === 'file' && c.sandboxId === params.id;
   if (!OPENS[scope].includes(c.kind)) return false;
   if (scope === 'operator') return c.kind === 'owner' && c.operator;
   if (scope === 'port' && c.kind !== 'owner') return c.sandboxId === params.id && (c.kind !== 'preview' || String(c.port) === params.port);
@@ -48,6 +52,7 @@ const WHAT_OPENS: Record<Exclude<Scope, 'public'>, string> = {
   operator: "an operator's API token (FORKPOINT_OPERATORS)",
   sandbox: "the sandbox's E2b-Sandbox-Id and X-Access-Token",
   port: "an API token, the instance's access or traffic token, or a valid preview link",
+  file: 'an API token, or a signed link of this file made for this method',
 };
 
 /** Query parameters a WebSocket upgrade may carry its token in (browsers' WebSocket cannot
@@ -72,7 +77,7 @@ export function tokenOf(request: FastifyRequest): string | undefined {
 
 /** A URL with the values of token parameters replaced, for logs. */
 export function redactUrl(url: string): string {
-  return url.replace(/([?&](?:api_key|token|access_token|fp_preview)=)[^&#]*/gi, '$1[redacted]');
+  return url.replace(/([?&](?:api_key|token|access_token|fp_preview|signature)=)[^&#]*/gi, '$1[redacted]');
 }
 
 /** Where a preview link's signature comes from: the link's query, or the cookie it set. */
@@ -91,6 +96,14 @@ async function credentialOf(request: FastifyRequest, scope: Exclude<Scope, 'publ
     () => (typeof sandbox === 'string' && typeof access === 'string' ? credentials.accessToken(sandbox, access) : undefined),
   ];
   if (scope === 'sandbox') tries.reverse();
+  if (scope === 'file') {
+    // The link signs the path and the direction: a GET reads what it signed, a PUT writes it.
+    const query = new URL(request.url, 'http://x').searchParams;
+    const signed = query.get('signature');
+    const path = query.get('path');
+    const direction = request.method === 'GET' ? 'download' : request.method === 'PUT' ? 'upload' : undefined;
+    tries.push(() => (signed && path && direction && params.id ? credentials.fileLink(signed, params.id, path, direction) : undefined));
+  }
   if (scope === 'port') {
     const traffic = request.headers['e2b-traffic-access-token'];
     tries.push(() => (typeof sandbox === 'string' && typeof traffic === 'string' ? credentials.trafficToken(sandbox, traffic) : undefined));
@@ -144,6 +157,8 @@ function describe(c: Credential): string {
       return `the access token of sandbox ${c.sandboxId}`;
     case 'traffic':
       return `the traffic token of sandbox ${c.sandboxId}`;
+    case 'file':
+      return `a signed ${c.direction} link of ${c.path} in ${c.sandboxId}`;
     case 'preview':
       return `a preview link of port ${c.port} of ${c.sandboxId}`;
   }

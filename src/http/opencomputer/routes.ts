@@ -5,8 +5,13 @@ import type { CheckpointRecord } from '../../store/checkpoints.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import type { Readable } from 'node:stream';
 import { InvalidRequestError, QuotaExceededError } from '../../core/errors.js';
+import { MAX_FILE_LINK_TTL_S } from '../../core/previews.js';
 import { declareFace } from '../errors.js';
 import { removeTree } from '../remove-tree.js';
+
+const FileLinkRequest = z.object({ path: z.string().min(1).max(4096), expiresIn: z.number().int().min(1).max(MAX_FILE_LINK_TTL_S).default(3600) }).meta({ id: 'OcFileLinkRequest' });
+const FileLink = z.object({ url: z.string(), expiresAt: z.string() }).meta({ id: 'OcFileLink' });
+const SignedPathQuery = z.object({ path: z.string().min(1).max(4096), signature: z.string().max(600) });
 
 /** OpenComputer's working directory in every sandbox. */
 const OC_WORKSPACE = '/workspace';
@@ -152,6 +157,31 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return sendWithOutputs(reply, [['exitCode', r.exitCode], ['stdout', r.stdout], ['stderr', r.stderr]], 'utf8');
     });
 
+    // Signed file links (OpenComputer's downloadUrl / uploadUrl): one path, one direction, until
+    // they expire or the API token that made them is revoked; usable with no key (a browser).
+    for (const direction of ['download', 'upload'] as const) {
+      app.post(`/sandboxes/:id/files/${direction}-url`, {
+        schema: {
+          operationId: direction === 'download' ? 'ocFileDownloadUrl' : 'ocFileUploadUrl',
+          tags,
+          summary: direction === 'download' ? 'A signed link that reads a file' : 'A signed link that writes a file',
+          description: `A URL that ${direction === 'download' ? 'GETs' : 'PUTs'} that one path of the sandbox without an API key, for \`expiresIn\` seconds (at most a day).`,
+          params: SandboxParams,
+          body: FileLinkRequest,
+          response: { 200: ok('The link', FileLink), ...errors },
+        },
+      }, async (req) => {
+        const credential = req.credential;
+        if (credential?.kind !== 'owner') throw new InvalidRequestError('a file link is made with an API token');
+        await fp.instances.get(req.owner, req.params.id);
+        const { token, expiresAt } = fp.credentials.fileLinkFor(credential, req.params.id, req.body.path, direction, req.body.expiresIn);
+        const forwarded = req.headers['x-forwarded-host'];
+        const host = (typeof forwarded === 'string' && forwarded ? forwarded.split(',')[0]!.trim() : undefined) ?? req.headers.host ?? 'localhost';
+        const query = new URLSearchParams({ path: req.body.path, signature: token });
+        return { url: `http://${host}/api/sandboxes/${req.params.id}/files/signed?${query}`, expiresAt: expiresAt.toISOString() };
+      });
+    }
+
     app.post('/sandboxes/:id/checkpoints', {
       schema: {
         operationId: 'ocCreateCheckpoint',
@@ -251,6 +281,24 @@ const fileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         body: Binary,
         response: { 204: noContent('Written'), ...errors },
       },
+    }, async (req, reply) => {
+      await fp.files.writeStream(req.owner, req.params.id, req.query.path, req.body as Readable);
+      return reply.code(204).send(null);
+    });
+
+    const signed = { scope: 'file' as const };
+    app.get('/sandboxes/:id/files/signed', {
+      config: signed,
+      schema: { operationId: 'ocReadSignedFile', tags, summary: 'Read a file by its signed link', description: 'The bytes, with no API key: the link\'s `signature` is for this path and for reading.', params: SandboxParams, querystring: SignedPathQuery, produces: ['application/octet-stream'], response: { 200: { description: 'The file\'s bytes', content: { 'application/octet-stream': { schema: Binary } } }, ...errors } },
+    }, async (req, reply) => {
+      const { size, stream } = await fp.files.readStream(req.owner, req.params.id, req.query.path);
+      reply.type('application/octet-stream');
+      if (size !== undefined) reply.header('content-length', size);
+      return reply.send(stream);
+    });
+    app.put('/sandboxes/:id/files/signed', {
+      config: signed,
+      schema: { operationId: 'ocWriteSignedFile', tags, summary: 'Write a file by its signed link', description: 'The raw body becomes the file, with no API key: the link\'s `signature` is for this path and for writing.', params: SandboxParams, querystring: SignedPathQuery, consumes: ['application/octet-stream'], body: Binary, response: { 204: noContent('Written'), ...errors } },
     }, async (req, reply) => {
       await fp.files.writeStream(req.owner, req.params.id, req.query.path, req.body as Readable);
       return reply.code(204).send(null);
