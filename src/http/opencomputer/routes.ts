@@ -177,8 +177,10 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         const { token, expiresAt } = fp.credentials.fileLinkFor(credential, req.params.id, req.body.path, direction, req.body.expiresIn);
         const forwarded = req.headers['x-forwarded-host'];
         const host = (typeof forwarded === 'string' && forwarded ? forwarded.split(',')[0]!.trim() : undefined) ?? req.headers.host ?? 'localhost';
+        // Behind a proxy that ends TLS the link is https, as the client's own URL was.
+        const scheme = String(req.headers['x-forwarded-proto'] ?? '').split(',')[0]!.trim() === 'https' ? 'https' : 'http';
         const query = new URLSearchParams({ path: req.body.path, signature: token });
-        return { url: `http://${host}/api/sandboxes/${req.params.id}/files/signed?${query}`, expiresAt: expiresAt.toISOString() };
+        return { url: `${scheme}://${host}/api/sandboxes/${req.params.id}/files/signed?${query}`, expiresAt: expiresAt.toISOString() };
       });
     }
 
