@@ -266,6 +266,23 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('updateNetwork replaces the sandbox\'s egress policy, in force at once (it answered 404)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const policy = async () => (await s.api('GET', `/instances/${sbx.sandboxId}`)).body.network as { egress: string; allow: string[]; deny: string[] };
+      expect((await policy()).egress).toBe('allow');
+      await sbx.updateNetwork({ allowOut: ['10.1.2.3'], denyOut: ['0.0.0.0/0'] });
+      expect(await policy()).toMatchObject({ egress: 'deny', allow: ['10.1.2.3'], deny: [] });
+      await sbx.updateNetwork({ denyOut: ['192.0.2.0/24'] });
+      expect(await policy()).toMatchObject({ egress: 'allow', allow: [], deny: ['192.0.2.0/24'] });
+      await sbx.updateNetwork({});
+      expect(await policy()).toMatchObject({ egress: 'allow', allow: [], deny: [] });
+      await expect(sbx.updateNetwork({ egressProxy: { address: 'proxy.example:3128' } })).rejects.toThrow(/not supported/);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('deleteSnapshot answers true, then false for the same snapshot (it threw)', async () => {
     const sbx = await Sandbox.create();
     try {

@@ -4,6 +4,7 @@ import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { NotFoundError } from '../../core/errors.js';
 import type { CreateInstance } from '../../core/instances.js';
+import type { EgressPolicy } from '../../lib/egress-policy.js';
 import type { InstanceRecord } from '../../store/instances.js';
 import type { TemplateRecord } from '../../store/templates.js';
 import { E2B_HOME, ENVD_VERSION } from './caller.js';
@@ -23,6 +24,26 @@ const NewSandbox = z
   })
   .passthrough();
 const IdParams = z.object({ sandboxID: z.string().min(1).max(64) });
+/** E2B's network update: it replaces the whole egress configuration. Its proxy and per-domain
+ * transform rules are not served here. */
+const NetworkUpdate = z
+  .object({
+    allow_internet_access: z.boolean().optional(),
+    allowOut: z.array(z.string().max(256)).max(1000).optional(),
+    denyOut: z.array(z.string().max(256)).max(1000).optional(),
+    egressProxy: z.unknown().optional(),
+    rules: z.unknown().optional(),
+  })
+  .passthrough();
+
+/** E2B's egress settings as forkpoint's policy: no internet (or a deny of 0.0.0.0/0) is a
+ * default of deny with `allowOut` let through; otherwise a default of allow with `denyOut` kept
+ * out, and `allowOut` winning over it. */
+function egressOf(internet: boolean | undefined, allowOut: string[] | undefined, denyOut: string[] | undefined): EgressPolicy {
+  return internet === false || denyOut?.includes('0.0.0.0/0')
+    ? { egress: 'deny', allow: allowOut ?? [], deny: [] }
+    : { egress: 'allow', allow: allowOut ?? [], deny: denyOut ?? [] };
+}
 const Timeout = z.object({ timeout: z.number().int().min(0).max(30 * 86400) });
 const ListQuery = z.object({
   metadata: z.string().max(4096).optional(),
@@ -94,10 +115,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const input: CreateInstance = {
         env: b.envVars,
         metadata: b.metadata,
-        egress:
-          b.allow_internet_access === false || b.network?.denyOut?.includes('0.0.0.0/0')
-            ? { egress: 'deny', allow: b.network?.allowOut ?? [], deny: [] }
-            : { egress: 'allow', allow: b.network?.allowOut ?? [], deny: b.network?.denyOut ?? [] },
+        egress: egressOf(b.allow_internet_access, b.network?.allowOut, b.network?.denyOut),
       };
       // A template forkpoint ships is made for the owner the first time one is asked for.
       if (fp.bundled.has(name)) await fp.bundled.ensure(owner, name);
@@ -239,6 +257,13 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     // One reading, now (E2B keeps a series); none while the sandbox does not run.
+    app.put('/sandboxes/:sandboxID/network', { schema: { ...hidden, params: IdParams, body: NetworkUpdate } }, async (req, reply) => {
+      const b = req.body;
+      if (b.egressProxy != null || b.rules !== undefined) return e2bError(reply, 400, 'egress proxies and transform rules are not supported by forkpoint');
+      await fp.instances.setEgress(req.owner, req.params.sandboxID, egressOf(b.allow_internet_access, b.allowOut, b.denyOut));
+      return reply.code(204).send();
+    });
+
     app.get('/sandboxes/:sandboxID/metrics', { schema: { ...hidden, params: IdParams } }, async (req) => {
       const u = await fp.instances.usage(req.owner, req.params.sandboxID);
       if (!u) return [];
