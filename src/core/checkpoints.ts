@@ -1,3 +1,4 @@
+import { untilDeadline } from '../lib/deadline.js';
 import type { Logger } from 'pino';
 import type { SandboxRuntime } from '../seam/runtime.js';
 import type { Store } from '../store/index.js';
@@ -184,13 +185,7 @@ export class CheckpointService {
   private async unpinned(id: string, ms: number): Promise<boolean> {
     const p = this.pins.get(id);
     if (!p) return true;
-    let timer: NodeJS.Timeout | undefined;
-    const free = await Promise.race([
-      new Promise<boolean>((r) => p.waiters.push(() => r(true))),
-      new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms))),
-    ]);
-    clearTimeout(timer);
-    return free;
+    return untilDeadline(new Promise<boolean>((r) => p.waiters.push(() => r(true))), ms, () => false);
   }
 
   private async refuseTakenLabel(instanceId: string, label: string): Promise<void> {

@@ -1,3 +1,4 @@
+import { untilDeadline } from '../lib/deadline.js';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
@@ -270,7 +271,9 @@ export class Forkpoint {
   /** Whether this node should be sent work: its engine's parts are there, the database and the
    * object store (when configured) answer within a moment, and it is not shutting down. */
   async readiness(): Promise<Readiness> {
-    const within = <T>(p: Promise<T>): Promise<T> => Promise.race([p, new Promise<never>((_, reject) => setTimeout(() => reject(new Error('timed out')), READY_TIMEOUT_MS).unref())]);
+    const within = <T>(p: Promise<T>): Promise<T> => untilDeadline(p, READY_TIMEOUT_MS, () => {
+      throw new Error('timed out');
+    });
     const [health, database, objects] = await Promise.all([
       this.health(),
       within(this.store.ping()).then(() => true, () => false),

@@ -1,3 +1,5 @@
+import { untilDeadline } from '../lib/deadline.js';
+
 /** Serialises work per key (an instance) and bounds how much heavy work runs at once. */
 export class KeyedLock {
   private readonly tails = new Map<string, Promise<unknown>>();
@@ -69,9 +71,7 @@ export class JobQueue {
   async wait(jobId: string, timeoutMs: number): Promise<void> {
     const p = this.running.get(jobId);
     if (!p) return;
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([p, new Promise<void>((r) => (timer = setTimeout(r, timeoutMs)))]);
-    clearTimeout(timer);
+    await untilDeadline(p, timeoutMs, () => undefined);
   }
 
   async drain(): Promise<void> {

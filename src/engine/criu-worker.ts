@@ -1,3 +1,4 @@
+import { untilDeadline } from '../lib/deadline.js';
 import type { Readable, Writable } from 'node:stream';
 import protobuf from 'protobufjs';
 import { EngineError } from '../seam/errors.js';
@@ -114,22 +115,14 @@ export class CriuWorker {
     head[4] = kind.charCodeAt(0);
     const frame = new Promise<Frame>((resolve, reject) => this.waiting.push({ resolve, reject }));
     this.input.write(Buffer.concat([head, body]));
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
-        const err = new EngineError('TIMEOUT', `CRIU worker request '${kind}' did not finish within ${Math.round(timeoutMs / 1000)} s`);
-        this.fail(err);
-        this.kill();
-        reject(err);
-      }, timeoutMs);
+    const answer = await untilDeadline(frame, timeoutMs, () => {
+      const err = new EngineError('TIMEOUT', `CRIU worker request '${kind}' did not finish within ${Math.round(timeoutMs / 1000)} s`);
+      this.fail(err);
+      this.kill();
+      throw err;
     });
-    try {
-      const answer = await Promise.race([frame, late]);
-      if (answer.kind === 'E') throw new EngineError('CRIU_FAILED', answer.data.toString('utf8'));
-      return answer.data;
-    } finally {
-      clearTimeout(timer);
-    }
+    if (answer.kind === 'E') throw new EngineError('CRIU_FAILED', answer.data.toString('utf8'));
+    return answer.data;
   }
 
   /** Opens a directory in the relay, for CRIU to reach as /proc/<relay>/fd/<n>. */

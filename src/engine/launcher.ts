@@ -1,3 +1,4 @@
+import { untilDeadline } from '../lib/deadline.js';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, openSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
@@ -85,14 +86,10 @@ type BootFailure = 'BOOT_FAILED' | 'RESTORE_FAILED';
 export async function launchUnderShim(opts: ShimOptions & { pidfile: string; failure: BootFailure }): Promise<Launched> {
   const { child, exit, kill } = startShim(opts);
   child.stdin?.end();
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<number>((resolve) => {
-    timer = setTimeout(() => {
-      kill();
-      resolve(-1);
-    }, BOOT_DEADLINE_MS);
+  const code = await untilDeadline(exit, BOOT_DEADLINE_MS, () => {
+    kill();
+    return -1;
   });
-  const code = await Promise.race([exit, late]).finally(() => clearTimeout(timer));
   if (code === -1) throw new EngineError('TIMEOUT', `the sandbox did not start within ${BOOT_DEADLINE_MS / 1000} s`);
   if (code !== 0) throw await failure(opts.failure, code, opts.logFile);
   const pid = Number((await readFile(opts.pidfile, 'utf8')).trim());

@@ -1,3 +1,4 @@
+import { untilDeadline } from '../lib/deadline.js';
 import { closeSync } from 'node:fs';
 import type { Logger } from 'pino';
 import { AgentClient, AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError, type ProcessListener } from './agent/client.js';
@@ -392,11 +393,9 @@ export class Sandbox implements SandboxHandle {
 
 /** Rejects with a TIMEOUT engine error if `p` has not settled within `ms`. */
 export function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new EngineError('TIMEOUT', `${what} did not finish within ${Math.round(ms / 1000)} s`)), ms);
+  return untilDeadline(p, ms, () => {
+    throw new EngineError('TIMEOUT', `${what} did not finish within ${Math.round(ms / 1000)} s`);
   });
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
 
 /** The lowest offsets any follower has seen: where a re-attach replays from. */

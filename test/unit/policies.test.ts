@@ -1,3 +1,4 @@
+import { untilDeadline } from '../../src/lib/deadline.js';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -110,5 +111,25 @@ describe('archive bounds', () => {
     const junk = join(dir, 'junk.tar');
     await writeFile(junk, Buffer.alloc(1000, 7));
     expect(await refusal(checkArchive(junk, bounds))).toBe('NOT_AN_ARCHIVE');
+  });
+});
+
+describe('deadlines (untilDeadline, the one way a wait is bounded)', () => {
+  it('settles as the work does when it comes first, and as the late answer otherwise', async () => {
+    expect(await untilDeadline(Promise.resolve('done'), 1000, () => 'late')).toBe('done');
+    await expect(untilDeadline(Promise.reject(new Error('work failed')), 1000, () => 'late')).rejects.toThrow('work failed');
+    expect(await untilDeadline(new Promise(() => {}), 10, () => 'late')).toBe('late');
+    await expect(untilDeadline(new Promise(() => {}), 10, () => {
+      throw new Error('too slow');
+    })).rejects.toThrow('too slow');
+  });
+
+  it('its timer does not fire once the work has settled', async () => {
+    let fired = false;
+    await untilDeadline(Promise.resolve(1), 20, () => {
+      fired = true;
+    });
+    await new Promise((r) => setTimeout(r, 50));
+    expect(fired).toBe(false);
   });
 });
