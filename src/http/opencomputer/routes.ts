@@ -8,6 +8,7 @@ import { InvalidRequestError, QuotaExceededError } from '../../core/errors.js';
 import { MAX_FILE_LINK_TTL_S } from '../../core/previews.js';
 import { declareFace } from '../errors.js';
 import { removeTree } from '../remove-tree.js';
+import { sendFileBytes } from '../file-bytes.js';
 
 const FileLinkRequest = z.object({ path: z.string().min(1).max(4096), expiresIn: z.number().int().min(1).max(MAX_FILE_LINK_TTL_S).default(3600) }).meta({ id: 'OcFileLinkRequest' });
 const FileLink = z.object({ url: z.string(), expiresAt: z.string() }).meta({ id: 'OcFileLink' });
@@ -266,10 +267,7 @@ const fileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: { description: 'The file\'s bytes', content: { 'application/octet-stream': { schema: Binary } } }, ...errors },
       },
     }, async (req, reply) => {
-      const { size, stream } = await fp.files.readStream(req.owner, req.params.id, req.query.path);
-      reply.type('application/octet-stream');
-      if (size !== undefined) reply.header('content-length', size);
-      return reply.send(stream);
+      return sendFileBytes(reply, fp.files.readStream(req.owner, req.params.id, req.query.path));
     });
 
     app.put('/sandboxes/:id/files', {
@@ -293,10 +291,7 @@ const fileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       config: signed,
       schema: { operationId: 'ocReadSignedFile', tags, summary: 'Read a file by its signed link', description: 'The bytes, with no API key: the link\'s `signature` is for this path and for reading.', params: SandboxParams, querystring: SignedPathQuery, produces: ['application/octet-stream'], response: { 200: { description: 'The file\'s bytes', content: { 'application/octet-stream': { schema: Binary } } }, ...errors } },
     }, async (req, reply) => {
-      const { size, stream } = await fp.files.readStream(req.owner, req.params.id, req.query.path);
-      reply.type('application/octet-stream');
-      if (size !== undefined) reply.header('content-length', size);
-      return reply.send(stream);
+      return sendFileBytes(reply, fp.files.readStream(req.owner, req.params.id, req.query.path));
     });
     app.put('/sandboxes/:id/files/signed', {
       config: signed,

@@ -5,6 +5,7 @@ import {
   Binary, errorResponses, FileInfo, FileList, IdParams, MakeDirectoryRequest, noContent, ok, PathQuery, WriteFileResult,
 } from '../schemas/index.js';
 import { fileInfoView } from '../views.js';
+import { sendFileBytes } from '../file-bytes.js';
 
 const tags = ['files'];
 const bytes = (description: string) => ({ description, content: { 'application/octet-stream': { schema: Binary } } });
@@ -27,10 +28,7 @@ const contentRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: bytes('The file\'s bytes'), ...errorResponses },
       },
     }, async (req, reply) => {
-      const { size, stream } = await fp.files.readStream(req.owner, req.params.id, req.query.path);
-      reply.type('application/octet-stream');
-      if (size !== undefined) reply.header('content-length', size);
-      return reply.send(stream);
+      return sendFileBytes(reply, fp.files.readStream(req.owner, req.params.id, req.query.path));
     });
 
     app.put('/instances/:id/files', {
