@@ -4,7 +4,8 @@
  * bounded scrollback per stream while no client is attached, and serves the framed protocol
  * of protocol.h on a unix socket inside the sandbox's filesystem. Everything it holds is
  * something CRIU can dump: pipes, ptys of the sandbox's own devpts, unix sockets, plain
- * memory. No pidfd, signalfd, epoll, inotify or io_uring. */
+ * memory. No pidfd, signalfd, epoll or io_uring; inotify only for a directory watch, which
+ * ends before a dump (agent_watch.c). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -89,6 +90,7 @@ static uint64_t ring_start(const struct ring *r) {
 /* ---------- connections ---------- */
 
 static void conn_close(struct conn *c) {
+  watches_end(c);
   for (int i = 0; i < MAX_PROCS; i++)
     for (int s = 0; s < MAX_SUBS; s++)
       if (procs[i].subs[s] == c) procs[i].subs[s] = NULL;
@@ -410,7 +412,10 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
       /* CRIU, checking a tree in a user namespace, opens the namespaces of its PID 1 as that
        * namespace's root, which a non-dumpable task restored by CRIU (its memory the initial
        * namespace's) refuses: dumpable until the engine's next connection. */
-      if (h->flags & FP_PING_DUMP_FOLLOWS) prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+      if (h->flags & FP_PING_DUMP_FOLLOWS) {
+        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+        watches_end(NULL);
+      }
       return send_frame(c, FP_T_PONG, 0, h->id, NULL, 0);
     case FP_T_WRITE_FILE: return do_write_file(c, h, pl);
     case FP_T_WRITE_AT: return do_write_at(c, h, pl);
@@ -421,6 +426,8 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
     case FP_T_REMOVE_FILE: return do_remove_file(c, h, pl);
     case FP_T_LIST_DIR: return do_list_dir(c, h, pl);
     case FP_T_MKDIR: return do_mkdir(c, h, pl);
+    case FP_T_WATCH: return do_watch(c, h, pl);
+    case FP_T_UNWATCH: return do_unwatch(c, h);
     default: return send_error(c, h->id, EINVAL, "unknown frame type");
   }
 }
@@ -511,9 +518,10 @@ int agent_main(void) {
   listen_fd = open_listener();
   if (listen_fd < 0) return 1;
 
-  struct pollfd pfds[1 + MAX_CONNS + MAX_PROCS * 2];
-  void *owners[1 + MAX_CONNS + MAX_PROCS * 2];
-  uint8_t kinds[1 + MAX_CONNS + MAX_PROCS * 2];
+  enum { MAX_POLLED = 1 + MAX_CONNS + MAX_PROCS * 3 + MAX_WATCH_FDS };
+  struct pollfd pfds[MAX_POLLED];
+  void *owners[MAX_POLLED];
+  uint8_t kinds[MAX_POLLED];
   for (;;) {
     if (got_sigchld) {
       got_sigchld = 0;
@@ -541,6 +549,8 @@ int agent_main(void) {
         kinds[n++] = (uint8_t)(2 + k);
       }
     }
+    int watched = watches_poll(pfds + n, owners + n, CONN_HIGH_WATER);
+    for (int k = 0; k < watched; k++) kinds[n++] = 5;
     int r = ppoll(pfds, (nfds_t)n, NULL, &waitmask);
     if (r < 0) continue; /* EINTR: SIGCHLD, handled at the top */
     for (int i = 0; i < n; i++) {
@@ -566,6 +576,8 @@ int agent_main(void) {
         if (c->fd < 0) continue;
         if (pfds[i].revents & POLLOUT) conn_flush(c);
         if (c->fd >= 0 && (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) conn_read(c);
+      } else if (kinds[i] == 5) {
+        watch_ready(owners[i]);
       } else {
         struct proc *p = owners[i];
         if (p->pid <= 0 || p->exited) continue;

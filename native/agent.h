@@ -47,4 +47,13 @@ void do_mkdir(struct conn *c, struct fp_header *h, char *pl);
 void do_rename(struct conn *c, struct fp_header *h, char *pl);
 void do_stat(struct conn *c, struct fp_header *h, char *pl);
 
+/* agent_watch.c: directory watches, each owned by a connection */
+#define MAX_WATCH_FDS 16
+struct pollfd;
+void do_watch(struct conn *c, struct fp_header *h, char *pl);
+void do_unwatch(struct conn *c, struct fp_header *h);
+void watches_end(struct conn *c);
+int watches_poll(struct pollfd *pfds, void **owners, uint32_t high_water);
+void watch_ready(void *owner);
+
 #endif

@@ -37,6 +37,8 @@ enum {
   FP_T_WRITE_AT = 16,   /* payload: u32 mode, u32 flags, u64 offset, path\0, bytes (likewise) */
   FP_T_RENAME = 17,     /* payload: from\0 to\0 (likewise) */
   FP_T_STAT = 18,       /* payload: path\0; reply FILE "type\tsize\tmode\tmtime_ms\ttarget\n" (likewise) */
+  FP_T_WATCH = 19,      /* payload: u32 flags (1 recursive), path\0; reply OK, then WATCH_EVENT frames (agent_watch.c) */
+  FP_T_UNWATCH = 20,    /* ends the watch of this id */
 };
 
 /* agent -> client */
@@ -49,11 +51,13 @@ enum {
   FP_T_PONG = 134,
   FP_T_FILE = 135,    /* payload: the file's bytes; flags 1: cut at the requested maximum */
   FP_T_OK = 136,
+  FP_T_WATCH_EVENT = 137, /* flags: FP_WATCH_*; payload: the name, relative to the watched directory */
 };
 
 enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };
 enum { FP_WRITE_TRUNCATE = 1 };
 enum { FP_SIG_FOREGROUND = 1 };
 enum { FP_PING_DUMP_FOLLOWS = 1 };
+enum { FP_WATCH_CREATE = 1, FP_WATCH_WRITE = 2, FP_WATCH_REMOVE = 3, FP_WATCH_RENAME = 4, FP_WATCH_CHMOD = 5 };
 
 #endif

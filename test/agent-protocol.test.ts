@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentClient, AgentProtocolError } from '../src/engine/agent/client.js';
 import { encodeFrame, FrameDecoder, HEADER_LEN, MAX_FRAME, T } from '../src/engine/agent/protocol.js';
+import { until } from './helpers/wait.js';
 
 let dir: string;
 let server: Server;
@@ -42,7 +43,7 @@ function prng(seed: number): () => number {
   };
 }
 
-const AGENT_TYPES = [T.OUTPUT, T.SPAWNED, T.EXIT, T.LIST_REPLY, T.ERROR, T.PONG, T.FILE, T.OK];
+const AGENT_TYPES = [T.OUTPUT, T.SPAWNED, T.EXIT, T.LIST_REPLY, T.ERROR, T.PONG, T.FILE, T.OK, T.WATCH_EVENT];
 
 /** A frame of a real type with a payload of the right shape, or of random type, length and
  * bytes, or a header that lies about its length; now and then cut short. */
@@ -75,7 +76,8 @@ async function drive(): Promise<{ failures: Error[]; settled: number }> {
   let closed!: () => void;
   const gone = new Promise<void>((r) => (closed = r));
   const c = await AgentClient.connect(join(dir, 'agent.sock'), { onFailure: (e) => failures.push(e), onClose: () => closed() });
-  const requests = [c.ping(), c.list(), c.readFile('/x', 100), c.listDir('/'), c.writeFile('/y', 'z')];
+  const watchEnded = new Promise<void>((r) => void c.watch(1, '/w', true, { onEvent: () => {}, onEnd: () => r() }).catch(() => r()));
+  const requests = [c.ping(), c.list(), c.readFile('/x', 100), c.listDir('/'), c.writeFile('/y', 'z'), watchEnded];
   const results = await Promise.allSettled(requests);
   await Promise.race([gone, new Promise((r) => setTimeout(r, 2000))]);
   await c.close(100);
@@ -104,13 +106,30 @@ describe('agent protocol fuzz', () => {
     };
     for (let i = 0; i < 1500; i++) {
       const { failures, settled } = await drive();
-      expect(settled).toBe(5);
+      expect(settled).toBe(6);
       for (const f of failures) expect(f).toBeInstanceOf(AgentProtocolError);
       protocolErrors += failures.length;
     }
     expect(frames).toBeGreaterThan(20_000);
     expect(protocolErrors).toBeGreaterThan(100);
   }, 60_000);
+
+  it('a watch event naming a path outside the watched directory (absolute, `..`, empty) or of an unknown kind closes the connection; good ones arrive; the watch ends with it', async () => {
+    const event = (op: number, name: string) => encodeFrame(T.WATCH_EVENT, 5, Buffer.from(name), op);
+    const ok = encodeFrame(T.OK, 5);
+    for (const [bad, why] of [[event(2, '/etc/shadow'), 'absolute'], [event(2, 'a/../../x'), 'dot-dot'], [event(2, ''), 'empty'], [event(9, 'a'), 'unknown op'], [event(0, 'a'), 'no op'], [event(1, 'a\0b'), 'NUL']] as const) {
+      respond = (s) => s.once('data', () => s.write(Buffer.concat([ok, event(1, 'fine.txt'), bad])));
+      const failures: Error[] = [];
+      const c = await AgentClient.connect(join(dir, 'agent.sock'), { onFailure: (e) => failures.push(e) });
+      const seen: string[] = [];
+      let ended: Error | undefined;
+      await c.watch(5, '/w', false, { onEvent: (e) => void seen.push(`${e.op} ${e.name}`), onEnd: (err) => (ended = err) });
+      await until(`the ${why} event refused`, () => !c.isOpen);
+      expect(seen, why).toEqual(['create fine.txt']);
+      expect(failures[0], why).toBeInstanceOf(AgentProtocolError);
+      expect(ended, why).toBeDefined();
+    }
+  });
 
   it('"length 0, type ERROR" is a protocol error, not a crash', async () => {
     respond = (s) => s.write(Buffer.from([0, 0, 0, 0, T.ERROR, 0, 0, 0, 1, 0, 0, 0]));

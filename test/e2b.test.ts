@@ -1,5 +1,5 @@
 import { execa } from 'execa';
-import { CommandExitError, InvalidArgumentError, Sandbox, TimeoutError } from 'e2b';
+import { CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError, TimeoutError } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
 import { until } from './helpers/wait.js';
@@ -280,6 +280,67 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
       await expect(sbx.updateNetwork({ egressProxy: { address: 'proxy.example:3128' } })).rejects.toThrow(/not supported/);
     } finally {
       await sbx.kill();
+    }
+  });
+
+  it('watchDir: a write, a directory made below a recursive watch and a file in it, through a checkpoint; a missing directory and a file refused as envd does (it was not served)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.makeDir('w/sub');
+      await sbx.files.write('w/a.txt', 'one');
+      const seen: string[] = [];
+      const has = (what: string) => () => seen.includes(what);
+      const handle = await sbx.files.watchDir('w', (e) => void seen.push(`${e.type} ${e.name}`), { recursive: true });
+      await sbx.files.write('w/a.txt', 'two');
+      await until('the write', has('write a.txt'));
+      await sbx.files.makeDir('w/sub/new');
+      await until('the new directory', has('create sub/new'));
+      await sbx.commands.run('echo x > /home/user/w/sub/new/f.txt');
+      await until('a file in the new directory', has('write sub/new/f.txt'));
+      // A checkpoint closes every connection to the agent; the watch is taken up again after it.
+      await sbx.createSnapshot();
+      await sbx.commands.run('rm /home/user/w/a.txt');
+      await until('the removal, after the checkpoint', has('remove a.txt'));
+      await handle.stop();
+      await expect(sbx.files.watchDir('nowhere', () => {})).rejects.toThrow(FileNotFoundError);
+      await expect(sbx.files.watchDir('w/sub/new/f.txt', () => {})).rejects.toThrow(SandboxError);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('the polling watcher E2B\'s sync Python SDK uses: CreateWatcher, GetWatcherEvents (each event once), RemoveWatcher; another sandbox\'s token cannot read it (they answered Unimplemented)', async () => {
+    const made = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });
+    const other = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 60 }, { 'x-api-key': s.token });
+    const id: string = made.body.sandboxID;
+    const rpc = async (method: string, body: unknown, sandbox = made.body) => {
+      const r = await fetch(`${s.url}/filesystem.Filesystem/${method}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'connect-protocol-version': '1', 'e2b-sandbox-id': sandbox.sandboxID, 'x-access-token': sandbox.envdAccessToken as string },
+        body: JSON.stringify(body),
+      });
+      return { status: r.status, json: (await r.json()) as any };
+    };
+    try {
+      await s.exec(id, { command: 'mkdir -p /home/user/pw' });
+      const created = await rpc('CreateWatcher', { path: 'pw', recursive: true });
+      expect(created.status).toBe(200);
+      const watcherId: string = created.json.watcherId;
+      await s.exec(id, { command: 'echo one > /home/user/pw/f.txt' });
+      const events: { name: string; type: string }[] = [];
+      await until('the events', async () => {
+        events.push(...((await rpc('GetWatcherEvents', { watcherId })).json.events ?? []));
+        return events.some((e) => e.name === 'f.txt' && e.type === 'EVENT_TYPE_WRITE');
+      });
+      expect(events.filter((e) => e.name === 'f.txt').map((e) => e.type)).toEqual(['EVENT_TYPE_CREATE', 'EVENT_TYPE_WRITE']);
+      expect((await rpc('GetWatcherEvents', { watcherId })).json.events ?? []).toEqual([]);
+      expect((await rpc('GetWatcherEvents', { watcherId }, other.body)).status).toBe(404);
+      expect((await rpc('RemoveWatcher', { watcherId })).status).toBe(200);
+      expect((await rpc('GetWatcherEvents', { watcherId })).status).toBe(404);
+      expect((await rpc('CreateWatcher', { path: 'nowhere' })).status).toBe(404);
+    } finally {
+      await s.api('DELETE', `/instances/${id}`);
+      await s.api('DELETE', `/instances/${other.body.sandboxID}`);
     }
   });
 

@@ -44,6 +44,12 @@ export class SandboxAccess {
     return { sb, rec };
   }
 
+  /** Whether `sb` is still the instance's running sandbox (not stopped, hibernated or deleted
+   * since it was had), without waking anything. */
+  stillLive(id: string, sb: SandboxHandle): boolean {
+    return this.instances.live(id) === sb;
+  }
+
   /** Runs `fn` on the running sandbox, as activity for as long as it takes; engine and agent
    * failures come out as API errors. */
   async use<T>(owner: string, id: string, fn: (sb: SandboxHandle, rec: InstanceRecord) => Promise<T>): Promise<T> {

@@ -7,6 +7,8 @@ import type { SandboxHandle } from '../seam/sandbox.js';
 import { engineFailure } from './engine-failure.js';
 import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
 import type { SandboxAccess } from './access.js';
+import { DirectoryWatch } from './file-watch.js';
+import { uploadNameFor } from './upload-names.js';
 
 export const MAX_FILE_BYTES = 8 * 1024 * 1024 - 4096;
 /** Files are streamed to and from a sandbox in pieces of this size (a frame holds 8 MiB). */
@@ -126,7 +128,7 @@ export class FileService {
     const p = this.path(path);
     const slash = p.lastIndexOf('/');
     const parent = p.slice(0, slash);
-    const tmp = `${parent}/.${p.slice(slash + 1)}.upload-${randomBytes(6).toString('hex')}`;
+    const tmp = `${parent}/${uploadNameFor(p.slice(slash + 1))}`;
     let offset = 0;
     let pending: Buffer[] = [];
     let pendingBytes = 0;
@@ -169,6 +171,19 @@ export class FileService {
 
   async list(owner: string, id: string, path: string): Promise<DirEntry[]> {
     return this.op(owner, id, path, (a, p) => a.listDir(p));
+  }
+
+  /** Watches a directory of the instance (envd's watchDir): resolves once the watch is in
+   * place; close it, or abort `signal`, to end it. */
+  async watch(owner: string, id: string, path: string, opts: { recursive: boolean; signal?: AbortSignal }): Promise<DirectoryWatch> {
+    const p = this.path(path);
+    let sb: SandboxHandle;
+    try {
+      ({ sb } = await this.access.sandbox(owner, id));
+    } catch (err) {
+      throw this.failed(err, path);
+    }
+    return DirectoryWatch.open({ sb, stillLive: () => this.access.stillLive(id, sb), failed: (err) => this.failed(err, path) }, p, opts);
   }
 
   /** Renames a file or directory inside the instance (the agent does it, in its own root). */

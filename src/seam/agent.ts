@@ -45,6 +45,23 @@ export interface DirEntry {
   size: number;
 }
 
+/** What a directory watch reports, in the order of native/protocol.h's FP_WATCH_*. */
+export const WATCH_OPS = ['create', 'write', 'remove', 'rename', 'chmod'] as const;
+export type WatchOp = (typeof WATCH_OPS)[number];
+
+export interface WatchEvent {
+  op: WatchOp;
+  /** Relative to the watched directory ("sub/file" below it in a recursive watch). */
+  name: string;
+}
+
+export interface WatchListener {
+  onEvent(event: WatchEvent): void;
+  /** The watch ended: the connection closed, the sandbox is being checkpointed, or the agent
+   * gave it up (its queue overflowed). Called once, and nothing follows it. */
+  onEnd(err: Error): void;
+}
+
 /** The errno an agent answers for a path that is not there. */
 export const ENOENT = 2;
 
@@ -76,4 +93,8 @@ export interface AgentPort {
   removeFile(path: string): Promise<void>;
   listDir(path: string): Promise<DirEntry[]>;
   mkdir(path: string): Promise<void>;
+  /** Watches a directory (and, `recursive`, those below it, as they come); resolves once the
+   * watch is in place. Ends with the connection, or by `unwatch`. */
+  watch(id: number, path: string, recursive: boolean, listener: WatchListener): Promise<void>;
+  unwatch(id: number): void;
 }

@@ -1,6 +1,7 @@
 import { Readable } from 'node:stream';
 import { text } from 'node:stream/consumers';
 import {
+  AgentClosedError,
   AgentError,
   EMPTY_IMAGE_CONFIG,
   ENOENT,
@@ -16,6 +17,8 @@ import {
   type NetworkRuntime,
   type NodeDisk,
   type ProcessListener,
+  type WatchListener,
+  type WatchOp,
   type RuntimeHealth,
   type SandboxHandle,
   type SandboxUsage,
@@ -173,6 +176,7 @@ class FileView {
  * `get K` (memory), `cat P` (files), `sleep` (runs until signalled). */
 class FakeAgent implements AgentPort {
   private readonly listeners = new Map<number, ProcessListener>();
+  private readonly watchers = new Map<number, { dir: string; recursive: boolean; listener: WatchListener }>();
   isOpen = true;
 
   constructor(
@@ -281,6 +285,9 @@ class FakeAgent implements AgentPort {
   loseAll(err: Error): void {
     for (const l of this.listeners.values()) l.onLost(err);
     this.listeners.clear();
+    // The real agent's connection closes under its watches (a pause, a stop).
+    for (const w of this.watchers.values()) w.listener.onEnd(new AgentClosedError());
+    this.watchers.clear();
     this.isOpen = false;
   }
 
@@ -295,8 +302,27 @@ class FakeAgent implements AgentPort {
     return new Promise((r) => setImmediate(r));
   }
 
+  /** What inotify would tell the watches of `path`'s directories. */
+  private changed(path: string, ...ops: WatchOp[]): void {
+    for (const w of this.watchers.values()) {
+      const name = path.startsWith(`${w.dir}/`) ? path.slice(w.dir.length + 1) : undefined;
+      if (name && (w.recursive || !name.includes('/'))) for (const op of ops) w.listener.onEvent({ op, name });
+    }
+  }
+
   async writeFile(path: string, data: Buffer | string): Promise<void> {
+    const created = this.box.files.read(path) === undefined;
     this.box.files.write(path, Buffer.from(data));
+    this.changed(path, ...(created ? (['create', 'write'] as const) : (['write'] as const)));
+  }
+
+  async watch(id: number, path: string, recursive: boolean, listener: WatchListener): Promise<void> {
+    if (!(await this.stat(path))) throw new AgentError(ENOENT, `${path}: no such directory`);
+    this.watchers.set(id, { dir: path.replace(/\/+$/, ''), recursive, listener });
+  }
+
+  unwatch(id: number): void {
+    this.watchers.delete(id);
   }
 
   async readFile(path: string, max: number, offset = 0): Promise<{ data: Buffer; truncated: boolean } | undefined> {
@@ -311,7 +337,9 @@ class FakeAgent implements AgentPort {
     const next = Buffer.alloc(Math.max(old.length, offset + data.length));
     old.copy(next);
     data.copy(next, offset);
+    const created = this.box.files.read(path) === undefined;
     this.box.files.write(path, next);
+    this.changed(path, ...(created ? (['create', 'write'] as const) : (['write'] as const)));
   }
 
   async rename(from: string, to: string): Promise<void> {
@@ -319,6 +347,8 @@ class FakeAgent implements AgentPort {
     if (d === undefined) throw new AgentError(ENOENT, `${from}: no such file`);
     this.box.files.write(to, d);
     this.box.files.remove(from);
+    this.changed(from, 'rename');
+    this.changed(to, 'create');
   }
 
   async stat(path: string): Promise<FileStat | undefined> {
@@ -375,8 +405,9 @@ export class FakeSandbox implements SandboxHandle {
   /** A new PID 1 (a rollback): the old one's followers are told their processes are gone. */
   renew(spec: SandboxSpec): void {
     this.spec = spec;
-    this.agentPort.loseAll(new AgentError(0, 'the sandbox was replaced'));
-    this.agentPort = new FakeAgent(this);
+    const old = this.agentPort;
+    this.agentPort = new FakeAgent(this); // in place before the old one's followers hear of it
+    old.loseAll(new AgentError(0, 'the sandbox was replaced'));
   }
 
   stop(): void {

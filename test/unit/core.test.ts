@@ -244,3 +244,24 @@ describe('usage', () => {
     expect([stopped.status, stopped.body.error.details]).toEqual([409, { reason: 'NOT_RUNNING' }]);
   });
 });
+
+describe('directory watches', () => {
+  it('a file written through the API is one `write`, nothing of its temporary name; a rollback does not end the watch; a stop ends it with a code', async () => {
+    const n = await node();
+    const id = await create(n);
+    await putFile(n, id, '/w/a', 'one');
+    const ck = await checkpoint(n, id);
+    const w = await n.fp.files.watch('default', id, '/w', { recursive: true });
+    const seen: string[] = [];
+    const done = (async () => {
+      for await (const e of w) seen.push(`${e.op} ${e.name}`);
+    })();
+    await putFile(n, id, '/w/a', 'two');
+    await putFile(n, id, '/w/sub/b', 'new');
+    expect((await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck })).status).toBe(200);
+    await putFile(n, id, '/w/c', 'after the rollback');
+    expect((await n.call('POST', `/instances/${id}/stop`)).status).toBe(200);
+    await expect(done).rejects.toMatchObject({ code: 'CONFLICT', details: { reason: 'INSTANCE_NOT_RUNNING' } });
+    expect(seen).toEqual(['write a', 'write sub/b', 'write c']);
+  });
+});

@@ -1,6 +1,6 @@
 import { connect, type Socket } from 'node:net';
 import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from '../../seam/errors.js';
-import { ENOENT, newProcessId, type AgentPort, type ProcessListener } from '../../seam/agent.js';
+import { ENOENT, newProcessId, type AgentPort, type ProcessListener, type WatchListener } from '../../seam/agent.js';
 import { decodeFrame, parseDir, parseList, parseStat, type AgentMessage, type AgentProcessInfo, type DirEntry, type FileStat } from './frames.js';
 import { FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
 
@@ -35,6 +35,7 @@ export const REQUEST_TIMEOUT_MS = 30_000;
 export class AgentClient implements AgentPort {
   private readonly decoder = new FrameDecoder();
   private readonly listeners = new Map<number, ProcessListener>();
+  private readonly watchers = new Map<number, WatchListener>();
   private readonly pending = new Map<number, Pending>();
   private closed = false;
   private closing = false;
@@ -101,6 +102,10 @@ export class AgentClient implements AgentPort {
       this.listeners.get(m.id)?.onOutput(m.stream, m.offset, m.data);
       return;
     }
+    if (m.kind === 'watch') {
+      this.watchers.get(m.id)?.onEvent({ op: m.op, name: m.name });
+      return;
+    }
     if (m.kind === 'exit') {
       const l = this.listeners.get(m.id);
       this.listeners.delete(m.id);
@@ -113,6 +118,12 @@ export class AgentClient implements AgentPort {
       clearTimeout(p.timer);
       if (m.kind === 'error') p.reject(new AgentError(m.errno, m.message));
       else p.resolve(m);
+      return;
+    }
+    if (m.kind === 'error' && this.watchers.has(m.id) && !this.pending.has(m.id)) {
+      const w = this.watchers.get(m.id)!;
+      this.watchers.delete(m.id);
+      w.onEnd(new AgentError(m.errno, m.message));
       return;
     }
     if (m.kind === 'error') {
@@ -131,6 +142,15 @@ export class AgentClient implements AgentPort {
     }
     this.pending.clear();
     this.listeners.clear();
+    const watchers = [...this.watchers.values()];
+    this.watchers.clear();
+    for (const w of watchers) {
+      try {
+        w.onEnd(new AgentClosedError());
+      } catch {
+        // as below
+      }
+    }
     for (const w of this.closeWaiters.splice(0)) w();
     try {
       this.events.onClose?.(this.closing);
@@ -323,6 +343,24 @@ export class AgentClient implements AgentPort {
   async mkdir(path: string): Promise<void> {
     const m = await this.request(T.MKDIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
+  }
+
+  async watch(id: number, path: string, recursive: boolean, listener: WatchListener): Promise<void> {
+    const head = Buffer.alloc(4);
+    head.writeUInt32LE(recursive ? 1 : 0, 0);
+    // Listening before the answer: the first events may come in the same chunk as the OK.
+    this.watchers.set(id, listener);
+    try {
+      const m = await this.request(T.WATCH, id, Buffer.concat([head, Buffer.from(`${path}\0`)]));
+      if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
+    } catch (err) {
+      this.watchers.delete(id);
+      throw err;
+    }
+  }
+
+  unwatch(id: number): void {
+    if (this.watchers.delete(id)) this.send(T.UNWATCH, id);
   }
 
   /** Parses an answer's body; one that does not parse is a protocol error like a bad frame. */

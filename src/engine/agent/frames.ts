@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { AgentProtocolError } from '../../seam/errors.js';
-import type { AgentProcessInfo, DirEntry, FileStat } from '../../seam/agent.js';
+import { WATCH_OPS, type AgentProcessInfo, type DirEntry, type FileStat } from '../../seam/agent.js';
 
 export type { AgentProcessInfo, DirEntry, FileStat } from '../../seam/agent.js';
 import { T, type Frame } from './protocol.js';
@@ -21,8 +21,11 @@ const Exit = z.object({ kind: z.literal('exit'), id: Id, code: z.number().int().
 const Failure = z.object({ kind: z.literal('error'), id: Id, errno: z.number().int().min(0).max(4095), message: z.string().max(4096) });
 const Reply = z.object({ kind: z.enum(['pong', 'ok']), id: Id });
 const Data = z.object({ kind: z.enum(['file', 'list']), id: Id, data: z.instanceof(Buffer), truncated: z.boolean() });
+/** A name below the watched directory: relative, without empty, `.` or `..` parts. */
+const WatchedName = z.string().min(1).max(4095).refine((n) => !n.includes('\0') && n.split('/').every((part) => part !== '' && part !== '.' && part !== '..'), 'a relative path');
+const Watched = z.object({ kind: z.literal('watch'), id: Id, op: z.enum(WATCH_OPS), name: WatchedName });
 
-export const AgentMessage = z.discriminatedUnion('kind', [Output, Spawned, Exit, Failure, Reply, Data]);
+export const AgentMessage = z.discriminatedUnion('kind', [Output, Spawned, Exit, Failure, Reply, Data, Watched]);
 export type AgentMessage = z.infer<typeof AgentMessage>;
 
 /** Reads a frame into a message, checking every length before reading a field. */
@@ -61,6 +64,9 @@ export function decodeFrame(f: Frame): AgentMessage {
     case T.LIST_REPLY:
       if (f.flags > 1) throw new AgentProtocolError(`frame type ${f.type} with flags ${f.flags}`);
       msg = { kind: f.type === T.FILE ? 'file' : 'list', id: f.id, data: p, truncated: f.flags === 1 };
+      break;
+    case T.WATCH_EVENT:
+      msg = { kind: 'watch', id: f.id, op: WATCH_OPS[f.flags - 1], name: p.toString('utf8') };
       break;
     default:
       throw new AgentProtocolError(`unknown frame type ${f.type}`);

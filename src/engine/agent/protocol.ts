@@ -24,6 +24,8 @@ export const T = {
   WRITE_AT: 16,
   RENAME: 17,
   STAT: 18,
+  WATCH: 19,
+  UNWATCH: 20,
   OUTPUT: 128,
   SPAWNED: 129,
   EXIT: 130,
@@ -32,6 +34,7 @@ export const T = {
   PONG: 134,
   FILE: 135,
   OK: 136,
+  WATCH_EVENT: 137,
 } as const;
 
 /** errno values the engine tells apart. */

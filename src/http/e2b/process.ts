@@ -4,7 +4,7 @@ import { ForkpointError } from '../../core/errors.js';
 import type { ExecutionState } from '../../core/executions.js';
 import { callerOf, dropConnectionKey, E2B_HOME, envdPath, type SandboxCaller } from './caller.js';
 import { Process, Signal, type ProcessEvent, type ProcessSelector } from './gen/process/process_pb.js';
-import { EventQueue } from './queue.js';
+import { EventQueue } from '../../lib/event-queue.js';
 
 type Event = ProcessEvent['event'];
 const MAX_QUEUED = 16 << 20;

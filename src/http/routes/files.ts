@@ -2,8 +2,10 @@ import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { Readable } from 'node:stream';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import {
-  Binary, errorResponses, FileInfo, FileList, IdParams, MakeDirectoryRequest, noContent, ok, PathQuery, WriteFileResult,
+  Binary, errorResponses, FileInfo, FileList, IdParams, MakeDirectoryRequest, noContent, ok, PathQuery, WatchQuery, WriteFileResult,
 } from '../schemas/index.js';
+import { z } from 'zod';
+import { SseStream } from '../streams/sse.js';
 import { fileInfoView } from '../views.js';
 import { sendFileBytes } from '../file-bytes.js';
 
@@ -91,6 +93,38 @@ export const fileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('What is there', FileInfo), ...errorResponses },
       },
     }, async (req) => fileInfoView(await fp.files.stat(req.owner, req.params.id, req.query.path)));
+
+    app.get('/instances/:id/files/watch', {
+      schema: {
+        operationId: 'watchDirectory',
+        tags,
+        summary: 'Follow the changes in a directory (Server-Sent Events)',
+        description:
+          'A `watching` event once the watch is in place, then one event per change: `create`, `write` (a file closed after writing), `remove`, `rename` (moved away), `chmod`; ' +
+          'each event\'s data is `{name}`, relative to the directory (`sub/file` below it when `recursive`). ' +
+          'A checkpoint or rollback does not end the watch; the instance stopping, or more changes than the watch can hold, ends it with an `error` event `{code, message}`. ' +
+          'A sandbox has at most 16 watches open at once (429 `QUOTA_EXCEEDED` past that). 404 for a missing directory, 400 for a file.',
+        params: IdParams,
+        querystring: WatchQuery,
+        produces: ['text/event-stream'],
+        response: { 200: { description: 'The changes', content: { 'text/event-stream': { schema: z.string().describe('Server-Sent Events') } } }, ...errorResponses },
+      },
+    }, async (req, reply) => {
+      const watch = await fp.files.watch(req.owner, req.params.id, req.query.path, { recursive: req.query.recursive });
+      const sse = new SseStream(req, reply);
+      sse.onClose(() => watch.close());
+      sse.event('watching', { path: req.query.path, recursive: req.query.recursive });
+      void (async () => {
+        try {
+          for await (const e of watch) sse.event(e.op, { name: e.name });
+        } catch (err) {
+          const e = err as Error & { code?: unknown };
+          sse.event('error', { code: typeof e.code === 'string' ? e.code : 'INTERNAL', message: e.message });
+        } finally {
+          sse.close();
+        }
+      })();
+    });
 
     app.post('/instances/:id/files/mkdir', {
       schema: {

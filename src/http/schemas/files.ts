@@ -4,6 +4,10 @@ import { z } from 'zod';
 
 export const PathQuery = z.object({ path: z.string().min(1).max(4096).meta({ description: 'an absolute path inside the sandbox', examples: ['/root/notes.txt'] }) });
 
+export const WatchQuery = PathQuery.extend({
+  recursive: z.enum(['true', 'false', '1', '0']).optional().transform((v) => v === 'true' || v === '1').meta({ description: 'also the directories below it, as they come and go' }),
+});
+
 /** Raw bytes, both ways (streamed: a file of any size). */
 export const Binary = z.custom<unknown>(() => true).meta({ type: 'string', format: 'binary' });
 

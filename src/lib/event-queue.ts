@@ -50,7 +50,7 @@ export class EventQueue<T> implements AsyncIterable<T> {
   }
 
   /** Items as they come; `idle()` is yielded when nothing came for `idleMs`. */
-  async *withKeepAlive(idleMs: number, idle: () => T): AsyncGenerator<T> {
+  async *withKeepAlive<K = T>(idleMs: number, idle: () => K): AsyncGenerator<T | K> {
     for (;;) {
       await this.next(idleMs);
       if (this.items.length) {
@@ -68,7 +68,7 @@ export class EventQueue<T> implements AsyncIterable<T> {
   }
 
   [Symbol.asyncIterator](): AsyncIterator<T> {
-    return this.withKeepAlive(2 ** 31 - 1, () => {
+    return this.withKeepAlive<never>(2 ** 31 - 1, () => {
       throw new Error('unreachable');
     });
   }

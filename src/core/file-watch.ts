@@ -1,0 +1,146 @@
+import { newProcessId, type AgentPort, type WatchEvent } from '../seam/agent.js';
+import { AgentClosedError, AgentError } from '../seam/errors.js';
+import type { SandboxHandle } from '../seam/sandbox.js';
+import { EventQueue } from '../lib/event-queue.js';
+import { ConflictError, QuotaExceededError } from './errors.js';
+import { uploadTargetOf } from './upload-names.js';
+
+/** Events waiting for a reader that is slow: past this the watch ends rather than grow. */
+const MAX_QUEUED_BYTES = 1 << 20;
+/** Watches taken up again after pauses (checkpoints, rollbacks) in one minute: more is an agent
+ * closing connections on purpose, and the watch ends rather than spin. */
+const MAX_REWATCHES_PER_MINUTE = 30;
+const EINTR = 4;
+const EMFILE = 24;
+const ENOSPC = 28;
+const EOVERFLOW = 75;
+
+export interface WatchTarget {
+  sb: SandboxHandle;
+  /** Whether `sb` still runs the instance (not stopped, hibernated or deleted since). */
+  stillLive(): boolean;
+  /** An agent's failure as the API error it is. */
+  failed(err: unknown): Error;
+}
+
+/**
+ * A directory watched inside a sandbox, on a connection of its own to the agent (the main one's
+ * subscriptions never wait behind it). A pause closes that connection; the watch is taken up
+ * again after it, on the sandbox as restored (nothing changes inside while it is paused). It
+ * ends when closed, when the sandbox stops, or with an error the reader gets.
+ */
+export class DirectoryWatch implements AsyncIterable<WatchEvent> {
+  private readonly queue = new EventQueue<WatchEvent>((e) => e.name.length + 32, MAX_QUEUED_BYTES);
+  private readonly id = newProcessId();
+  private agent: AgentPort | undefined;
+  private closed = false;
+  private rewatches: number[] = [];
+  /** The file an upload's temporary name was just renamed away from, onto its own name. */
+  private uploaded: string | undefined;
+
+  private constructor(
+    private readonly target: WatchTarget,
+    private readonly path: string,
+    private readonly recursive: boolean,
+  ) {}
+
+  /** Resolves once the watch is in place (events from then on are reported). */
+  static async open(target: WatchTarget, path: string, opts: { recursive: boolean; signal?: AbortSignal }): Promise<DirectoryWatch> {
+    const w = new DirectoryWatch(target, path, opts.recursive);
+    await w.attach();
+    if (opts.signal) {
+      if (opts.signal.aborted) w.close();
+      else opts.signal.addEventListener('abort', () => w.close(), { once: true });
+    }
+    return w;
+  }
+
+  private async attach(): Promise<void> {
+    const sb = this.target.sb;
+    let agent: AgentPort;
+    try {
+      agent = await sb.sideAgent();
+    } catch (err) {
+      throw this.target.failed(err);
+    }
+    if (this.closed) return sb.releaseSide(agent);
+    this.agent = agent;
+    try {
+      await agent.watch(this.id, this.path, this.recursive, {
+        onEvent: (e) => this.seen(e),
+        onEnd: (err) => this.ended(agent, err),
+      });
+    } catch (err) {
+      this.agent = undefined;
+      sb.releaseSide(agent);
+      throw this.refused(err);
+    }
+  }
+
+  /** A file written through forkpoint is streamed into a temporary name and renamed over its
+   * own (FileService.writeStream): the watch tells that as envd tells a write in place, a
+   * `write` of the file, and says nothing of the temporary name. */
+  private seen(e: WatchEvent): void {
+    const upload = uploadTargetOf(e.name);
+    const renamedOnto = this.uploaded;
+    this.uploaded = upload !== undefined && e.op === 'rename' ? upload : undefined;
+    if (upload !== undefined) return;
+    if (e.op === 'create' && e.name === renamedOnto) return this.queue.push({ op: 'write', name: e.name });
+    this.queue.push(e);
+  }
+
+  private ended(agent: AgentPort, err: Error): void {
+    if (this.agent === agent) {
+      this.agent = undefined;
+      this.target.sb.releaseSide(agent);
+    }
+    if (this.closed) return;
+    const now = Date.now();
+    this.rewatches = this.rewatches.filter((t) => now - t < 60_000);
+    const byPause = err instanceof AgentClosedError || (err instanceof AgentError && err.errno === EINTR);
+    if (!byPause || !this.target.stillLive()) return this.queue.fail(this.endedBy(err));
+    if (this.rewatches.length >= MAX_REWATCHES_PER_MINUTE) {
+      return this.queue.fail(new ConflictError('the watch was cut off too often; watch again', { reason: 'WATCH_CUT_OFF' }));
+    }
+    this.rewatches.push(now);
+    // A sandbox stopped meanwhile is said as such, not as the failure of the watch's retry.
+    this.attach().catch((e: unknown) => this.queue.fail(this.target.stillLive() ? (e instanceof Error ? e : new Error(String(e))) : this.notRunning()));
+  }
+
+  private refused(err: unknown): Error {
+    if (err instanceof AgentError && err.errno === EMFILE) return new QuotaExceededError('this sandbox has as many directory watches as it may have open (16); close one', { reason: 'WATCH_LIMIT' });
+    if (err instanceof AgentError && err.errno === ENOSPC) return new QuotaExceededError('more directories than one watch may hold (65536, the sandbox\'s inotify bound); watch a smaller tree', { reason: 'WATCH_TOO_MANY_DIRECTORIES' });
+    return this.target.failed(err);
+  }
+
+  private endedBy(err: Error): Error {
+    if (err instanceof AgentError && err.errno === EOVERFLOW) return new ConflictError('more changes came than the watch could hold; watch again', { reason: 'WATCH_OVERFLOW' });
+    if (!this.target.stillLive()) return this.notRunning();
+    return this.refused(err);
+  }
+
+  private notRunning(): Error {
+    return new ConflictError('the instance stopped running; the watch ended', { reason: 'INSTANCE_NOT_RUNNING' });
+  }
+
+  /** Events as they come; `idle()` when none came for `idleMs` (a keep-alive is due). */
+  events<K>(idleMs: number, idle: () => K): AsyncGenerator<WatchEvent | K> {
+    return this.queue.withKeepAlive(idleMs, idle);
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<WatchEvent> {
+    return this.queue[Symbol.asyncIterator]();
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    const agent = this.agent;
+    this.agent = undefined;
+    if (agent) {
+      agent.unwatch(this.id);
+      this.target.sb.releaseSide(agent);
+    }
+    this.queue.end();
+  }
+}
