@@ -421,6 +421,7 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
     case FP_T_WRITE_AT: return do_write_at(c, h, pl);
     case FP_T_RENAME: return do_rename(c, h, pl);
     case FP_T_STAT: return do_stat(c, h, pl);
+    case FP_T_SET_METADATA: return do_set_metadata(c, h, pl);
     case FP_T_READ_FILE:
     case FP_T_READ_AT: return do_read_file(c, h, pl);
     case FP_T_REMOVE_FILE: return do_remove_file(c, h, pl);

@@ -9,9 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "agent.h"
+
+#define META_PREFIX "user.e2b."
+#define MAX_META 64
+#define META_KEY_MAX 128
+#define META_VALUE_MAX 1024
+
+static int metadata_lines(const char *path, char *out, size_t room);
 
 static const char *payload_path(struct fp_header *h, char *pl, uint32_t skip) {
   if (h->len <= skip) return NULL;
@@ -209,8 +217,55 @@ void do_stat(struct conn *c, struct fp_header *h, char *pl) {
       if (*t == '\t' || *t == '\n') *t = ' ';
   }
   char type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : S_ISLNK(st.st_mode) ? 'l' : 'o';
-  char line[1200];
-  int len = snprintf(line, sizeof(line), "%c\t%lld\t%o\t%lld\t%s\n", type, (long long)st.st_size, st.st_mode & 07777,
+  char line[1200 + MAX_META * (META_KEY_MAX + META_VALUE_MAX + 4)];
+  int len = snprintf(line, 1200, "%c\t%lld\t%o\t%lld\t%s\n", type, (long long)st.st_size, st.st_mode & 07777,
                      (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000, target);
+  if (!S_ISLNK(st.st_mode)) len += metadata_lines(path, line + len, sizeof(line) - (size_t)len);
   send_frame(c, FP_T_FILE, 0, h->id, line, (uint32_t)len);
+}
+
+/* Printable ASCII without tab: what a line of the STAT answer can carry. */
+static int printable(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (s[i] < 0x20 || s[i] > 0x7e) return 0;
+  return 1;
+}
+
+/* "x\tKEY\tVALUE\n" for each user.e2b.KEY xattr of PATH (envd's file metadata), at most
+ * MAX_META of them, each within its bounds and printable; others are left out. */
+static int metadata_lines(const char *path, char *out, size_t room) {
+  char names[8192];
+  ssize_t n = llistxattr(path, names, sizeof(names));
+  int len = 0, kept = 0;
+  for (ssize_t at = 0; n > 0 && at < n && kept < MAX_META; at += (ssize_t)strlen(names + at) + 1) {
+    const char *name = names + at;
+    if (strncmp(name, META_PREFIX, strlen(META_PREFIX))) continue;
+    const char *key = name + strlen(META_PREFIX);
+    size_t klen = strlen(key);
+    char value[META_VALUE_MAX];
+    ssize_t v = lgetxattr(path, name, value, sizeof(value));
+    if (!klen || klen > META_KEY_MAX || v < 0 || !printable(key, klen) || !printable(value, (size_t)v) || memchr(key, '\t', klen) || memchr(value, '\t', (size_t)v)) continue;
+    if ((size_t)len + klen + (size_t)v + 4 > room) break;
+    len += snprintf(out + len, room - (size_t)len, "x\t%s\t%.*s\n", key, (int)v, value);
+    kept++;
+  }
+  return len;
+}
+
+/* SET_METADATA: path\0 then "KEY\tVALUE\n" lines: each becomes the xattr user.e2b.KEY (a
+ * link is not followed). */
+void do_set_metadata(struct conn *c, struct fp_header *h, char *pl) {
+  const char *path = payload_path(h, pl, 0);
+  if (!path) return send_error(c, h->id, EINVAL, "bad metadata");
+  const char *p = path + strlen(path) + 1, *end = pl + h->len;
+  int kept = 0;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p)), *tab = nl ? memchr(p, '\t', (size_t)(nl - p)) : NULL;
+    if (!tab || tab == p || tab - p > META_KEY_MAX || nl - tab - 1 > META_VALUE_MAX || ++kept > MAX_META) return send_error(c, h->id, EINVAL, "bad metadata line");
+    char name[sizeof(META_PREFIX) + META_KEY_MAX];
+    snprintf(name, sizeof(name), "%s%.*s", META_PREFIX, (int)(tab - p), p);
+    if (lsetxattr(path, name, tab + 1, (size_t)(nl - tab - 1), 0) < 0) return send_error(c, h->id, errno, strerror(errno));
+    p = nl + 1;
+  }
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
 }

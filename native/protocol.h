@@ -39,6 +39,7 @@ enum {
   FP_T_STAT = 18,       /* payload: path\0; reply FILE "type\tsize\tmode\tmtime_ms\ttarget\n" (likewise) */
   FP_T_WATCH = 19,      /* payload: u32 flags (1 recursive), path\0; reply OK, then WATCH_EVENT frames (agent_watch.c) */
   FP_T_UNWATCH = 20,    /* ends the watch of this id */
+  FP_T_SET_METADATA = 21, /* payload: path\0, "KEY\tVALUE\n"...: xattrs user.e2b.KEY; STAT answers them as "x\tKEY\tVALUE\n" lines */
 };
 
 /* agent -> client */

@@ -131,6 +131,23 @@ describe('agent protocol fuzz', () => {
     }
   });
 
+  it('file metadata an agent makes up (a key no header could carry, a tab in a value, a key twice, more than 64) is a protocol error; `__proto__` is a plain key', async () => {
+    const stat = (extra: string) => encodeFrame(T.FILE, 0, Buffer.from(`f\t1\t644\t0\t\n${extra}`));
+    const bad = ['x\tbad key\tv\n', 'x\tk\ta\tb\n', 'x\tk\tv\nx\tk\tw\n', 'y\tk\tv\n', 'x\tk\t\u0001\n', Array.from({ length: 65 }, (_, i) => `x\tk${i}\tv\n`).join('')];
+    for (const extra of bad) {
+      respond = (s) => s.once('data', (d: Buffer) => s.write(Buffer.concat([stat(extra).subarray(0, 8), d.subarray(8, 12), stat(extra).subarray(12)])));
+      const c = await AgentClient.connect(join(dir, 'agent.sock'), { onFailure: () => {} });
+      await expect(c.stat('/f'), JSON.stringify(extra)).rejects.toBeInstanceOf(AgentProtocolError);
+      await c.close(100);
+    }
+    respond = (s) => s.once('data', (d: Buffer) => s.write(Buffer.concat([stat('x\t__proto__\tv\n').subarray(0, 8), d.subarray(8, 12), stat('x\t__proto__\tv\n').subarray(12)])));
+    const c = await AgentClient.connect(join(dir, 'agent.sock'));
+    const st = await c.stat('/f');
+    expect(Object.getPrototypeOf(st!.metadata)).toBe(Object.prototype);
+    expect(Object.keys(st!.metadata!)).toEqual(['__proto__']);
+    await c.close(100);
+  });
+
   it('"length 0, type ERROR" is a protocol error, not a crash', async () => {
     respond = (s) => s.write(Buffer.from([0, 0, 0, 0, T.ERROR, 0, 0, 0, 1, 0, 0, 0]));
     const failures: Error[] = [];

@@ -283,6 +283,51 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('file metadata: kept with the file (user.e2b.* xattrs), told by getInfo, list and after a rename, replaced by the next upload; set inside the sandbox it shows too (the SDK refused: envd 0.6.2 needed)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const info = await sbx.files.write('meta.txt', 'with metadata', { metadata: { author: 'mish', purpose: 'upload' } });
+      expect(Array.isArray(info) ? undefined : info.metadata).toEqual({ author: 'mish', purpose: 'upload' });
+      expect((await sbx.files.getInfo('meta.txt')).metadata).toEqual({ author: 'mish', purpose: 'upload' });
+      expect((await sbx.files.list('.')).find((e) => e.name === 'meta.txt')?.metadata).toEqual({ author: 'mish', purpose: 'upload' });
+      await sbx.files.rename('meta.txt', 'moved.txt');
+      expect((await sbx.files.getInfo('moved.txt')).metadata).toEqual({ author: 'mish', purpose: 'upload' });
+      await sbx.files.write('moved.txt', 'again', { metadata: { author: 'other' } });
+      expect((await sbx.files.getInfo('moved.txt')).metadata).toEqual({ author: 'other' });
+      await sbx.files.write('moved.txt', 'plain');
+      expect((await sbx.files.getInfo('moved.txt')).metadata).toBeUndefined();
+      await sbx.commands.run('python3 -c "import os; os.setxattr(\'/home/user/moved.txt\', \'user.e2b.author\', b\'inside\')"');
+      expect((await sbx.files.getInfo('moved.txt')).metadata).toEqual({ author: 'inside' });
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('attack: metadata a sandbox writes that no header could carry (tabs, newlines, control bytes, 100 keys) is left out or refused, never passed on', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.write('x.txt', 'x');
+      const py = [
+        'import os',
+        "p = '/home/user/x.txt'",
+        "os.setxattr(p, 'user.e2b.ok', b'fine')",
+        "os.setxattr(p, 'user.e2b.tab', b'a\\tb')",
+        "os.setxattr(p, 'user.e2b.nl', b'a\\nx\\tevil\\tvalue')",
+        "os.setxattr(p, 'user.e2b.ctl', b'\\x01')",
+        "os.setxattr(p, 'user.e2b.k\\tx', b'v')",
+      ].join('\n');
+      await sbx.files.write('/tmp/meta.py', py);
+      await sbx.commands.run('python3 /tmp/meta.py');
+      expect((await sbx.files.getInfo('x.txt')).metadata).toEqual({ ok: 'fine' });
+      await sbx.commands.run("python3 -c \"import os\nfor i in range(100): os.setxattr('/home/user/x.txt', 'user.e2b.k%d' % i, b'v')\"");
+      const many = (await sbx.files.getInfo('x.txt')).metadata ?? {};
+      expect(Object.keys(many).length).toBeLessThanOrEqual(64);
+      expect((await sbx.commands.run('echo alive')).stdout).toBe('alive\n');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('watchDir: a write, a directory made below a recursive watch and a file in it, through a checkpoint; a missing directory and a file refused as envd does (it was not served)', async () => {
     const sbx = await Sandbox.create();
     try {

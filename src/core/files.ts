@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { Logger } from 'pino';
-import { ENOENT, type AgentPort, type DirEntry, type FileStat } from '../seam/agent.js';
+import { ENOENT, MAX_METADATA_ENTRIES, METADATA_KEY, METADATA_VALUE, type AgentPort, type DirEntry, type FileStat } from '../seam/agent.js';
 import { AgentError } from '../seam/errors.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import { engineFailure } from './engine-failure.js';
@@ -124,8 +124,13 @@ export class FileService {
    * it, renamed over the path once whole: a reader never sees half a file, and a failed upload
    * leaves nothing. Makes the parent directories.
    */
-  async writeStream(owner: string, id: string, path: string, source: AsyncIterable<Buffer>): Promise<{ bytes: number }> {
+  async writeStream(owner: string, id: string, path: string, source: AsyncIterable<Buffer>, opts: { metadata?: Record<string, string> } = {}): Promise<{ bytes: number }> {
     const p = this.path(path);
+    const metadata = Object.entries(opts.metadata ?? {});
+    if (metadata.length > MAX_METADATA_ENTRIES) throw new InvalidRequestError(`at most ${MAX_METADATA_ENTRIES} metadata entries`, { path });
+    for (const [k, v] of metadata) {
+      if (!METADATA_KEY.test(k) || !METADATA_VALUE.test(v)) throw new InvalidRequestError(`metadata ${JSON.stringify(k)}: a key of HTTP token characters (at most 128) and a value of printable ASCII (at most 1024)`, { path, key: k });
+    }
     const slash = p.lastIndexOf('/');
     const parent = p.slice(0, slash);
     const tmp = `${parent}/${uploadNameFor(p.slice(slash + 1))}`;
@@ -151,6 +156,8 @@ export class FileService {
         if (pendingBytes >= PIECE) await flush();
       }
       if (pendingBytes || !written) await flush();
+      // On the whole file before it takes the name: a file written over loses the old metadata.
+      if (metadata.length) await this.op(owner, id, path, (a) => a.setMetadata(tmp, Object.fromEntries(metadata)));
       await this.op(owner, id, path, (a) => a.rename(tmp, p));
       return { bytes: offset };
     } catch (err) {

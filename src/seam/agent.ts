@@ -37,7 +37,15 @@ export interface FileStat {
   mtimeMs: number;
   /** Where a symlink points (as written in it). */
   target: string | null;
+  /** User-defined metadata (envd's), kept on the file as `user.e2b.*` xattrs. */
+  metadata?: Record<string, string>;
 }
+
+/** What a metadata key and value may be: an HTTP header's name and printable ASCII (they
+ * travel as `X-Metadata-<key>` headers), within the agent's bounds (native/agent_files.c). */
+export const METADATA_KEY = /^[A-Za-z0-9!#$%&'*+\-.^_`|~]{1,128}$/;
+export const METADATA_VALUE = /^[\x20-\x7e]{0,1024}$/;
+export const MAX_METADATA_ENTRIES = 64;
 
 export interface DirEntry {
   name: string;
@@ -93,6 +101,8 @@ export interface AgentPort {
   removeFile(path: string): Promise<void>;
   listDir(path: string): Promise<DirEntry[]>;
   mkdir(path: string): Promise<void>;
+  /** Sets user-defined metadata on a file (agents older than it: EINVAL, unknown frame type). */
+  setMetadata(path: string, metadata: Record<string, string>): Promise<void>;
   /** Watches a directory (and, `recursive`, those below it, as they come); resolves once the
    * watch is in place. Ends with the connection, or by `unwatch`. */
   watch(id: number, path: string, recursive: boolean, listener: WatchListener): Promise<void>;

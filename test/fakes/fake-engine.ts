@@ -367,6 +367,8 @@ class FakeAgent implements AgentPort {
   }
 
   async mkdir(): Promise<void> {}
+
+  async setMetadata(): Promise<void> {}
 }
 
 export class FakeSandbox implements SandboxHandle {

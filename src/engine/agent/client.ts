@@ -345,6 +345,12 @@ export class AgentClient implements AgentPort {
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
+  async setMetadata(path: string, metadata: Record<string, string>): Promise<void> {
+    const lines = Object.entries(metadata).map(([k, v]) => `${k}\t${v}\n`).join('');
+    const m = await this.request(T.SET_METADATA, AgentClient.newProcessId(), Buffer.from(`${path}\0${lines}`));
+    if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
+  }
+
   async watch(id: number, path: string, recursive: boolean, listener: WatchListener): Promise<void> {
     const head = Buffer.alloc(4);
     head.writeUInt32LE(recursive ? 1 : 0, 0);

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { AgentProtocolError } from '../../seam/errors.js';
-import { WATCH_OPS, type AgentProcessInfo, type DirEntry, type FileStat } from '../../seam/agent.js';
+import { MAX_METADATA_ENTRIES, METADATA_KEY, METADATA_VALUE, WATCH_OPS, type AgentProcessInfo, type DirEntry, type FileStat } from '../../seam/agent.js';
 
 export type { AgentProcessInfo, DirEntry, FileStat } from '../../seam/agent.js';
 import { T, type Frame } from './protocol.js';
@@ -117,12 +117,25 @@ const StatLine = z.object({
   target: z.string().max(1023),
 });
 
+const MetadataLine = z.object({ key: z.string().regex(METADATA_KEY), value: z.string().regex(METADATA_VALUE) });
+
+/** The stat line, then a line `x KEY VALUE` (tab-separated) per metadata entry. */
 export function parseStat(payload: Buffer): FileStat {
-  const [type, size, mode, mtimeMs, target = ''] = payload.toString('utf8').replace(/\n$/, '').split('\t');
+  const [first = '', ...rest] = payload.toString('utf8').replace(/\n$/, '').split('\n');
+  const [type, size, mode, mtimeMs, target = ''] = first.split('\t');
   const r = StatLine.safeParse({ type, size, mode, mtimeMs, target });
   if (!r.success) throw new AgentProtocolError(`stat line: ${r.error.issues[0]?.message ?? 'invalid'}`);
+  if (rest.length > MAX_METADATA_ENTRIES) throw new AgentProtocolError(`stat with ${rest.length} metadata lines`);
+  const entries = new Map<string, string>();
+  for (const line of rest) {
+    const [tag, key, value, ...more] = line.split('\t');
+    const m = MetadataLine.safeParse({ key, value });
+    if (tag !== 'x' || more.length || !m.success || entries.has(m.data.key)) throw new AgentProtocolError('stat metadata line: not `x KEY VALUE` of a new, valid key');
+    entries.set(m.data.key, m.data.value);
+  }
+  const metadata = Object.fromEntries(entries);
   const v = r.data;
-  return { type: TYPES[v.type], size: v.size, mode: parseInt(v.mode, 8), mtimeMs: v.mtimeMs, target: v.type === 'l' ? v.target : null };
+  return { type: TYPES[v.type], size: v.size, mode: parseInt(v.mode, 8), mtimeMs: v.mtimeMs, target: v.type === 'l' ? v.target : null, ...(rest.length ? { metadata } : {}) };
 }
 
 

@@ -26,6 +26,7 @@ export const T = {
   STAT: 18,
   WATCH: 19,
   UNWATCH: 20,
+  SET_METADATA: 21,
   OUTPUT: 128,
   SPAWNED: 129,
   EXIT: 130,

@@ -17,7 +17,7 @@ export const dropConnectionKey = createContextKey<() => void>(() => {});
 /** Where E2B's envd puts a user's files and starts commands: its default user's home. */
 export const E2B_HOME = '/home/user';
 /** The envd version this face speaks: what the SDK's feature checks compare against. */
-export const ENVD_VERSION = '0.5.7';
+export const ENVD_VERSION = '0.6.4';
 /** The port envd listens on inside an E2B sandbox; calls for any other port are proxied. */
 export const ENVD_PORT = 49983;
 

@@ -63,13 +63,19 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     app.post('/files', { config, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
       const c = callerOfRequest(req);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
-      const written: { name: string; type: 'file'; path: string }[] = [];
+      const written: { name: string; type: 'file'; path: string; metadata?: Record<string, string> }[] = [];
+      // envd's file metadata: `X-Metadata-<key>` headers, the key lower-cased (as Node has the
+      // names already), the same for every file of the upload, replacing what the file had.
+      const metadata = Object.fromEntries(
+        Object.entries(req.headers).flatMap(([name, value]) => (name.startsWith('x-metadata-') && typeof value === 'string' ? [[name.slice('x-metadata-'.length), value]] : [])),
+      );
+      const withMetadata = Object.keys(metadata).length ? { metadata } : {};
       try {
         if (req.isMultipart()) {
           for await (const part of req.files()) {
             const path = envdPath(req.query.path ?? part.filename);
-            await fp.files.writeStream(c.owner, c.id, path, part.file);
-            written.push({ name: posix.basename(path), type: 'file', path });
+            await fp.files.writeStream(c.owner, c.id, path, part.file, withMetadata);
+            written.push({ name: posix.basename(path), type: 'file', path, ...withMetadata });
           }
         } else {
           if (!req.query.path) return reply.code(400).send({ code: 400, message: 'path is required' });
@@ -84,15 +90,15 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
             let corrupt: Error | undefined;
             gunzip.once('error', (err) => (corrupt = err));
             try {
-              await fp.files.writeStream(c.owner, c.id, path, body.pipe(gunzip));
+              await fp.files.writeStream(c.owner, c.id, path, body.pipe(gunzip), withMetadata);
             } catch (err) {
               if (corrupt) return reply.code(400).send({ code: 400, message: `the body is not valid gzip: ${corrupt.message}` });
               throw err;
             }
           } else {
-            await fp.files.writeStream(c.owner, c.id, path, body);
+            await fp.files.writeStream(c.owner, c.id, path, body, withMetadata);
           }
-          written.push({ name: posix.basename(path), type: 'file', path });
+          written.push({ name: posix.basename(path), type: 'file', path, ...withMetadata });
         }
       } catch (err) {
         return envdError(reply, err);
@@ -100,3 +106,4 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.send(written);
     });
   };
+

@@ -28,7 +28,7 @@ function permissions(type: FileInfo['type'], mode: number): string {
   return `${type === 'dir' ? 'd' : type === 'link' ? 'L' : '-'}${bits}`;
 }
 
-export function entryInfo(path: string, st: Pick<FileInfo, 'type' | 'size' | 'mode' | 'mtimeMs' | 'target'>): EntryInfo {
+export function entryInfo(path: string, st: Pick<FileInfo, 'type' | 'size' | 'mode' | 'mtimeMs' | 'target' | 'metadata'>): EntryInfo {
   return {
     $typeName: 'filesystem.EntryInfo',
     name: posix.basename(path),
@@ -41,7 +41,7 @@ export function entryInfo(path: string, st: Pick<FileInfo, 'type' | 'size' | 'mo
     group: 'root',
     modifiedTime: timestampFromMs(st.mtimeMs),
     ...(st.target !== null ? { symlinkTarget: st.target } : {}),
-    metadata: {},
+    metadata: { ...st.metadata },
   };
 }
 
