@@ -317,6 +317,25 @@ describe('the proxy to a port inside an instance', () => {
 });
 
 describe('previews of two tenants\' sandboxes', () => {
+  it('attack: a server in the sandbox that announces a body and hangs up: the proxy answers 503 with its reason (it was a 500, and E2B\'s code interpreter read it as a server bug)', async () => {
+    const kit = await buildAttackKit();
+    try {
+      const inst = await s.instance();
+      await installKit(s, inst.id, kit);
+      await s.api('POST', `/instances/${inst.id}/processes`, { command: `${KIT} halfhttp 3002` });
+      await until('the server', async () => (await sh(inst.id, 'netstat -tln')).stdout.includes(':3002'));
+      for (const method of ['GET', 'POST'] as const) {
+        const r = await request(`${s.url}/instances/${inst.id}/ports/3002/x`, { method, headers: { authorization: `Bearer ${s.token}` }, ...(method === 'POST' ? { body: '{}' } : {}) });
+        const body = await r.body.text();
+        expect(r.statusCode, body).toBe(503);
+        expect(JSON.parse(body).error).toMatchObject({ code: 'UNAVAILABLE', details: { reason: 'UPSTREAM_BROKE_OFF' } });
+      }
+      await s.api('DELETE', `/instances/${inst.id}`);
+    } finally {
+      await kit.cleanup();
+    }
+  });
+
   it('each preview is an origin of its own: a page of one reads neither the other nor the API, with the visitor\'s cookies', async () => {
     const owner = async (name: string) => ({ authorization: `Bearer ${(await s.fp.store.tokens.create(name, 'test')).token}` });
     const [ta, tb] = [await owner('preview-a'), await owner('preview-b')];

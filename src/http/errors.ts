@@ -94,6 +94,12 @@ export function installErrorHandling(app: FastifyInstance): void {
     if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) {
       return sendError(reply, 'INVALID_REQUEST', err.message, { fastify: err.code });
     }
+    if (isUpstreamBreakOff(err)) {
+      // A proxied answer (a sandbox's port, another node) that stopped before its first byte
+      // reached the client: the server behind it hung up, which is not forkpoint's bug.
+      request.log.warn({ err }, 'a proxied answer broke off');
+      return sendError(reply, 'UNAVAILABLE', `the server behind this address broke off its answer: ${err.message}`, { reason: 'UPSTREAM_BROKE_OFF' });
+    }
     if (isNoSpace(err)) {
       request.log.warn({ err }, 'disk full');
       return sendError(reply, 'INSUFFICIENT_STORAGE', 'the disk under the data directory is full; free some space (delete checkpoints or instances) and try again');
@@ -110,4 +116,9 @@ export function installErrorHandling(app: FastifyInstance): void {
     return sendError(reply, 'INTERNAL', 'internal error; see the server log', { request_id: request.id });
   });
   app.setNotFoundHandler((request, reply) => sendError(reply, 'NOT_FOUND', `no route ${request.method} ${request.url.split('?')[0]}`));
+}
+
+/** undici's failures of a connection or of an answer's body (reply-from streams through it). */
+function isUpstreamBreakOff(err: { code?: unknown; name?: unknown }): boolean {
+  return (typeof err.code === 'string' && (err.code.startsWith('UND_ERR_') || err.code === 'ECONNRESET')) || err.name === 'SocketError';
 }
