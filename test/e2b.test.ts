@@ -513,6 +513,47 @@ describe('@e2b/code-interpreter, unchanged', () => {
     await fork.kill();
     await sbx.kill();
   }, 180_000);
+  it('rich outputs (a matplotlib figure as PNG, a pandas frame as HTML and data, display()), a string result as its text, JavaScript and bash cells, and a cell cut off by its client interrupted (they were Python only, and the next cell waited, then a 500)', async () => {
+    const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
+    const sbx = await CodeSandbox.create({ envs: { TEST_ENV_VAR: 'supertest' } });
+    try {
+      const plot = await sbx.runCode(`
+        import matplotlib.pyplot as plt
+        plt.plot([1, 2, 3], [3, 1, 2])
+        plt.show()
+        41 + 1
+        `);
+      expect(plot.error).toBeUndefined();
+      expect(plot.results.map((r) => [r.isMainResult, r.png !== undefined])).toEqual([[false, true], [true, false]]);
+      expect(Buffer.from(plot.results[0]!.png!, 'base64').subarray(1, 4).toString()).toBe('PNG');
+      expect(plot.results[0]!.extra).toEqual({});
+      const frame = await sbx.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2, 3]})');
+      expect(frame.results[0]!.data).toEqual({ a: [1, 2, 3] });
+      expect(frame.results[0]!.html).toContain('<table');
+      expect((await sbx.runCode('display({"text/html": "<b>hi</b>", "text/plain": "hi"})')).results[0]).toMatchObject({ html: '<b>hi</b>', text: 'hi' });
+      expect((await sbx.runCode('import os; os.getenv("TEST_ENV_VAR")')).text).toBe('supertest');
+      expect((await sbx.runCode('!pwd')).logs.stdout.join('').trim()).toBe('/home/user');
+
+      expect((await sbx.listCodeContexts()).map((c) => c.language)).toEqual(expect.arrayContaining(['python', 'javascript']));
+      const js = await sbx.runCode('import { readFileSync } from "fs"\nconsole.log(typeof readFileSync)', { language: 'js' });
+      expect(js.logs.stdout).toEqual(['function\n']);
+      expect((await sbx.runCode('await Promise.resolve("Hello World!")', { language: 'js' })).text).toBe('Hello World!');
+      expect((await sbx.runCode('process.cwd()', { language: 'js' })).text).toBe('/home/user');
+      expect((await sbx.runCode('process.env.FOO', { language: 'js', envs: { FOO: 'bar' } })).text).toBe('bar');
+      const jsCtx = await sbx.createCodeContext({ language: 'js' });
+      await sbx.runCode('var kept = 41', { context: jsCtx });
+      expect((await sbx.runCode('kept + 1', { context: jsCtx })).text).toBe('42');
+      expect((await sbx.runCode('echo $TEST_ENV_VAR; pwd', { language: 'bash' })).logs.stdout.join('')).toBe('supertest\n/home/user\n');
+      await expect(sbx.runCode({ context: jsCtx, language: 'python' } as never)).rejects.toThrow();
+
+      await expect(sbx.runCode('import time; time.sleep(300)', { timeoutMs: 2_000 })).rejects.toThrow();
+      const started = Date.now();
+      expect((await sbx.runCode('1 + 1', { timeoutMs: 20_000 })).text).toBe('2');
+      expect(Date.now() - started).toBeLessThan(15_000);
+    } finally {
+      await sbx.kill();
+    }
+  }, 300_000);
 });
 
 describe('attacks on the E2B face', () => {

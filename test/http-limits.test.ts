@@ -83,3 +83,18 @@ describe('the HTTP server under a connection flood', () => {
     expect((await s.exec(inst.id, { command: 'wc -c < /tmp/slow' })).stdout.trim()).toBe(String(10 * 8192));
   });
 });
+
+describe('a closing server', () => {
+  it('attack: half a request held open does not hold the server\'s close for its headers timeout; the close ends within its grace', async () => {
+    const other = await startServer({ httpHeadersTimeoutMs: 60_000 });
+    const sock = connect(Number(new URL(other.url).port), '127.0.0.1');
+    await new Promise<void>((r) => sock.once('connect', () => r()));
+    sock.on('error', () => {});
+    sock.write('GET /healthz HTTP/1.1\r\nHost: x\r\n'); // and never the end of the headers
+    await sleep(200);
+    const started = Date.now();
+    await other.close();
+    expect(Date.now() - started).toBeLessThan(15_000);
+    sock.destroy();
+  });
+});

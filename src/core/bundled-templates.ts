@@ -1,3 +1,6 @@
+import { createHash } from 'node:crypto';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { BuildService } from './build/builder.js';
 import type { TemplateService } from './templates.js';
@@ -30,21 +33,37 @@ export class BundledTemplates {
     return name in BUNDLED;
   }
 
-  /** Makes the owner's copy of a bundled template unless it is there; concurrent callers wait
-   * for the same making. */
+  /**
+   * Makes the owner's copy of a bundled template unless it is there, of this version of its
+   * files: one made from older files (a server upgraded) is made again. A template of that name
+   * the owner made from something else is theirs and left alone. Concurrent callers wait for
+   * the same making.
+   */
   async ensure(owner: string, name: string): Promise<void> {
     const b = BUNDLED[name];
-    if (!b || (await this.templates.list(owner)).some((t) => t.name === name && t.status === 'ready')) return;
+    if (!b) return;
+    const image = `${name}-${digestOf(b.dir)}`;
+    const current = (await this.templates.list(owner)).find((t) => t.name === name);
+    const ours = current?.source.startsWith(`image:${name}`) ?? false;
+    if (current && (!ours || (current.source === `image:${image}` && current.status === 'ready'))) return;
     const key = `${owner}\n${name}`;
     let p = this.making.get(key);
     if (!p) {
       p = (async () => {
-        this.log.info({ owner, template: name }, 'making a bundled template');
-        await this.builds.buildDockerfile(owner, { name, contextDir: b.dir });
-        await this.templates.create(owner, { name, fromImage: name, readyCommand: b.readyCommand });
+        this.log.info({ owner, template: name, image, replacing: current?.source ?? null }, 'making a bundled template');
+        await this.builds.buildDockerfile(owner, { name: image, contextDir: b.dir });
+        if (current) await this.templates.delete(owner, name);
+        await this.templates.create(owner, { name, fromImage: image, readyCommand: b.readyCommand });
       })().finally(() => this.making.delete(key));
       this.making.set(key, p);
     }
     await p;
   }
+}
+
+/** A bundled template's version: the digest of its files, names and contents. */
+function digestOf(dir: string): string {
+  const h = createHash('sha256');
+  for (const f of readdirSync(dir).sort()) h.update(`${f}\0`).update(readFileSync(join(dir, f))).update('\0');
+  return h.digest('hex').slice(0, 12);
 }

@@ -42,6 +42,9 @@ function withRequestSerializers(log: Logger): FastifyBaseLogger {
   }) as FastifyBaseLogger;
 }
 
+/** How long a closing server waits for the answers under way before it cuts their connections. */
+const CLOSE_GRACE_MS = 5000;
+
 /** The HTTP server: config in, Fastify instance out. Nothing here touches the engine. */
 export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   const domain = opts.forkpoint.config.previewDomain;
@@ -82,6 +85,22 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(replyFrom, { undici: forwards });
   installClusterRouting(app, opts.forkpoint);
   app.addHook('preClose', async () => closeStreams(app.server));
+  // Node closes the connections that are idle when the server closes; one whose answer ends
+  // later would hold the close for its keep-alive time (72 s), and one a client left with half a
+  // request (an aborted fetch can) for the headers timeout: each goes as it becomes idle, and
+  // whatever is left after CLOSE_GRACE_MS is cut (a command in a sandbox runs on regardless).
+  let idleSweep: NodeJS.Timeout | undefined;
+  let cutOff: NodeJS.Timeout | undefined;
+  app.addHook('preClose', async () => {
+    idleSweep = setInterval(() => app.server.closeIdleConnections(), 100);
+    cutOff = setTimeout(() => app.server.closeAllConnections(), CLOSE_GRACE_MS);
+    idleSweep.unref();
+    cutOff.unref();
+  });
+  app.addHook('onClose', async () => {
+    clearInterval(idleSweep);
+    clearTimeout(cutOff);
+  });
   // By the route's pattern, not its URL: ids would make every request a series of its own.
   app.addHook('onResponse', async (request, reply) => {
     opts.forkpoint.metrics.observeRequest(request.method, request.routeOptions.url ?? 'unmatched', reply.statusCode, reply.elapsedTime / 1000);
