@@ -259,6 +259,10 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
       expect(m!.memTotal).toBe(1024 * 1024 * 1024);
       expect(m!.diskUsed).toBeGreaterThanOrEqual(5_000_000);
       expect(m!.diskTotal).toBeGreaterThan(m!.diskUsed);
+      // A range before the sandbox was: none (it answered the reading of now).
+      const hourAgo = new Date(Date.now() - 3_600_000);
+      expect(await sbx.getMetrics({ start: hourAgo, end: new Date(hourAgo.getTime() + 1_800_000) })).toEqual([]);
+      expect(await sbx.getMetrics({ start: new Date(Date.now() - 10_000), end: new Date() })).toHaveLength(1);
       await sbx.pause();
       expect(await Sandbox.getMetrics(sbx.sandboxId)).toEqual([]);
     } finally {
@@ -532,6 +536,8 @@ describe('@e2b/code-interpreter, unchanged', () => {
       expect(frame.results[0]!.html).toContain('<table');
       expect((await sbx.runCode('display({"text/html": "<b>hi</b>", "text/plain": "hi"})')).results[0]).toMatchObject({ html: '<b>hi</b>', text: 'hi' });
       expect((await sbx.runCode('import os; os.getenv("TEST_ENV_VAR")')).text).toBe('supertest');
+      const pil = await sbx.runCode('from PIL import Image\nImage.new("RGB", (4, 4)).save("/tmp/x.png")');
+      expect(pil.results[0]?.png).toBeDefined();
       expect((await sbx.runCode('!pwd')).logs.stdout.join('').trim()).toBe('/home/user');
 
       expect((await sbx.listCodeContexts()).map((c) => c.language)).toEqual(expect.arrayContaining(['python', 'javascript']));
@@ -540,6 +546,7 @@ describe('@e2b/code-interpreter, unchanged', () => {
       expect((await sbx.runCode('await Promise.resolve("Hello World!")', { language: 'js' })).text).toBe('Hello World!');
       expect((await sbx.runCode('process.cwd()', { language: 'js' })).text).toBe('/home/user');
       expect((await sbx.runCode('process.env.FOO', { language: 'js', envs: { FOO: 'bar' } })).text).toBe('bar');
+      expect((await sbx.runCode('process.env.FOO || "default"', { language: 'js' })).text).toBe('default');
       const jsCtx = await sbx.createCodeContext({ language: 'js' });
       await sbx.runCode('var kept = 41', { context: jsCtx });
       expect((await sbx.runCode('kept + 1', { context: jsCtx })).text).toBe('42');

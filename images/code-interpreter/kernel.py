@@ -34,6 +34,10 @@ HOME = "/home/user"
 LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js": "javascript", "bash": "bash", "sh": "bash"}
 NODE_DRIVER = "/opt/forkpoint/js_kernel.js"
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The environment children start with: a cell's own variables are that cell's.
+BASE_ENV = dict(os.environ)
+# The running cell's display(), for what shows an object from outside the cell's globals.
+current_display = [lambda *objs: None]
 
 
 class Context:
@@ -171,6 +175,26 @@ def shell_escapes(code):
     return "\n".join(lines)
 
 
+def patch_pil():
+    """PIL images shown or saved appear as results, as in E2B's kernel."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    if getattr(Image.Image, "_fp_shows", False):
+        return
+    save = Image.Image.save
+
+    def saved(self, fp, format=None, **params):
+        save(self, fp, format, **params)
+        if isinstance(fp, (str, os.PathLike)):  # a file, not the buffer _repr_png_ saves into
+            current_display[0](self)
+
+    Image.Image.save = saved
+    Image.Image.show = lambda self, *a, **k: current_display[0](self)
+    Image.Image._fp_shows = True
+
+
 def run_python(ctx, code, emit):
     def shell(command):
         r = subprocess.run(["/bin/bash", "-c", command], capture_output=True, text=True, cwd=ctx.cwd)
@@ -182,6 +206,9 @@ def run_python(ctx, code, emit):
             emit(result_of(obj, False))
 
     ctx.globals["display"] = display  # bound to this cell's output
+    current_display[0] = display
+    if "PIL" in code:
+        patch_pil()
     ctx.globals["__fp_shell"] = shell
     plt = None
     try:
@@ -205,7 +232,7 @@ def run_python(ctx, code, emit):
 
 def node_of(ctx):
     if ctx.node is None or ctx.node.poll() is not None:
-        ctx.node = subprocess.Popen(["node", NODE_DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ctx.cwd, text=True, bufsize=1)
+        ctx.node = subprocess.Popen(["node", NODE_DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ctx.cwd, env=BASE_ENV, text=True, bufsize=1)
     return ctx.node
 
 

@@ -472,15 +472,20 @@ export class InstanceService {
   async delete(owner: string, id: string, onCheckpoints: (instanceId: string) => Promise<void>): Promise<void> {
     await this.get(owner, id);
     this.deleting.add(id);
-    await this.locks.run(id, async () => {
+    const deleted = await this.locks.run(id, async () => {
+      // A delete that waited here behind another of the same instance finds it gone: done.
+      if (!(await this.store.instances.get(id))) return false;
       // Checkpoints first: that may have to wait for forks reading from them, or refuse.
       await onCheckpoints(id);
       await this.engine.destroy(id);
       await this.releaseNetwork(id);
-      await this.dropHibernation((await this.store.instances.get(id))!);
+      const rec = await this.store.instances.get(id);
+      if (rec) await this.dropHibernation(rec);
       await this.forgetRecord(id);
       this.lastRead.delete(id);
+      return true;
     }).finally(() => this.deleting.delete(id));
+    if (!deleted) return;
     this.events.emit(id, 'instance.deleted');
     await this.collectLayers();
   }

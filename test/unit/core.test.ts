@@ -265,3 +265,13 @@ describe('directory watches', () => {
     expect(seen).toEqual(['write a', 'write sub/b', 'write c']);
   });
 });
+
+describe('deleting', () => {
+  it('two deletes of one instance at once: both end well, nothing is left, no 500 (the second read a record the first had removed)', async () => {
+    const n = await node();
+    const id = await create(n);
+    const answers = await Promise.all([n.call('DELETE', `/instances/${id}`), n.call('DELETE', `/instances/${id}`), n.call('DELETE', `/instances/${id}`)]);
+    for (const a of answers) expect([204, 404], JSON.stringify(a.body)).toContain(a.status);
+    expect((await n.call('GET', `/instances/${id}`)).status).toBe(404);
+  });
+});

@@ -24,6 +24,9 @@ const NewSandbox = z
   })
   .passthrough();
 const IdParams = z.object({ sandboxID: z.string().min(1).max(64) });
+const MetricsRange = z.object({ start: z.coerce.number().int().min(0).optional(), end: z.coerce.number().int().min(0).optional() });
+/** E2B's metrics come in 5-second buckets, its range in whole seconds. */
+const METRICS_SLACK_S = 5;
 /** E2B's network update: it replaces the whole egress configuration. Its proxy and per-domain
  * transform rules are not served here. */
 const NetworkUpdate = z
@@ -256,7 +259,6 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(201).send(lived.map((r) => ({ sandbox: sandbox(r, req) })));
     });
 
-    // One reading, now (E2B keeps a series); none while the sandbox does not run.
     app.put('/sandboxes/:sandboxID/network', { schema: { ...hidden, params: IdParams, body: NetworkUpdate } }, async (req, reply) => {
       const b = req.body;
       if (b.egressProxy != null || b.rules !== undefined) return e2bError(reply, 400, 'egress proxies and transform rules are not supported by forkpoint');
@@ -264,9 +266,14 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(204).send();
     });
 
-    app.get('/sandboxes/:sandboxID/metrics', { schema: { ...hidden, params: IdParams } }, async (req) => {
+    // One reading, now (E2B keeps a series), if now is in the range asked (unix seconds, E2B's
+    // buckets' slack either side); none while the sandbox does not run.
+    app.get('/sandboxes/:sandboxID/metrics', { schema: { ...hidden, params: IdParams, querystring: MetricsRange } }, async (req) => {
       const u = await fp.instances.usage(req.owner, req.params.sandboxID);
       if (!u) return [];
+      const at = u.at.getTime() / 1000;
+      const { start, end } = req.query;
+      if ((start !== undefined && at < start - METRICS_SLACK_S) || (end !== undefined && at > end + METRICS_SLACK_S)) return [];
       return [{
         timestamp: u.at.toISOString(),
         timestampUnix: Math.floor(u.at.getTime() / 1000),
