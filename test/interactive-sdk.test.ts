@@ -97,9 +97,10 @@ describe('the published @opencomputer/sdk, interactively', () => {
     const pty = await sb.pty.create({ cols: 100, rows: 30, onOutput: (d) => out.push(d) });
     await until('a prompt', () => out.length > 0);
     pty.send('echo hel""lo-pty\n');
-    await until('the echo and the output', () => /echo hel""lo-pty/.test(text(out)) && /\nhello-pty\r?\n/.test(text(out)));
+    // bash (the default image is Debian's) ends bracketed paste with \r before the output.
+    await until('the echo and the output', () => /echo hel""lo-pty/.test(text(out)) && /[\r\n]hello-pty\r?\n/.test(text(out)));
     pty.send('stty size\n');
-    await until('the size', () => /\n30 100\r?\n/.test(text(out)));
+    await until('the size', () => /[\r\n]30 100\r?\n/.test(text(out)));
     const r = await request(`${s.url}/api/sandboxes/${sb.sandboxId}/pty/${pty.sessionId}/resize`, {
       method: 'POST',
       headers: { 'x-api-key': s.token, 'content-type': 'application/json' },
@@ -108,7 +109,7 @@ describe('the published @opencomputer/sdk, interactively', () => {
     expect(r.statusCode).toBe(204);
     await r.body.dump();
     pty.send('stty size\n');
-    await until('the new size', () => /\n40 120\r?\n/.test(text(out)));
+    await until('the new size', () => /[\r\n]40 120\r?\n/.test(text(out)));
     pty.close();
     const del = await request(`${s.url}/api/sandboxes/${sb.sandboxId}/pty/${pty.sessionId}`, { method: 'DELETE', headers: { 'x-api-key': s.token } });
     expect(del.statusCode).toBe(204);

@@ -65,7 +65,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/sandboxes', {
       config: { placement: 'new' },
-      schema: { operationId: 'ocCreateSandbox', tags, summary: 'Create a sandbox', description: 'Boots a sandbox on `templateID` (an image; `base` or none: the default image) with `envs`, `memoryMB` and `cpuCount`; answers once it runs.', body: CreateSandboxBody, response: { 201: ok('The sandbox, running', SandboxData), ...errors } },
+      schema: { operationId: 'ocCreateSandbox', tags, summary: 'Create a sandbox', description: 'Boots a sandbox on `templateID` (an image; `base` or none: the Debian image, with Python, Node.js, git and curl) with `envs`, `memoryMB` and `cpuCount`; answers once it runs.', body: CreateSandboxBody, response: { 201: ok('The sandbox, running', SandboxData), ...errors } },
     }, async (req, reply) => {
       const b = req.body;
       const input = {
@@ -83,7 +83,9 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
           const built = await fp.builds.buildManifest(req.owner, b.image, fp.config.manifestBaseImage, onLog);
           return fp.instances.create(req.owner, { ...input, image: built.image.name });
         }
-        return fp.instances.create(req.owner, { ...input, image: !b.templateID || b.templateID === 'base' ? undefined : b.templateID });
+        // OpenComputer's default sandbox (no template, or `base`) has Python, Node.js, git and
+        // curl: the image its manifests build on, Debian's.
+        return fp.instances.create(req.owner, { ...input, image: !b.templateID || b.templateID === 'base' ? fp.config.manifestBaseImage : b.templateID });
       };
       // OpenComputer's sandboxes have /workspace, its examples' working directory, whatever
       // the image: made here once, as the E2B face makes E2B's home.
