@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Builds the `debian` image: Debian stable from Debian's archive by mmdebstrap, with apt working
-# and bash, coreutils, ca-certificates, curl, git, python3 and Node.js. Output: a rootfs tree at
-# $1, built beside it and renamed into place (a half-built image is never seen). Skipped when
-# the image is there, unless --force. The mirror and suite are the host's apt sources' by
-# default (FORKPOINT_DEBIAN_MIRROR, FORKPOINT_DEBIAN_SUITE override them).
+# and bash, coreutils, ca-certificates, curl, git, python3 (with matplotlib and pandas, for the
+# code interpreter) and Node.js. Output: a rootfs tree at $1, built beside it and renamed into
+# place (a half-built image is never seen). Skipped when the image there was built from this
+# package list (its stamp, /etc/forkpoint-image), unless --force: a changed list builds it again.
+# The mirror and suite are the host's apt sources' by default (FORKPOINT_DEBIAN_MIRROR,
+# FORKPOINT_DEBIAN_SUITE override them).
 set -euo pipefail
 force=0
 [ "${1:-}" = "--force" ] && { force=1; shift; }
 dest=${1:?usage: debian.sh [--force] DEST}
-[ $force = 0 ] && [ -x "$dest/usr/bin/apt-get" ] && exit 0
+pkgs=bash,coreutils,ca-certificates,curl,git,python3,python3-matplotlib,python3-pandas,nodejs,npm,procps,iproute2,less,xz-utils
+stamp="packages=$pkgs"
+[ $force = 0 ] && [ -x "$dest/usr/bin/apt-get" ] && [ "$(cat "$dest/etc/forkpoint-image" 2>/dev/null)" = "$stamp" ] && exit 0
 
 log() { echo "forkpoint setup: $*" >&2; }
 command -v mmdebstrap >/dev/null || {
@@ -24,7 +28,6 @@ host_mirror() {
 mirror=${FORKPOINT_DEBIAN_MIRROR:-$(host_mirror)}
 mirror=${mirror:-http://deb.debian.org/debian}
 suite=${FORKPOINT_DEBIAN_SUITE:-stable}
-pkgs=bash,coreutils,ca-certificates,curl,git,python3,nodejs,npm,procps,iproute2,less,xz-utils
 
 mkdir -p "${dest%/*}"
 work=$(mktemp -d "${dest%/*}/.debian.XXXXXX")
@@ -39,6 +42,7 @@ mmdebstrap --variant=apt --include="$pkgs" --quiet \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
   --customize-hook='printf "127.0.0.1 localhost\n::1 localhost\n" > "$1/etc/hosts"' \
+  --customize-hook="printf '%s\n' '$stamp' > \"\$1/etc/forkpoint-image\"" \
   --customize-hook='printf "PS1=\"\\\\u@\\\\h:\\\\w\\\\$ \"\n" >> "$1/root/.bashrc"' \
   "$suite" "$work/root" "deb $mirror $suite main" >&2
 [ -d "$dest" ] && rm -rf "$dest"

@@ -7,6 +7,7 @@ int shim_main(int argc, char **argv);
 int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);
+int fhpath_main(int argc, char **argv);
 int read_full(int fd, void *buf, size_t len);
 int write_full(int fd, const void *buf, size_t len);
 int loopback_up(void);

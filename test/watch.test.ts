@@ -116,3 +116,50 @@ describe('directory watches', () => {
     await s.api('DELETE', `/instances/${inst.id}`);
   });
 });
+
+describe('a sandbox\'s own inotify watches (a dev server\'s way of watching its files)', () => {
+  const WATCHER = [
+    'import ctypes, os, struct, sys',
+    'libc = ctypes.CDLL(None, use_errno=True)',
+    'fd = libc.inotify_init1(0)',
+    'for p in sys.argv[1:]:',
+    '    if libc.inotify_add_watch(fd, p.encode(), 0x100 | 0x2 | 0x8) < 0: raise SystemExit("watch failed: " + p)',
+    'out = open("/tmp/events", "a")',
+    'print("watching", file=out, flush=True)',
+    'while True:',
+    '    buf = os.read(fd, 4096)',
+    '    i = 0',
+    '    while i < len(buf):',
+    '        wd, mask, cookie, ln = struct.unpack_from("iIII", buf, i)',
+    '        print(wd, buf[i + 16:i + 16 + ln].rstrip(b"\\0").decode(), file=out, flush=True)',
+    '        i += 16 + ln',
+  ].join('\n');
+  const events = async (id: string) => (await s.exec(id, { command: 'cat /tmp/events' })).stdout as string;
+  const seen = (id: string, name: string) => until(`${name} seen by the watcher`, async () => (await events(id)).includes(` ${name}\n`), 10_000);
+
+  it('are checkpointed (they failed it: CRIU found no path for a watched inode on the overlay), and watch on after a rollback and in a fork, in the upper and in the image', async () => {
+    const inst = await s.instance({ image: 'debian' });
+    expect((await s.api('PUT', `/instances/${inst.id}/files?path=/opt/watcher.py`, WATCHER, { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' })).status).toBeLessThan(300);
+    await s.exec(inst.id, { command: 'mkdir -p /root/proj/src' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'python3 /opt/watcher.py /root/proj /root/proj/src /etc' });
+    await until('the watcher', async () => (await events(inst.id)).includes('watching'), 10_000);
+    const ck = await checkpoint(inst.id);
+    await s.exec(inst.id, { command: 'touch /root/proj/after-checkpoint /etc/after-checkpoint' });
+    await seen(inst.id, 'after-checkpoint');
+    // Seen by the watch of /root/proj (wd 1, the upper's) and by that of /etc (wd 3, the image's).
+    await until('both watches', async () => {
+      const all = await events(inst.id);
+      return ['1', '3'].every((wd) => all.includes(`${wd} after-checkpoint\n`));
+    }, 10_000);
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    await s.exec(inst.id, { command: 'echo x > /root/proj/src/after-rollback' });
+    await seen(inst.id, 'after-rollback');
+    const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
+    expect(fork.status).toBe(201);
+    await s.exec(fork.body.id, { command: 'touch /root/proj/in-fork' });
+    await seen(fork.body.id, 'in-fork');
+    expect(await events(fork.body.id)).not.toContain('after-rollback');
+    await s.api('DELETE', `/instances/${fork.body.id}`);
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+});

@@ -45,6 +45,12 @@ export class Cgroups {
     });
   }
 
+  /** The sandbox's processes: its pids group holds every one, whatever they forked. */
+  async pids(id: string): Promise<number[]> {
+    const file = this.version === 2 ? join(this.v2Dir(id), 'cgroup.procs') : join(this.v1Dir('pids', id), 'cgroup.procs');
+    return (await readFile(file, 'utf8').catch(() => '')).split('\n').filter(Boolean).map(Number);
+  }
+
   private v1Dir(controller: string, id: string, group = this.group): string {
     return join(ROOT, controller, group, id);
   }

@@ -18,6 +18,7 @@ const root = protobuf.parse(`
     optional string root = 13;
     optional int32 work_dir_fd = 17;
     optional int32 manage_cgroups_mode = 34;
+    repeated string irmap_scan_paths = 36;
     optional uint32 empty_ns = 38;
     optional bool tcp_close = 52;
     optional int32 network_lock = 64;
@@ -172,7 +173,7 @@ export class CriuWorker {
   /** `imagesFd`: from `openDir`, which can be done ahead of the pause. `ownNetns`: the tree
    * has a network namespace of its own, outside the worker's (a tree in a user namespace),
    * dumped empty (its sockets only): the restore makes it afresh, owned by the tree. */
-  async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean; ownNetns?: boolean }): Promise<CriuResponse> {
+  async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean; ownNetns?: boolean; watchedPaths?: string[] }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.DUMP,
       opts: {
@@ -186,6 +187,8 @@ export class CriuWorker {
         log_file: 'dump.log',
         manage_cgroups_mode: CG_IGNORE,
         ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET } : {}),
+        // Where the tree's inotify watches are (watch-paths.ts): CRIU looks there first.
+        ...(opts.watchedPaths?.length ? { irmap_scan_paths: opts.watchedPaths } : {}),
       },
     }, CRIU_DEADLINES.dumpOrRestore);
   }

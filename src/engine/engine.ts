@@ -16,6 +16,7 @@ import { Volumes } from './volumes.js';
 import { Images } from './images.js';
 import { imagesForRange } from './userns-image.js';
 import { raiseInotifyCeilings } from './kernel-limits.js';
+import { inotifyWatchPaths } from './watch-paths.js';
 import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
@@ -125,6 +126,17 @@ export class Engine implements SandboxRuntime {
 
   async thaw(id: string): Promise<void> {
     await this.cgroups.thaw(id);
+  }
+
+  /** Where the sandbox's processes' inotify watches are, for CRIU (watch-paths.ts); found while
+   * it still runs, before the pause. */
+  private async watchedPaths(spec: SandboxSpec): Promise<string[]> {
+    const l = this.layout;
+    const roots = [this.disk.upperOf(spec.id), ...this.lowers(spec).map((r) => join(l.root, r))];
+    return inotifyWatchPaths(await this.cgroups.pids(spec.id), roots, l.root, this.opts.agentPath).catch((err: unknown) => {
+      this.log.warn({ err, instance: spec.id }, 'could not place the sandbox\'s inotify watches');
+      return [];
+    });
   }
 
   private lowers(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image' | 'agentLayer'>): string[] {
@@ -415,11 +427,13 @@ export class Engine implements SandboxRuntime {
     const next = { ...spec, layers: [layerId, ...spec.layers] };
     const prepared = this.prepareRestore(restorer, next, images);
     let imagesFd: number;
+    let watchedPaths: string[];
     try {
       // Unmounting flushes the upper's dirty data; flushing it first, while the sandbox still
       // runs, leaves only what is written in the meantime to the background.
-      [imagesFd] = await Promise.all([
+      [imagesFd, watchedPaths] = await Promise.all([
         dumper.ready().then(() => dumper.openDir(images)),
+        this.watchedPaths(spec),
         run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)]),
         prepared,
       ]);
@@ -433,7 +447,7 @@ export class Engine implements SandboxRuntime {
       const t0 = performance.now();
       steps.mark('close');
       failpoint('checkpoint.paused');
-      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null, watchedPaths }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.end();
       if (!dumped.success) {
         restorer.worker.end();
@@ -491,8 +505,9 @@ export class Engine implements SandboxRuntime {
     this.criu.markFormat(images);
     const dumper = this.dumper(spec, sb.pid);
     let imagesFd: number;
+    let watchedPaths: string[];
     try {
-      [imagesFd] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]);
+      [imagesFd, watchedPaths] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), this.watchedPaths(spec), run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]);
     } catch (err) {
       dumper.end();
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
@@ -500,7 +515,7 @@ export class Engine implements SandboxRuntime {
     let dumpError: EngineError | undefined;
     const t0 = performance.now();
     await sb.pause(async () => {
-      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null, watchedPaths }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.end();
       if (!dumped.success) {
         const log = await tail(join(images, 'dump.log'));
