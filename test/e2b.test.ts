@@ -451,6 +451,23 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
     await s.api('DELETE', `/instances/${inst.id}`);
   });
 
+  it('a files-only pause (keepMemory: false) stops the sandbox; connect boots it on its files: the file is there, the process is not (it kept memory)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.write('/home/user/kept.txt', 'on disk');
+      await sbx.commands.run('sleep 600', { background: true });
+      await sbx.pause({ keepMemory: false });
+      expect(await sbx.isRunning()).toBe(false);
+      expect((await Sandbox.list({ query: { state: ['paused'] } }).nextItems()).map((i) => i.sandboxId)).toContain(sbx.sandboxId);
+      const back = await sbx.connect();
+      expect(await back.isRunning()).toBe(true);
+      expect(await back.files.read('/home/user/kept.txt')).toBe('on disk');
+      expect((await back.commands.run('ps -o args')).stdout).not.toContain('sleep 600');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('pause, then connect: a variable in a running process is still there', async () => {
     const sbx = await Sandbox.create();
     const h = await sbx.commands.run('read line; echo "got $line, secret=$SECRET"', { background: true, stdin: true, envs: { SECRET: 'kept-in-memory' } });

@@ -104,7 +104,8 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       memoryMB: r.limits.memoryMb,
       diskSizeMB: r.limits.diskMb ?? 0,
       metadata: r.metadata,
-      state: r.status === 'hibernated' ? 'paused' : 'running',
+      // E2B has no stopped sandboxes: a files-only pause (or a stop on another face) is a pause.
+      state: r.status === 'hibernated' || r.status === 'stopped' ? 'paused' : 'running',
     });
     const lifetime = async (owner: string, id: string, seconds: number | undefined, autoPause: boolean | undefined) =>
       await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), autoPause ? 'hibernate' : 'delete');
@@ -163,7 +164,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       do {
         const page = await fp.instances.list(owner, 500, cursor);
         for (const r of page.items) {
-          if (r.status !== 'running' && r.status !== 'hibernated') continue;
+          if (r.status !== 'running' && r.status !== 'hibernated' && r.status !== 'stopped') continue;
           if ([...want].some(([k, v]) => r.metadata[k] !== v)) continue;
           const d = detail(r, req);
           if (!states.includes(d.state)) continue;
@@ -194,8 +195,10 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/sandboxes/:sandboxID/pause', { schema: { ...hidden, params: IdParams, body: z.object({ memory: z.boolean().optional() }).passthrough().optional() } }, async (req, reply) => {
       const r = await fp.instances.get(req.owner, req.params.sandboxID);
-      if (r.status === 'hibernated') return e2bError(reply, 409, `sandbox ${r.id} is already paused`);
-      await fp.instances.hibernate(req.owner, r.id);
+      if (r.status === 'hibernated' || r.status === 'stopped') return e2bError(reply, 409, `sandbox ${r.id} is already paused`);
+      // `keepMemory: false`: a files-only pause, the sandbox stopped; resuming boots it on its files.
+      if (req.body?.memory === false) await fp.instances.stop(req.owner, r.id);
+      else await fp.instances.hibernate(req.owner, r.id);
       await fp.instances.setExpiry(req.owner, r.id, null);
       return reply.code(204).send();
     });
@@ -206,8 +209,8 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     const resume = async (req: FastifyRequest, id: string, timeout: number | undefined, reply: FastifyReply) => {
       const owner = req.owner;
       const before = await fp.instances.get(owner, id);
-      const woken = before.status === 'hibernated';
-      let r = woken ? await fp.instances.wake(owner, id) : before;
+      const woken = before.status === 'hibernated' || before.status === 'stopped';
+      let r = before.status === 'hibernated' ? await fp.instances.wake(owner, id) : before.status === 'stopped' ? await fp.instances.start(owner, id) : before;
       const longer = timeout !== undefined && before.expiresAt !== null && Date.now() + timeout * 1000 > Date.parse(before.expiresAt);
       if (woken || longer) r = await lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
       return reply.code(woken ? 201 : 200).send(sandbox(r, req));
