@@ -6,6 +6,10 @@ const exec = promisify(execFile);
 
 /** Watches looked up per dump: more are left to CRIU's own search (which fails the dump). */
 const MAX_WATCHES = 256;
+/** A sandbox with very many descriptors is not read to the end: the scan is a checkpoint job's,
+ * and jobs of other instances wait behind it. */
+const MAX_FDS_READ = 65_536;
+const SCAN_DEADLINE_MS = 1000;
 const FHPATH_TIMEOUT_MS = 2000;
 const WATCH_LINE = /^inotify wd:\S+ ino:\S+ sdev:\S+ .*fhandle-type:([0-9a-f]{1,8}) f_handle:([0-9a-f]{2,256})$/gm;
 
@@ -20,10 +24,12 @@ const WATCH_LINE = /^inotify wd:\S+ ino:\S+ sdev:\S+ .*fhandle-type:([0-9a-f]{1,
  */
 export async function inotifyWatchPaths(pids: number[], roots: string[], fsDir: string, agentPath: string): Promise<string[]> {
   const handles = new Set<string>();
+  const deadline = performance.now() + SCAN_DEADLINE_MS;
+  let read = 0;
   for (const pid of pids) {
     const fds = await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]);
     for (const fd of fds) {
-      if (handles.size >= MAX_WATCHES) break;
+      if (handles.size >= MAX_WATCHES || ++read > MAX_FDS_READ || performance.now() > deadline) break;
       if ((await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '')) !== 'anon_inode:inotify') continue;
       const info = await readFile(`/proc/${pid}/fdinfo/${fd}`, 'utf8').catch(() => '');
       for (const m of info.matchAll(WATCH_LINE)) if (handles.size < MAX_WATCHES) handles.add(`${m[1]} ${m[2]}`);
