@@ -265,12 +265,13 @@ static void subscribe(struct proc *p, struct conn *c) {
   p->subs[0] = c; /* the newest client wins a full list */
 }
 
-static void do_spawn(struct conn *c, struct fp_header *h, char *pl) {
+static void do_spawn(struct conn *c, struct fp_header *h, char *pl, const struct unix_ids *ids) {
   if (proc_by_id(h->id)) return send_error(c, h->id, EEXIST, "process id in use");
   struct spawn_request r;
   const char *why = NULL;
   int err = spawn_parse(h, pl, &r, &why);
   if (err) return send_error(c, h->id, err, why);
+  r.ids = ids;
   struct proc *p = proc_alloc();
   if (!p) {
     spawn_request_free(&r);
@@ -388,9 +389,35 @@ static void do_list(struct conn *c, struct fp_header *h) {
   free(buf);
 }
 
+static void handle_frame(struct conn *c, struct fp_header *h, char *pl);
+
+static int is_file_op(uint8_t type) {
+  return (type >= FP_T_WRITE_FILE && type <= FP_T_WATCH) || type == FP_T_SET_METADATA;
+}
+
+/* A file operation, or a spawn, for a user of the sandbox (FP_AS_USER): its ids come off the
+ * front of the payload; a file operation is done wearing them (agent_ids.c). */
+static void handle_as_user(struct conn *c, struct fp_header *h, char *pl) {
+  struct fp_header own = *h;
+  own.flags &= (uint8_t)~FP_AS_USER;
+  struct unix_ids ids;
+  const char *why = NULL;
+  if (own.type != FP_T_SPAWN && !is_file_op(own.type)) return send_error(c, h->id, EINVAL, "not a frame for a user");
+  uint32_t len = own.len;
+  int err = ids_take(&len, &pl, &ids, &why);
+  if (err) return send_error(c, h->id, err, why);
+  own.len = len;
+  if (own.type == FP_T_SPAWN) return do_spawn(c, &own, pl, &ids);
+  err = ids_enter(&ids);
+  if (err) return send_error(c, h->id, err, "cannot act as that user");
+  handle_frame(c, &own, pl);
+  ids_leave();
+}
+
 static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
+  if (h->flags & FP_AS_USER) return handle_as_user(c, h, pl);
   switch (h->type) {
-    case FP_T_SPAWN: return do_spawn(c, h, pl);
+    case FP_T_SPAWN: return do_spawn(c, h, pl, NULL);
     case FP_T_STDIN: return do_stdin(c, h, pl);
     case FP_T_SIGNAL: return do_signal(c, h, pl);
     case FP_T_RESIZE: return do_resize(c, h, pl);

@@ -19,10 +19,24 @@ void send_frame2(struct conn *c, uint8_t type, uint8_t flags, uint32_t id, const
                  const void *b, uint32_t blen);
 void send_error(struct conn *c, uint32_t id, int err, const char *msg);
 
+/* agent_ids.c: the user an FP_AS_USER frame is for (the sandbox's own ids) */
+struct unix_ids {
+  uint32_t uid, gid, ngroups;
+  uint32_t groups[FP_MAX_GROUPS];
+};
+/* Takes the ids off the front of the payload (*len and *pl move past them). */
+int ids_take(uint32_t *len, char **pl, struct unix_ids *ids, const char **why);
+/* File access as that user (fsuid, fsgid, groups) until ids_leave: 0 or an errno. */
+int ids_enter(const struct unix_ids *ids);
+void ids_leave(void);
+/* In a child before exec: every id of the process becomes the user's; 0 or an errno. */
+int ids_become(const struct unix_ids *ids);
+
 /* agent_spawn.c: a spawn frame's request, checked, and the process it starts */
 struct spawn_request {
   uint16_t rows, cols;
   int pty, noecho;
+  const struct unix_ids *ids; /* NULL: the agent's own (root) */
   char *cwd;
   char **argv, **envp; /* NULL-terminated, pointing into the frame */
   char **strs;

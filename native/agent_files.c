@@ -203,7 +203,8 @@ void do_rename(struct conn *c, struct fp_header *h, char *pl) {
   send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
 }
 
-/* STAT: path\0 -> FILE "type\tsize\tmode\tmtime_ms\ttarget\n" (lstat; target for a link) */
+/* STAT: path\0 -> FILE "type\tsize\tmode\tmtime_ms\ttarget\n", "u\tUID\tGID\n" (the sandbox's own
+ * ids), then the metadata lines (lstat; target for a link) */
 void do_stat(struct conn *c, struct fp_header *h, char *pl) {
   const char *path = payload_path(h, pl, 0);
   if (!path) return send_error(c, h->id, EINVAL, "bad stat");
@@ -217,9 +218,10 @@ void do_stat(struct conn *c, struct fp_header *h, char *pl) {
       if (*t == '\t' || *t == '\n') *t = ' ';
   }
   char type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : S_ISLNK(st.st_mode) ? 'l' : 'o';
-  char line[1200 + MAX_META * (META_KEY_MAX + META_VALUE_MAX + 4)];
+  char line[1300 + MAX_META * (META_KEY_MAX + META_VALUE_MAX + 4)];
   int len = snprintf(line, 1200, "%c\t%lld\t%o\t%lld\t%s\n", type, (long long)st.st_size, st.st_mode & 07777,
                      (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000, target);
+  len += snprintf(line + len, 1300 - (size_t)len, "u\t%u\t%u\n", (unsigned)st.st_uid, (unsigned)st.st_gid);
   if (!S_ISLNK(st.st_mode)) len += metadata_lines(path, line + len, sizeof(line) - (size_t)len);
   send_frame(c, FP_T_FILE, 0, h->id, line, (uint32_t)len);
 }

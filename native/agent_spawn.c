@@ -80,6 +80,16 @@ static void exec_child(const struct spawn_request *r, int slave, const int in[2]
   } else {
     dup2(in[0], 0), dup2(out[1], 1), dup2(err[1], 2);
   }
+  if (r->ids) {
+    /* The terminal becomes the user's, as login(1) makes it: tools that check their tty (sudo,
+     * ssh, mesg) find it theirs. */
+    if (r->pty && fchown(0, r->ids->uid, (gid_t)-1) < 0) {}
+    int e = ids_become(r->ids);
+    if (e) {
+      if (write(report, &e, sizeof(e))) {}
+      _exit(127);
+    }
+  }
   if (r->cwd[0] && chdir(r->cwd) < 0) {
     int e = errno;
     if (write(report, &e, sizeof(e))) {}

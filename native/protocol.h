@@ -36,7 +36,7 @@ enum {
   FP_T_READ_AT = 15,    /* payload: u32 max bytes, u64 offset, path\0 (agents from before it: EINVAL) */
   FP_T_WRITE_AT = 16,   /* payload: u32 mode, u32 flags, u64 offset, path\0, bytes (likewise) */
   FP_T_RENAME = 17,     /* payload: from\0 to\0 (likewise) */
-  FP_T_STAT = 18,       /* payload: path\0; reply FILE "type\tsize\tmode\tmtime_ms\ttarget\n" (likewise) */
+  FP_T_STAT = 18,       /* payload: path\0; reply FILE "type\tsize\tmode\tmtime_ms\ttarget\n" then "u\tUID\tGID\n" (likewise) */
   FP_T_WATCH = 19,      /* payload: u32 flags (1 recursive), path\0; reply OK, then WATCH_EVENT frames (agent_watch.c) */
   FP_T_UNWATCH = 20,    /* ends the watch of this id */
   FP_T_SET_METADATA = 21, /* payload: path\0, "KEY\tVALUE\n"...: xattrs user.e2b.KEY; STAT answers them as "x\tKEY\tVALUE\n" lines */
@@ -56,6 +56,12 @@ enum {
 };
 
 enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };
+/* On SPAWN and the file operations (WRITE_FILE .. SET_METADATA, WATCH): the payload starts with
+ * u32 uid, u32 gid, u32 ngroups, u32 groups[ngroups] (at most FP_MAX_GROUPS), the sandbox's own
+ * ids of the user the process runs as or the operation is done for (agents before it: the frame
+ * is refused with EINVAL). */
+enum { FP_AS_USER = 0x80 };
+#define FP_MAX_GROUPS 32
 enum { FP_WRITE_TRUNCATE = 1 };
 enum { FP_SIG_FOREGROUND = 1 };
 enum { FP_PING_DUMP_FOLLOWS = 1 };

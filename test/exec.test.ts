@@ -33,6 +33,21 @@ describe('exec', () => {
     expect(r.stdout).toBe('SHOUT\n');
   });
 
+  it('runs as a user of the sandbox, by name or uid (Docker\'s exec --user); an unknown one is a 400 and runs nothing', async () => {
+    const r = await s.exec(id, { command: 'id -u; id -g; echo $HOME $USER; touch /tmp/by-nobody; stat -c %u /tmp/by-nobody; touch /root/x', user: 'nobody' });
+    expect(r.stdout).toBe('65534\n65534\n/nonexistent nobody\n65534\n');
+    expect(r.stderr).toMatch(/Permission denied/);
+    expect((await s.exec(id, { command: 'id -u', user: '4242' })).stdout).toBe('4242\n');
+    const bg = (await s.api('POST', `/instances/${id}/processes`, { command: 'id -u > /tmp/bg-uid', user: 'nobody' })).body;
+    expect(bg.pid).toBeGreaterThan(0);
+    await eventually(async () => (await s.exec(id, { command: 'cat /tmp/bg-uid' })).stdout === '65534\n');
+    const unknown = await s.api('POST', `/instances/${id}/exec`, { command: 'touch /tmp/ran', user: 'ghost' });
+    expect(unknown.status).toBe(400);
+    expect(unknown.body.error).toMatchObject({ code: 'INVALID_REQUEST', details: { reason: 'UNKNOWN_USER', user: 'ghost' } });
+    expect((await s.exec(id, { command: 'test -e /tmp/ran || echo absent' })).stdout).toBe('absent\n');
+    expect((await s.api('POST', `/instances/${id}/exec`, { command: 'true', user: 'a:b' })).status).toBe(400);
+  });
+
   it('a missing program is exit code 127 with a message', async () => {
     const r = await s.exec(id, { command: ['/no/such/program'] });
     expect(r.exit_code).toBe(127);

@@ -8,7 +8,8 @@ import type { SandboxHandle } from '../seam/sandbox.js';
 import { SessionRegistry, ShellSession } from './process/shell-session.js';
 import type { InstanceRecord } from '../store/instances.js';
 import type { SandboxAccess } from './access.js';
-import { NotFoundError } from './errors.js';
+import { InvalidRequestError, NotFoundError } from './errors.js';
+import { processUser } from './users.js';
 import type { EventBus } from './events.js';
 import type { InstanceService } from './instances.js';
 
@@ -27,6 +28,8 @@ export interface ExecInput {
   /** Aborted when the one who waits for the result is gone: the command is stopped as on its
    * timeout (it ran only for them). */
   signal?: AbortSignal | undefined;
+  /** Runs as this user of the sandbox (a name or a uid); root when absent. */
+  user?: string | undefined;
 }
 
 export interface BackgroundInput {
@@ -34,6 +37,7 @@ export interface BackgroundInput {
   cwd?: string | undefined;
   env?: Record<string, string> | undefined;
   pty?: { rows: number; cols: number } | undefined;
+  user?: string | undefined;
 }
 
 export const DEFAULT_TIMEOUT_MS = 60_000;
@@ -63,6 +67,7 @@ export class CommandService {
     return this.access.use(owner, id, async (sb, rec) => {
       try {
         if (input.session) {
+          if (input.user !== undefined) throw new InvalidRequestError('a session runs as the user that opened it: give either session or user', { reason: 'USER_WITH_SESSION' });
           const session = await this.session(rec, sb, input.session);
           let script = Array.isArray(input.command) ? input.command.map(quote).join(' ') : input.command;
           if (input.cwd) script = `cd ${quote(input.cwd)} && ${script}`;
@@ -70,7 +75,8 @@ export class CommandService {
           return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
         }
         const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? rec.workdir ?? '/', stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
+        const user = await processUser(sb, input.user);
+        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env, user.env), cwd: input.cwd ?? rec.workdir ?? '/', user: user.ids, stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
       } catch (err) {
         if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
           return { exitCode: 127, signal: 0, stdout: Output.of('', spillDir), stderr: Output.of(`${err.message}\n`, spillDir), durationMs: 0, timedOut: false, truncated: false };
@@ -132,7 +138,10 @@ export class CommandService {
 
   async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
     const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-    return this.access.use(owner, id, (sb, rec) => startBackground(sb, { argv, env: this.instances.envOf(rec, input.env), cwd: input.cwd ?? rec.workdir ?? '/', pty: input.pty }));
+    return this.access.use(owner, id, async (sb, rec) => {
+      const user = await processUser(sb, input.user);
+      return startBackground(sb, { argv, env: this.instances.envOf(rec, input.env, user.env), cwd: input.cwd ?? rec.workdir ?? '/', pty: input.pty, user: user.ids });
+    });
   }
 
   async listProcesses(owner: string, id: string): Promise<AgentProcessInfo[]> {

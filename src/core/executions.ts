@@ -12,6 +12,7 @@ import { engineFailure } from './engine-failure.js';
 import { InvalidRequestError, NotFoundError } from './errors.js';
 import type { EventBus } from './events.js';
 import type { InstanceService } from './instances.js';
+import { processUser } from './users.js';
 
 export interface StartExecution {
   kind: ExecutionKind;
@@ -20,6 +21,9 @@ export interface StartExecution {
   cwd?: string | undefined;
   /** A terminal of this size (kind `pty`). */
   pty?: { rows: number; cols: number } | undefined;
+  /** Runs as this user of the sandbox (a name or a uid): its ids, its login variables, and its
+   * home as the directory it starts in unless `cwd` says; root when absent. */
+  user?: string | undefined;
   /** Written to stdin, which is then closed (unless `keepStdinOpen`). */
   stdin?: Buffer | undefined;
   /** Stdin stays open for attached clients to write to (sessions, shells, terminals). */
@@ -128,6 +132,7 @@ export class ExecutionService {
     if (input.argv.length === 0 || !input.argv[0]) throw new InvalidRequestError('the command is empty');
     if (input.pty) checkTerminalSize(input.pty.rows, input.pty.cols);
     return this.access.use(owner, id, async (sb, rec) => {
+      const user = await processUser(sb, input.user);
       const processId = newProcessId();
       const record: ExecutionRecord = {
         instanceId: id,
@@ -135,7 +140,7 @@ export class ExecutionService {
         processId,
         kind: input.kind,
         argv: input.argv,
-        cwd: input.cwd ?? (input.kind === 'pty' ? '/root' : rec.workdir ?? '/'),
+        cwd: input.cwd ?? user.home ?? (input.kind === 'pty' ? '/root' : rec.workdir ?? '/'),
         startedAt: new Date().toISOString(),
         endedAt: null,
         exitCode: null,
@@ -163,7 +168,7 @@ export class ExecutionService {
       try {
         pid = await sb.start(
           processId,
-          { argv: input.argv, env: this.instances.envOf(rec, input.env), cwd: record.cwd, pty: input.pty && { ...input.pty, echo: true } },
+          { argv: input.argv, env: this.instances.envOf(rec, input.env, user.env), cwd: record.cwd, pty: input.pty && { ...input.pty, echo: true }, user: user.ids },
           this.watcher(watch),
           { survivesRollback: true },
         );

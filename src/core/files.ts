@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { Logger } from 'pino';
-import { ENOENT, MAX_METADATA_ENTRIES, METADATA_KEY, METADATA_VALUE, type AgentPort, type DirEntry, type FileStat } from '../seam/agent.js';
+import { ENOENT, MAX_METADATA_ENTRIES, METADATA_KEY, METADATA_VALUE, type AgentPort, type DirEntry, type FileStat, type UnixIds } from '../seam/agent.js';
 import { AgentError } from '../seam/errors.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import { engineFailure } from './engine-failure.js';
@@ -9,15 +9,24 @@ import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, Payl
 import type { SandboxAccess } from './access.js';
 import { DirectoryWatch } from './file-watch.js';
 import { uploadNameFor } from './upload-names.js';
+import { idNames, isRoot, lookupUser, UnknownUserError, type IdNames, type SandboxUser } from './users.js';
 
 export const MAX_FILE_BYTES = 8 * 1024 * 1024 - 4096;
 /** Files are streamed to and from a sandbox in pieces of this size (a frame holds 8 MiB). */
 const PIECE = 4 << 20;
 const EINVAL = 22;
 const EISDIR = 21;
+const EACCES = 13;
+const EPERM = 1;
 
 export interface FileInfo extends FileStat {
   path: string;
+}
+
+/** Who a file operation is for: a user of the sandbox by name (or uid), whose permissions it
+ * is checked against and who owns what it makes; the sandbox's root when absent. */
+export interface AsUser {
+  user?: string | undefined;
 }
 
 /** Files inside an instance. Every operation is done by the agent, inside the sandbox's own
@@ -34,20 +43,45 @@ export class FileService {
     return p;
   }
 
-  /** Runs one file operation on the instance's agent, with agent errors as API errors. */
-  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentPort, path: string, sb: SandboxHandle) => Promise<T>): Promise<T> {
+  /** Runs one file operation on the instance's agent, with agent errors as API errors; `as`,
+   * a user's name, becomes its ids (read in the same call) for `fn` to hand the agent. */
+  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentPort, path: string, as: UnixIds | undefined, sb: SandboxHandle) => Promise<T>, as?: AsUser): Promise<T> {
     const p = this.path(path);
     try {
       const { sb } = await this.access.sandbox(owner, id);
-      return await sb.call((agent) => fn(agent, p, sb));
+      return await sb.call(async (agent) => fn(agent, p, await this.idsOf(agent, as?.user), sb));
     } catch (err) {
       throw this.failed(err, path);
     }
   }
 
+  private async idsOf(agent: AgentPort, user: string | undefined): Promise<UnixIds | undefined> {
+    if (user === undefined || user === 'root') return undefined;
+    const u = await lookupUser(agent, user);
+    return isRoot(u) ? undefined : u;
+  }
+
+  /** The instance's user of that name (or uid); `orRoot`: root when it has none (an image
+   * made without it). */
+  async user(owner: string, id: string, name: string, opts: { orRoot?: boolean } = {}): Promise<SandboxUser> {
+    try {
+      return await this.op(owner, id, '/', (a) => lookupUser(a, name));
+    } catch (err) {
+      if (err instanceof UnknownUserError && opts.orRoot) return this.op(owner, id, '/', (a) => lookupUser(a, 'root'));
+      throw err;
+    }
+  }
+
+  /** The names of the instance's users and groups, to tell owners by (FileStat's uid, gid). */
+  async idNames(owner: string, id: string): Promise<IdNames> {
+    return this.op(owner, id, '/', (a) => idNames(a));
+  }
+
   private failed(err: unknown, path: string): Error {
+    if (err instanceof UnknownUserError) return err;
     if (err instanceof AgentError) {
       if (err.errno === ENOENT) return new NotFoundError('file', path);
+      if (err.errno === EACCES || err.errno === EPERM) return new PermissionDeniedError(path, err.message, err);
       if (err.errno === EISDIR) return new InvalidRequestError(`${path} is a directory`, { path });
       if (err.errno === EINVAL && /unknown frame type/.test(err.message)) {
         return new ConflictError('this instance runs an agent older than this operation; stop and start the instance to update it', { path });
@@ -60,8 +94,8 @@ export class FileService {
   }
 
   /** A whole file, up to MAX_FILE_BYTES (for callers that want it in one piece). */
-  async read(owner: string, id: string, path: string): Promise<Buffer> {
-    const file = await this.op(owner, id, path, (a, p) => a.readFile(p, MAX_FILE_BYTES));
+  async read(owner: string, id: string, path: string, as?: AsUser): Promise<Buffer> {
+    const file = await this.op(owner, id, path, (a, p, ids) => a.readFile(p, MAX_FILE_BYTES, 0, ids), as);
     if (!file) throw new NotFoundError('file', path);
     if (file.truncated) throw new PayloadTooLargeError(`${path} is larger than ${MAX_FILE_BYTES} bytes`);
     return file.data;
@@ -75,13 +109,13 @@ export class FileService {
    * a longer one announces its `stat` size, is cut there if it grew, and fails if it shrank. A
    * size that cannot be trusted (none, or smaller than the first piece) is announced as none.
    */
-  async readStream(owner: string, id: string, path: string): Promise<{ size: number | undefined; stream: Readable }> {
-    const info = await this.stat(owner, id, path).catch((err: unknown) => {
+  async readStream(owner: string, id: string, path: string, as?: AsUser): Promise<{ size: number | undefined; stream: Readable }> {
+    const info = await this.stat(owner, id, path, as).catch((err: unknown) => {
       if (err instanceof ConflictError) return undefined; // an older agent: no stat, read anyway
       throw err;
     });
     if (info?.type === 'dir') throw new InvalidRequestError(`${path} is a directory`, { path });
-    const first = await this.op(owner, id, path, (a, p) => a.readFile(p, PIECE));
+    const { first, ids } = await this.op(owner, id, path, async (a, p, ids) => ({ first: await a.readFile(p, PIECE, 0, ids), ids }), as);
     if (!first) throw new NotFoundError('file', path);
     if (!first.truncated) return { size: first.data.length, stream: Readable.from([first.data], { objectMode: false }) };
     const size = info?.type === 'file' && info.size >= first.data.length ? info.size : undefined;
@@ -94,7 +128,7 @@ export class FileService {
       let offset = first!.data.length;
       for (let truncated = true; truncated && offset < limit; ) {
         const want = Math.min(PIECE, limit - offset);
-        const piece = await sb.call((a) => a.readFile(p, want, offset)).catch((err: unknown) => {
+        const piece = await sb.call((a) => a.readFile(p, want, offset, ids)).catch((err: unknown) => {
           throw fail(err);
         });
         if (!piece || piece.data.length === 0) break;
@@ -110,13 +144,13 @@ export class FileService {
   }
 
   /** Writes a whole file, making its parent directories. */
-  async write(owner: string, id: string, path: string, data: Buffer, mode = 0o644): Promise<void> {
+  async write(owner: string, id: string, path: string, data: Buffer, mode = 0o644, as?: AsUser): Promise<void> {
     if (data.length > MAX_FILE_BYTES) throw new PayloadTooLargeError(`files are written up to ${MAX_FILE_BYTES} bytes at a time`);
-    await this.op(owner, id, path, async (a, p) => {
+    await this.op(owner, id, path, async (a, p, ids) => {
       const parent = p.slice(0, p.lastIndexOf('/'));
-      if (parent) await a.mkdir(parent);
-      await a.writeFile(p, data, mode);
-    });
+      if (parent) await a.mkdir(parent, ids);
+      await a.writeFile(p, data, mode, ids);
+    }, as);
   }
 
   /**
@@ -124,7 +158,7 @@ export class FileService {
    * it, renamed over the path once whole: a reader never sees half a file, and a failed upload
    * leaves nothing. Makes the parent directories.
    */
-  async writeStream(owner: string, id: string, path: string, source: AsyncIterable<Buffer>, opts: { metadata?: Record<string, string> } = {}): Promise<{ bytes: number }> {
+  async writeStream(owner: string, id: string, path: string, source: AsyncIterable<Buffer>, opts: { metadata?: Record<string, string> } & AsUser = {}): Promise<{ bytes: number }> {
     const p = this.path(path);
     const metadata = Object.entries(opts.metadata ?? {});
     if (metadata.length > MAX_METADATA_ENTRIES) throw new InvalidRequestError(`at most ${MAX_METADATA_ENTRIES} metadata entries`, { path });
@@ -138,10 +172,11 @@ export class FileService {
     let pending: Buffer[] = [];
     let pendingBytes = 0;
     let written = false;
+    let ids: UnixIds | undefined;
     const flush = () =>
       this.op(owner, id, tmp, (a) => {
         const data = Buffer.concat(pending, pendingBytes);
-        return a.writeAt(tmp, offset, data, { truncate: !written }).then(() => {
+        return a.writeAt(tmp, offset, data, { truncate: !written }, ids).then(() => {
           offset += data.length;
           written = true;
           pending = [];
@@ -149,7 +184,10 @@ export class FileService {
         });
       });
     try {
-      if (parent) await this.op(owner, id, parent, (a, d) => a.mkdir(d));
+      ids = await this.op(owner, id, parent || '/', async (a, d, as) => {
+        if (parent) await a.mkdir(d, as);
+        return as;
+      }, opts);
       for await (const chunk of uploadOf(source, path)) {
         pending.push(chunk);
         pendingBytes += chunk.length;
@@ -157,27 +195,27 @@ export class FileService {
       }
       if (pendingBytes || !written) await flush();
       // On the whole file before it takes the name: a file written over loses the old metadata.
-      if (metadata.length) await this.op(owner, id, path, (a) => a.setMetadata(tmp, Object.fromEntries(metadata)));
-      await this.op(owner, id, path, (a) => a.rename(tmp, p));
+      if (metadata.length) await this.op(owner, id, path, (a) => a.setMetadata(tmp, Object.fromEntries(metadata), ids));
+      await this.op(owner, id, path, (a) => a.rename(tmp, p, ids));
       return { bytes: offset };
     } catch (err) {
-      if (written) await this.op(owner, id, tmp, (a) => a.removeFile(tmp)).catch(() => {});
+      if (written) await this.op(owner, id, tmp, (a) => a.removeFile(tmp, ids)).catch(() => {});
       throw err instanceof ForkpointError ? err : this.failed(err, path);
     }
   }
 
-  async stat(owner: string, id: string, path: string): Promise<FileInfo> {
-    const st = await this.op(owner, id, path, (a, p) => a.stat(p));
+  async stat(owner: string, id: string, path: string, as?: AsUser): Promise<FileInfo> {
+    const st = await this.op(owner, id, path, (a, p, ids) => a.stat(p, ids), as);
     if (!st) throw new NotFoundError('file', path);
     return { path, ...st };
   }
 
-  async remove(owner: string, id: string, path: string): Promise<void> {
-    await this.op(owner, id, path, (a, p) => a.removeFile(p));
+  async remove(owner: string, id: string, path: string, as?: AsUser): Promise<void> {
+    await this.op(owner, id, path, (a, p, ids) => a.removeFile(p, ids), as);
   }
 
-  async list(owner: string, id: string, path: string): Promise<DirEntry[]> {
-    return this.op(owner, id, path, (a, p) => a.listDir(p));
+  async list(owner: string, id: string, path: string, as?: AsUser): Promise<DirEntry[]> {
+    return this.op(owner, id, path, (a, p, ids) => a.listDir(p, ids), as);
   }
 
   /** Watches a directory of the instance (envd's watchDir): resolves once the watch is in
@@ -194,13 +232,13 @@ export class FileService {
   }
 
   /** Renames a file or directory inside the instance (the agent does it, in its own root). */
-  async move(owner: string, id: string, from: string, to: string): Promise<void> {
+  async move(owner: string, id: string, from: string, to: string, as?: AsUser): Promise<void> {
     this.path(to);
-    await this.op(owner, id, from, (a, p) => a.rename(p, to));
+    await this.op(owner, id, from, (a, p, ids) => a.rename(p, to, ids), as);
   }
 
-  async mkdir(owner: string, id: string, path: string): Promise<void> {
-    await this.op(owner, id, path, (a, p) => a.mkdir(p));
+  async mkdir(owner: string, id: string, path: string, as?: AsUser): Promise<void> {
+    await this.op(owner, id, path, (a, p, ids) => a.mkdir(p, ids), as);
   }
 }
 
@@ -210,6 +248,14 @@ async function* uploadOf(source: AsyncIterable<Buffer>, path: string): AsyncIter
     for await (const chunk of source) yield chunk;
   } catch (err) {
     throw new InvalidRequestError(`the upload of ${path} ended before its end: ${(err as Error).message}`, { path }, { cause: err });
+  }
+}
+
+/** The user a file operation was for may not do it (EACCES, EPERM in the sandbox). */
+export class PermissionDeniedError extends ForkpointError {
+  override readonly name = 'PermissionDeniedError';
+  constructor(path: string, why: string, cause: unknown) {
+    super('FORBIDDEN', `${path}: permission denied (${why})`, { reason: 'PERMISSION_DENIED', path }, { cause });
   }
 }
 

@@ -519,8 +519,10 @@ export class InstanceService {
   }
 
   /** The environment of commands in the instance: the base, its own, and the call's. */
-  envOf(rec: InstanceRecord, extra?: Record<string, string>): string[] {
-    const env = { ...BASE_ENV, HOSTNAME: rec.name, ...rec.env, ...extra };
+  /** A process's variables: the defaults, the user's login variables (`login`), the
+   * instance's, then the call's own. */
+  envOf(rec: InstanceRecord, extra?: Record<string, string>, login?: Record<string, string>): string[] {
+    const env = { ...BASE_ENV, HOSTNAME: rec.name, ...login, ...rec.env, ...extra };
     return Object.entries(env).map(([k, v]) => `${k}=${v}`);
   }
 

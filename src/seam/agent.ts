@@ -11,11 +11,25 @@ export interface ProcessListener {
   onLost(err: Error): void;
 }
 
+/** A user of the sandbox by its own ids (inside its user namespace), as read from its
+ * /etc/passwd and /etc/group: who a process runs as, or a file operation is done for. */
+export interface UnixIds {
+  uid: number;
+  gid: number;
+  /** Supplementary groups, at most MAX_GROUPS. */
+  groups: number[];
+}
+
+/** native/protocol.h FP_MAX_GROUPS. */
+export const MAX_GROUPS = 32;
+
 export interface SpawnRequest {
   argv: string[];
   env: string[];
   cwd: string;
   pty?: { rows: number; cols: number; echo: boolean } | undefined;
+  /** Runs as this user (all its ids); the agent's own root when absent. */
+  user?: UnixIds | undefined;
 }
 
 export interface AgentProcessInfo {
@@ -39,6 +53,9 @@ export interface FileStat {
   target: string | null;
   /** User-defined metadata (envd's), kept on the file as `user.e2b.*` xattrs. */
   metadata?: Record<string, string>;
+  /** The owner's ids, the sandbox's own (agents before them: absent). */
+  uid?: number;
+  gid?: number;
 }
 
 /** What a metadata key and value may be: an HTTP header's name and printable ASCII (they
@@ -93,16 +110,18 @@ export interface AgentPort {
   list(): Promise<AgentProcessInfo[]>;
   /** Answered once every frame sent before it has been handled. */
   ping(): Promise<void>;
-  writeFile(path: string, data: Buffer | string, mode?: number): Promise<void>;
-  readFile(path: string, max: number, offset?: number): Promise<{ data: Buffer; truncated: boolean } | undefined>;
-  writeAt(path: string, offset: number, data: Buffer, opts: { truncate: boolean; mode?: number }): Promise<void>;
-  rename(from: string, to: string): Promise<void>;
-  stat(path: string): Promise<FileStat | undefined>;
-  removeFile(path: string): Promise<void>;
-  listDir(path: string): Promise<DirEntry[]>;
-  mkdir(path: string): Promise<void>;
+  // The file operations take `as`: done with that user's permissions, and what they create is
+  // that user's (the agent's own root when absent).
+  writeFile(path: string, data: Buffer | string, mode?: number, as?: UnixIds): Promise<void>;
+  readFile(path: string, max: number, offset?: number, as?: UnixIds): Promise<{ data: Buffer; truncated: boolean } | undefined>;
+  writeAt(path: string, offset: number, data: Buffer, opts: { truncate: boolean; mode?: number }, as?: UnixIds): Promise<void>;
+  rename(from: string, to: string, as?: UnixIds): Promise<void>;
+  stat(path: string, as?: UnixIds): Promise<FileStat | undefined>;
+  removeFile(path: string, as?: UnixIds): Promise<void>;
+  listDir(path: string, as?: UnixIds): Promise<DirEntry[]>;
+  mkdir(path: string, as?: UnixIds): Promise<void>;
   /** Sets user-defined metadata on a file (agents older than it: EINVAL, unknown frame type). */
-  setMetadata(path: string, metadata: Record<string, string>): Promise<void>;
+  setMetadata(path: string, metadata: Record<string, string>, as?: UnixIds): Promise<void>;
   /** Watches a directory (and, `recursive`, those below it, as they come); resolves once the
    * watch is in place. Ends with the connection, or by `unwatch`. */
   watch(id: number, path: string, recursive: boolean, listener: WatchListener): Promise<void>;

@@ -1,4 +1,4 @@
-import { newProcessId } from '../../seam/agent.js';
+import { newProcessId, type UnixIds } from '../../seam/agent.js';
 import type { SandboxHandle } from '../../seam/sandbox.js';
 import type { AgentProcessInfo } from '../../seam/agent.js';
 
@@ -7,6 +7,7 @@ export interface BackgroundRequest {
   env: string[];
   cwd: string;
   pty?: { rows: number; cols: number } | undefined;
+  user?: UnixIds | undefined;
 }
 
 /** Starts a process that outlives the request; the agent keeps its output in a bounded
@@ -16,7 +17,7 @@ export async function startBackground(sandbox: SandboxHandle, req: BackgroundReq
   const ignore = { onOutput: () => {}, onExit: () => {}, onLost: () => {} };
   const pid = await sandbox.start(
     id,
-    { argv: req.argv, env: req.env, cwd: req.cwd, pty: req.pty && { ...req.pty, echo: true } },
+    { argv: req.argv, env: req.env, cwd: req.cwd, pty: req.pty && { ...req.pty, echo: true }, user: req.user },
     ignore,
   );
   sandbox.untrack(id);

@@ -1,4 +1,4 @@
-import { newProcessId } from '../../seam/agent.js';
+import { newProcessId, type UnixIds } from '../../seam/agent.js';
 import type { SandboxHandle } from '../../seam/sandbox.js';
 import { EngineError } from '../../seam/errors.js';
 import { Output } from '../../lib/output.js';
@@ -7,6 +7,7 @@ export interface ExecRequest {
   argv: string[];
   env: string[];
   cwd: string;
+  user?: UnixIds | undefined;
   stdin?: Buffer | undefined;
   timeoutMs: number;
   maxOutputBytes: number;
@@ -66,7 +67,7 @@ export async function execOnce(sandbox: SandboxHandle, req: ExecRequest): Promis
         onLost: (e: Error) =>
           reject(new EngineError('PROCESS_LOST', `the command was lost: ${e.message} (the instance was rolled back, stopped or deleted)`)),
       };
-      spawned = sandbox.start(id, { argv: req.argv, env: req.env, cwd: req.cwd }, listener);
+      spawned = sandbox.start(id, { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user }, listener);
     });
     done.catch(() => {});
     spawned.catch(() => {});

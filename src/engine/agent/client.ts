@@ -1,8 +1,8 @@
 import { connect, type Socket } from 'node:net';
 import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from '../../seam/errors.js';
-import { ENOENT, newProcessId, type AgentPort, type ProcessListener, type WatchListener } from '../../seam/agent.js';
+import { ENOENT, newProcessId, type AgentPort, type ProcessListener, type UnixIds, type WatchListener } from '../../seam/agent.js';
 import { decodeFrame, parseDir, parseList, parseStat, type AgentMessage, type AgentProcessInfo, type DirEntry, type FileStat } from './frames.js';
-import { FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeSpawn, type SpawnRequest } from './protocol.js';
+import { AS_USER, FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeIds, encodeSpawn, type SpawnRequest } from './protocol.js';
 
 /** FP_PING_DUMP_FOLLOWS (native/protocol.h). */
 const PING_DUMP_FOLLOWS = 1;
@@ -159,6 +159,12 @@ export class AgentClient implements AgentPort {
     }
   }
 
+  /** A file operation, for a user when `as` says so (the agent wears its ids for it). */
+  private fileRequest(type: number, payload: Buffer, as: UnixIds | undefined): Promise<AgentMessage> {
+    const id = AgentClient.newProcessId();
+    return as ? this.request(type, id, Buffer.concat([encodeIds(as), payload]), AS_USER) : this.request(type, id, payload);
+  }
+
   private request(type: number, id: number, payload?: Buffer, flags = 0, timeoutMs = REQUEST_TIMEOUT_MS): Promise<AgentMessage> {
     if (this.closed) return Promise.reject(new AgentClosedError());
     return new Promise((resolve, reject) => {
@@ -276,21 +282,21 @@ export class AgentClient implements AgentPort {
   }
 
   /** Creates or replaces a file inside the sandbox; the agent resolves the path in its root. */
-  async writeFile(path: string, data: Buffer | string, mode = 0o600): Promise<void> {
+  async writeFile(path: string, data: Buffer | string, mode = 0o600, as?: UnixIds): Promise<void> {
     const head = Buffer.alloc(4);
     head.writeUInt32LE(mode, 0);
-    const m = await this.request(T.WRITE_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`), Buffer.from(data)]));
+    const m = await this.fileRequest(T.WRITE_FILE, Buffer.concat([head, Buffer.from(`${path}\0`), Buffer.from(data)]), as);
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
   /** Reads up to `max` bytes of a file inside the sandbox, from `offset` on (agents older than
    * READ_AT answer offsets with EINVAL); undefined when it does not exist. */
-  async readFile(path: string, max: number, offset = 0): Promise<{ data: Buffer; truncated: boolean } | undefined> {
+  async readFile(path: string, max: number, offset = 0, as?: UnixIds): Promise<{ data: Buffer; truncated: boolean } | undefined> {
     const head = Buffer.alloc(offset ? 12 : 4);
     head.writeUInt32LE(max, 0);
     if (offset) head.writeBigUInt64LE(BigInt(offset), 4);
     try {
-      const m = await this.request(offset ? T.READ_AT : T.READ_FILE, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`)]));
+      const m = await this.fileRequest(offset ? T.READ_AT : T.READ_FILE, Buffer.concat([head, Buffer.from(`${path}\0`)]), as);
       if (m.kind !== 'file') throw this.unexpected(m, 'file');
       if (m.data.length > max) throw this.unexpected(m, `file of at most ${max} bytes`);
       return { data: Buffer.from(m.data), truncated: m.truncated };
@@ -302,24 +308,24 @@ export class AgentClient implements AgentPort {
 
   /** Writes a piece of a file at `offset`; `truncate` creates or empties it first (the first
    * piece of a file streamed in). Agents older than WRITE_AT answer EINVAL. */
-  async writeAt(path: string, offset: number, data: Buffer, opts: { truncate: boolean; mode?: number }): Promise<void> {
+  async writeAt(path: string, offset: number, data: Buffer, opts: { truncate: boolean; mode?: number }, as?: UnixIds): Promise<void> {
     const head = Buffer.alloc(16);
     head.writeUInt32LE(opts.mode ?? 0o644, 0);
     head.writeUInt32LE(opts.truncate ? WRITE_TRUNCATE : 0, 4);
     head.writeBigUInt64LE(BigInt(offset), 8);
-    const m = await this.request(T.WRITE_AT, AgentClient.newProcessId(), Buffer.concat([head, Buffer.from(`${path}\0`), data]));
+    const m = await this.fileRequest(T.WRITE_AT, Buffer.concat([head, Buffer.from(`${path}\0`), data]), as);
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
-  async rename(from: string, to: string): Promise<void> {
-    const m = await this.request(T.RENAME, AgentClient.newProcessId(), Buffer.from(`${from}\0${to}\0`));
+  async rename(from: string, to: string, as?: UnixIds): Promise<void> {
+    const m = await this.fileRequest(T.RENAME, Buffer.from(`${from}\0${to}\0`), as);
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
   /** What is at `path` (not following a final symlink); undefined when nothing is. */
-  async stat(path: string): Promise<FileStat | undefined> {
+  async stat(path: string, as?: UnixIds): Promise<FileStat | undefined> {
     try {
-      const m = await this.request(T.STAT, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+      const m = await this.fileRequest(T.STAT, Buffer.from(`${path}\0`), as);
       if (m.kind !== 'file') throw this.unexpected(m, 'file');
       return this.parsed(() => parseStat(m.data));
     } catch (err) {
@@ -329,25 +335,25 @@ export class AgentClient implements AgentPort {
   }
 
   /** Removes a file or an empty directory; a missing one is no error. */
-  async removeFile(path: string): Promise<void> {
-    const m = await this.request(T.REMOVE_FILE, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+  async removeFile(path: string, as?: UnixIds): Promise<void> {
+    const m = await this.fileRequest(T.REMOVE_FILE, Buffer.from(`${path}\0`), as);
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
-  async listDir(path: string): Promise<DirEntry[]> {
-    const m = await this.request(T.LIST_DIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+  async listDir(path: string, as?: UnixIds): Promise<DirEntry[]> {
+    const m = await this.fileRequest(T.LIST_DIR, Buffer.from(`${path}\0`), as);
     if (m.kind !== 'file') throw this.unexpected(m, 'file');
     return this.parsed(() => parseDir(m.data));
   }
 
-  async mkdir(path: string): Promise<void> {
-    const m = await this.request(T.MKDIR, AgentClient.newProcessId(), Buffer.from(`${path}\0`));
+  async mkdir(path: string, as?: UnixIds): Promise<void> {
+    const m = await this.fileRequest(T.MKDIR, Buffer.from(`${path}\0`), as);
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 
-  async setMetadata(path: string, metadata: Record<string, string>): Promise<void> {
+  async setMetadata(path: string, metadata: Record<string, string>, as?: UnixIds): Promise<void> {
     const lines = Object.entries(metadata).map(([k, v]) => `${k}\t${v}\n`).join('');
-    const m = await this.request(T.SET_METADATA, AgentClient.newProcessId(), Buffer.from(`${path}\0${lines}`));
+    const m = await this.fileRequest(T.SET_METADATA, Buffer.from(`${path}\0${lines}`), as);
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 

@@ -119,12 +119,23 @@ const StatLine = z.object({
 
 const MetadataLine = z.object({ key: z.string().regex(METADATA_KEY), value: z.string().regex(METADATA_VALUE) });
 
-/** The stat line, then a line `x KEY VALUE` (tab-separated) per metadata entry. */
+const Id32 = z.string().regex(/^\d{1,10}$/).transform(Number).pipe(z.number().max(0xfffffffe));
+const OwnerLine = z.object({ uid: Id32, gid: Id32 });
+
+/** The stat line, the owner's line `u UID GID` (agents before it: none), then a line
+ * `x KEY VALUE` per metadata entry (all tab-separated). */
 export function parseStat(payload: Buffer): FileStat {
   const [first = '', ...rest] = payload.toString('utf8').replace(/\n$/, '').split('\n');
   const [type, size, mode, mtimeMs, target = ''] = first.split('\t');
   const r = StatLine.safeParse({ type, size, mode, mtimeMs, target });
   if (!r.success) throw new AgentProtocolError(`stat line: ${r.error.issues[0]?.message ?? 'invalid'}`);
+  let owner: { uid: number; gid: number } | undefined;
+  if (rest[0]?.startsWith('u\t')) {
+    const [, uid, gid, ...more] = rest.shift()!.split('\t');
+    const o = OwnerLine.safeParse({ uid, gid });
+    if (!o.success || more.length) throw new AgentProtocolError('stat owner line: not `u UID GID`');
+    owner = o.data;
+  }
   if (rest.length > MAX_METADATA_ENTRIES) throw new AgentProtocolError(`stat with ${rest.length} metadata lines`);
   const entries = new Map<string, string>();
   for (const line of rest) {
@@ -135,7 +146,7 @@ export function parseStat(payload: Buffer): FileStat {
   }
   const metadata = Object.fromEntries(entries);
   const v = r.data;
-  return { type: TYPES[v.type], size: v.size, mode: parseInt(v.mode, 8), mtimeMs: v.mtimeMs, target: v.type === 'l' ? v.target : null, ...(rest.length ? { metadata } : {}) };
+  return { type: TYPES[v.type], size: v.size, mode: parseInt(v.mode, 8), mtimeMs: v.mtimeMs, target: v.type === 'l' ? v.target : null, ...owner, ...(rest.length ? { metadata } : {}) };
 }
 
 

@@ -1,6 +1,6 @@
 /** Mirror of native/protocol.h: a 12-byte little-endian header, then the payload. */
 import { AgentProtocolError } from '../../seam/errors.js';
-import type { SpawnRequest } from '../../seam/agent.js';
+import { MAX_GROUPS, type SpawnRequest, type UnixIds } from '../../seam/agent.js';
 
 export const HEADER_LEN = 12;
 export const MAX_FRAME = 8 << 20;
@@ -44,6 +44,8 @@ export { ENOENT } from '../../seam/agent.js';
 export const WRITE_TRUNCATE = 1;
 export const SPAWN_PTY = 1;
 export const SPAWN_NOECHO = 2;
+/** On a spawn or a file operation: the payload starts with the user's ids (encodeIds). */
+export const AS_USER = 0x80;
 export const SIG_FOREGROUND = 1;
 
 export interface Frame {
@@ -66,6 +68,20 @@ export function encodeFrame(type: number, id: number, payload: Buffer = Buffer.a
 
 export type { SpawnRequest } from '../../seam/agent.js';
 
+/** u32 uid, u32 gid, u32 ngroups, u32 groups[]: what an AS_USER frame carries first. */
+export function encodeIds(ids: UnixIds): Buffer {
+  const valid = (n: number) => Number.isInteger(n) && n >= 0 && n < 0xffffffff;
+  if (!valid(ids.uid) || !valid(ids.gid) || ids.groups.length > MAX_GROUPS || !ids.groups.every(valid)) {
+    throw new RangeError(`user ids out of range: ${JSON.stringify(ids)}`);
+  }
+  const b = Buffer.alloc(12 + 4 * ids.groups.length);
+  b.writeUInt32LE(ids.uid, 0);
+  b.writeUInt32LE(ids.gid, 4);
+  b.writeUInt32LE(ids.groups.length, 8);
+  ids.groups.forEach((g, i) => b.writeUInt32LE(g, 12 + 4 * i));
+  return b;
+}
+
 export function encodeSpawn(req: SpawnRequest): { payload: Buffer; flags: number } {
   const head = Buffer.alloc(8);
   head.writeUInt16LE(req.pty?.rows ?? 0, 0);
@@ -75,7 +91,8 @@ export function encodeSpawn(req: SpawnRequest): { payload: Buffer; flags: number
   const strings = [req.cwd, ...req.argv, ...req.env].map((s) => Buffer.from(`${s}\0`));
   let flags = 0;
   if (req.pty) flags |= SPAWN_PTY | (req.pty.echo ? 0 : SPAWN_NOECHO);
-  return { payload: Buffer.concat([head, ...strings]), flags };
+  if (req.user) flags |= AS_USER;
+  return { payload: Buffer.concat([...(req.user ? [encodeIds(req.user)] : []), head, ...strings]), flags };
 }
 
 /** Incremental decoder: feed chunks, get whole frames. Holds at most one frame's worth of

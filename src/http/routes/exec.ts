@@ -26,7 +26,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const b = req.body;
       const r = await fp.commands.exec(req.owner, req.params.id, {
-        command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes, signal: req.clientGone,
+        command: b.command, cwd: b.cwd, env: b.env, timeoutMs: b.timeout_ms, stdin: b.stdin, session: b.session, maxOutputBytes: b.max_output_bytes, signal: req.clientGone, user: b.user,
       });
       const encoding = b.output_encoding ?? 'utf8';
       return sendWithOutputs(reply, execFields(r, encoding), encoding);
@@ -72,7 +72,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req, reply) => {
       const b = req.body;
-      const p = await fp.commands.startProcess(req.owner, req.params.id, { command: b.command, cwd: b.cwd, env: b.env, pty: b.pty });
+      const p = await fp.commands.startProcess(req.owner, req.params.id, { command: b.command, cwd: b.cwd, env: b.env, pty: b.pty, user: b.user });
       return reply.code(201).send({ process_id: p.id, pid: p.pid });
     });
 

@@ -61,6 +61,7 @@ export const executionRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         cwd: b.cwd,
         stdin: b.stdin !== undefined ? Buffer.from(b.stdin) : undefined,
         timeoutMs: b.timeout_ms,
+        user: b.user,
       });
       await streamExecution(fp, req, reply, { owner: req.owner, id: req.params.id, execId: st.record.id }, {
         from: [0, 0],

@@ -35,6 +35,7 @@ export const terminalRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         env: b.env,
         cwd: b.cwd,
         pty: { rows: b.rows, cols: b.cols },
+        user: b.user,
       });
       return reply.code(201).send({ id: st.record.id, pid: st.pid });
     });

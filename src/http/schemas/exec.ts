@@ -4,6 +4,12 @@ import { Env, IdParams } from './common.js';
 
 /** Commands, shell sessions and background processes. */
 
+/** Who a command runs as, as Docker's `exec --user` takes it. */
+export const RunAs = z
+  .string()
+  .regex(/^([A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?|\d{1,10})$/)
+  .describe('a user of the sandbox, by name or uid, as its /etc/passwd has it: the command runs with its ids, groups and HOME; root by default');
+
 export const Command = z
   .union([z.string().min(1).max(1 << 20), z.array(z.string().max(1 << 16)).min(1).max(4096)])
   .describe('an argv array, run directly; or a string, run by /bin/sh -c (or by the session shell)');
@@ -21,6 +27,7 @@ export const ExecRequest = z
       .optional()
       .describe('run in the named persistent shell (made on first use): cd, export and background jobs persist between calls'),
     max_output_bytes: z.number().int().min(0).max(64 << 20).optional().describe('per stream; default 1 MiB'),
+    user: RunAs.optional(),
     output_encoding: z
       .enum(['utf8', 'base64'])
       .optional()
@@ -53,6 +60,7 @@ export const StartProcessRequest = z
     cwd: z.string().max(4096).optional(),
     env: Env.optional(),
     pty: z.object({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }).optional(),
+    user: RunAs.optional(),
   })
   .strict()
   .meta({ id: 'StartProcessRequest', examples: [{ command: 'while true; do date; sleep 1; done' }] });

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { Env, IdParams } from './common.js';
-import { Command } from './exec.js';
+import { Command, RunAs } from './exec.js';
 
 /** Streamed commands (SSE), their records, and terminals (WebSocket). */
 
@@ -14,6 +14,7 @@ export const ExecStreamRequest = z
     stdin: z.string().max(8 << 20).optional().describe('written to the command\'s stdin, which is then closed'),
     timeout_ms: z.number().int().min(1).max(7 * 24 * 3600 * 1000).optional().describe('none by default; on expiry the whole process group is killed'),
     heartbeat_ms: HeartbeatMs.optional(),
+    user: RunAs.optional(),
   })
   .strict()
   .meta({ id: 'ExecStreamRequest', examples: [{ command: 'for i in 1 2 3; do echo $i; sleep 1; done' }] });
@@ -74,7 +75,8 @@ export const CreatePtyRequest = z
     ...Size,
     command: Command.optional().describe('default: an interactive bash (or sh)'),
     env: Env.optional(),
-    cwd: z.string().max(4096).optional().describe('default /root'),
+    cwd: z.string().max(4096).optional().describe("default: the user's home (/root)"),
+    user: RunAs.optional(),
   })
   .strict()
   .meta({ id: 'CreatePtyRequest', examples: [{ rows: 24, cols: 80 }] });

@@ -1,0 +1,53 @@
+/* The user a frame is for. The host names a user of the sandbox (E2B's `user`, a Firecase exec's
+ * `user`) by the ids the core read from the sandbox's own /etc/passwd; the agent, the sandbox's
+ * root, takes them on: all of them for a process it starts, the filesystem ones (fsuid, fsgid,
+ * groups) for a file operation, so that permissions are checked and new files owned as that
+ * user's, and only for the length of that operation. The agent is single-threaded, so nothing
+ * else runs while it wears them. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <grp.h>
+#include <string.h>
+#include <sys/fsuid.h>
+#include <unistd.h>
+
+#include "agent.h"
+
+int ids_take(uint32_t *len, char **pl, struct unix_ids *ids, const char **why) {
+  if (*len < 12) return *why = "short user ids", EINVAL;
+  memcpy(&ids->uid, *pl, 4), memcpy(&ids->gid, *pl + 4, 4), memcpy(&ids->ngroups, *pl + 8, 4);
+  if (ids->ngroups > FP_MAX_GROUPS) return *why = "too many groups", EINVAL;
+  uint32_t need = 12 + 4 * ids->ngroups;
+  if (*len < need) return *why = "short user ids", EINVAL;
+  memcpy(ids->groups, *pl + 12, 4 * ids->ngroups);
+  /* (uid_t)-1 means "unchanged" to the set*id calls: never a user's id. */
+  if (ids->uid == (uint32_t)-1 || ids->gid == (uint32_t)-1) return *why = "bad user ids", EINVAL;
+  for (uint32_t i = 0; i < ids->ngroups; i++)
+    if (ids->groups[i] == (uint32_t)-1) return *why = "bad user ids", EINVAL;
+  *pl += need, *len -= need;
+  return 0;
+}
+
+int ids_enter(const struct unix_ids *ids) {
+  if (setgroups(ids->ngroups, (const gid_t *)ids->groups) < 0) return errno;
+  /* setfsuid answers the previous id and never fails out loud: asking again (with an id that
+   * cannot be set) tells whether it took. */
+  setfsgid(ids->gid);
+  if ((uint32_t)setfsgid((gid_t)-1) != ids->gid) return ids_leave(), EPERM;
+  setfsuid(ids->uid);
+  if ((uint32_t)setfsuid((uid_t)-1) != ids->uid) return ids_leave(), EPERM;
+  return 0;
+}
+
+void ids_leave(void) {
+  setfsuid(0);
+  setfsgid(0);
+  if (setgroups(0, NULL) < 0) {}
+}
+
+int ids_become(const struct unix_ids *ids) {
+  if (setgroups(ids->ngroups, (const gid_t *)ids->groups) < 0) return errno;
+  if (setresgid(ids->gid, ids->gid, ids->gid) < 0) return errno;
+  if (setresuid(ids->uid, ids->uid, ids->uid) < 0) return errno;
+  return 0;
+}
