@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the `debian` image: Debian stable from Debian's archive by mmdebstrap, with apt working
-# and bash, coreutils, ca-certificates, curl, git, python3 (with matplotlib and pandas, for the
-# code interpreter) and Node.js. Output: a rootfs tree at $1, built beside it and renamed into
-# place (a half-built image is never seen). Skipped when the image there was built from this
+# and bash, coreutils, ca-certificates, curl, git, sudo, python3 (with matplotlib and pandas, for
+# the code interpreter) and Node.js, and E2B's user `user`. Output: a rootfs tree at $1, built
+# beside it and renamed into place (a half-built image is never seen). Skipped when the image there was built from this
 # package list (its stamp, /etc/forkpoint-image), unless --force: a changed list builds it again.
 # The mirror and suite are the host's apt sources' by default (FORKPOINT_DEBIAN_MIRROR,
 # FORKPOINT_DEBIAN_SUITE override them).
@@ -10,8 +10,11 @@ set -euo pipefail
 force=0
 [ "${1:-}" = "--force" ] && { force=1; shift; }
 dest=${1:?usage: debian.sh [--force] DEST}
-pkgs=bash,coreutils,ca-certificates,curl,git,python3,python3-matplotlib,python3-pandas,nodejs,npm,procps,iproute2,less,xz-utils
-stamp="packages=$pkgs"
+pkgs=bash,coreutils,ca-certificates,curl,git,passwd,sudo,python3,python3-matplotlib,python3-pandas,nodejs,npm,procps,iproute2,less,xz-utils
+# E2B's base has a user `user` (uid 1000, home /home/user) whom sudo lets be root without a
+# password; its SDKs run commands and write files as that user by default.
+users="user:1000:sudo"
+stamp="packages=$pkgs users=$users"
 [ $force = 0 ] && [ -x "$dest/usr/bin/apt-get" ] && [ "$(cat "$dest/etc/forkpoint-image" 2>/dev/null)" = "$stamp" ] && exit 0
 
 log() { echo "forkpoint setup: $*" >&2; }
@@ -44,6 +47,9 @@ mmdebstrap --variant=apt --include="$pkgs" --quiet \
   --customize-hook='printf "127.0.0.1 localhost\n::1 localhost\n" > "$1/etc/hosts"' \
   --customize-hook="printf '%s\n' '$stamp' > \"\$1/etc/forkpoint-image\"" \
   --customize-hook='printf "PS1=\"\\\\u@\\\\h:\\\\w\\\\$ \"\n" >> "$1/root/.bashrc"' \
+  --customize-hook='chroot "$1" /usr/sbin/useradd --create-home --uid 1000 --user-group --shell /bin/bash user' \
+  --customize-hook='printf "user ALL=(ALL:ALL) NOPASSWD: ALL\n" > "$1/etc/sudoers.d/user" && chmod 0440 "$1/etc/sudoers.d/user"' \
+  --customize-hook='printf "PS1=\"\\\\u@\\\\h:\\\\w\\\\$ \"\n" >> "$1/home/user/.bashrc"' \
   "$suite" "$work/root" "deb $mirror $suite main" >&2
 [ -d "$dest" ] && rm -rf "$dest"
 mv "$work/root" "$dest"

@@ -153,7 +153,6 @@ static void drop_capabilities(void) {
   data[0].inheritable = data[1].inheritable = 0;
   if (syscall(SYS_capset, &head, data) < 0) fail("capset");
   if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) fail("clear ambient capabilities");
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("no_new_privs");
 }
 
 /* Every fd but the report pipe is the host's: close them and put /dev/null on stdio. */
@@ -216,11 +215,18 @@ static void sandbox_init(const char *hostname) {
     if (write(oom, "-1000", 5) < 0) {}
     close(oom);
   }
-  drop_capabilities();
+  /* The filter goes on while this process still holds CAP_SYS_ADMIN (the host's, or its user
+   * namespace's), which loading it without no_new_privs needs; it allows what comes after. */
   if (confined && install_seccomp(err, sizeof(err)) < 0) {
     errno = EPERM;
     fail("%s", err);
   }
+  drop_capabilities();
+  /* no_new_privs: a set-user-id program gains nothing. In a user namespace the most it could
+   * gain is the sandbox's own root, a host id of the sandbox's range with the capabilities above
+   * (Docker's default posture), and sudo in E2B's base needs it; on the host's ids that root is
+   * the host's uid 0, so there every process of the sandbox keeps no_new_privs. */
+  if (userns_base < 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("no_new_privs");
   char *argv[] = {"fp-agent", "init", NULL};
   char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   /* The report pipe is close-on-exec: EOF on it tells the parent the exec happened. */

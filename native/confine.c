@@ -67,10 +67,11 @@ int confine_proc(char *err, size_t errlen) {
 }
 
 /* Loads the filter; from here on it binds this process and everything it starts. Needs
- * no_new_privs (or CAP_SYS_ADMIN, which a sandbox has not). */
+ * CAP_SYS_ADMIN (its user namespace's will do): whether no_new_privs goes with it is the
+ * caller's to say (libseccomp would set it by itself). */
 int install_seccomp(char *err, size_t errlen) {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
-  int rc = ctx ? 0 : -ENOMEM;
+  int rc = ctx ? seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0) : -ENOMEM;
   for (size_t i = 0; rc == 0 && i < sizeof(seccomp_allowed) / sizeof(*seccomp_allowed); i++) {
     int nr = seccomp_syscall_resolve_name(seccomp_allowed[i]);
     if (nr == __NR_SCMP_ERROR) continue; /* not a syscall of this architecture */

@@ -246,6 +246,36 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     }
   });
 
+  it('E2B\'s user: commands and files are `user`\'s by default and root\'s on request, sudo works without a password, and an unknown user is refused (everything ran as root, and sudo was missing)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      expect((await sbx.commands.run('whoami; pwd; echo $HOME')).stdout).toBe('user\n/home/user\n/home/user\n');
+      expect((await sbx.commands.run('whoami; pwd', { user: 'root' })).stdout).toBe('root\n/root\n');
+      expect((await sbx.commands.run('sudo whoami; sudo -n true && echo no-password')).stdout).toBe('root\nno-password\n');
+      // A file written as the default user is its, in its home, mode as its umask leaves it.
+      await sbx.files.write('mine.txt', 'x');
+      const mine = await sbx.files.getInfo('mine.txt');
+      expect(mine).toMatchObject({ path: '/home/user/mine.txt', owner: 'user', group: 'user', permissions: '-rw-r--r--' });
+      await sbx.files.makeDir('made/below');
+      expect((await sbx.files.list('made')).map((e) => [e.name, e.owner, e.permissions])).toEqual([['below', 'user', 'drwxr-xr-x']]);
+      // As root: its home, its file; and what root owns is not the user's to read.
+      await sbx.files.write('hello.txt', 'root only', { user: 'root' });
+      expect(await sbx.files.read('/root/hello.txt', { user: 'root' })).toBe('root only');
+      expect((await sbx.files.getInfo('/root/hello.txt', { user: 'root' })).owner).toBe('root');
+      await sbx.commands.run('chmod 600 /root/hello.txt', { user: 'root' });
+      await expect(sbx.files.read('/root/hello.txt')).rejects.toThrow();
+      await expect(sbx.files.write('/etc/not-mine', 'x')).rejects.toThrow();
+      expect((await sbx.commands.run('test -e /etc/not-mine || echo absent', { user: 'root' })).stdout).toBe('absent\n');
+      // A command as an unknown user never runs (envd: "invalid username").
+      await expect(sbx.commands.run('touch /tmp/ran', { user: 'root123' as 'root' })).rejects.toThrow(/invalid username/);
+      expect((await sbx.commands.run('test -e /tmp/ran || echo absent')).stdout).toBe('absent\n');
+      // The user's processes hold the user's ids, seen from inside: uid, gid, groups.
+      expect((await sbx.commands.run('id -u; id -g; cat /proc/self/status | grep -E "^(Uid|Gid)"')).stdout).toMatch(/^1000\n1000\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\n$/);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('getMetrics reads the sandbox\'s CPU, memory and disk from its cgroups and its upper (it answered none)', async () => {
     const sbx = await Sandbox.create();
     try {
@@ -408,7 +438,7 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
 describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, listing', () => {
   it('createSnapshot, then two sandboxes from it: each has the file and a counter that goes on from the snapshot\'s value, on its own', async () => {
     const sbx = await Sandbox.create();
-    await sbx.files.write('/root/state.txt', 'from before the snapshot');
+    await sbx.files.write('state.txt', 'from before the snapshot');
     await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done', { background: true });
     await until('the counter', async () => Number((await sbx.commands.run('cat /tmp/n')).stdout) >= 5);
     const snap = await sbx.createSnapshot();
@@ -420,16 +450,16 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
       const b = await Sandbox.create(snap.snapshotId);
       made.push(b);
       for (const x of [a, b]) {
-        expect(await x.files.read('/root/state.txt')).toBe('from before the snapshot');
+        expect(await x.files.read('/home/user/state.txt')).toBe('from before the snapshot');
         const first = Number((await x.commands.run('cat /tmp/n')).stdout);
         // Restored at the snapshot's value (about `at`), not from zero, and counting on.
         expect(first).toBeGreaterThanOrEqual(5);
         expect(first).toBeLessThanOrEqual(at + 20);
         await until('counting on', async () => Number((await x.commands.run('cat /tmp/n')).stdout) > first);
       }
-      await a.files.write('/root/state.txt', 'changed in a');
-      expect(await b.files.read('/root/state.txt')).toBe('from before the snapshot');
-      expect(await sbx.files.read('/root/state.txt')).toBe('from before the snapshot');
+      await a.files.write('state.txt', 'changed in a');
+      expect(await b.files.read('state.txt')).toBe('from before the snapshot');
+      expect(await sbx.files.read('state.txt')).toBe('from before the snapshot');
     } finally {
       // Whatever failed: a sandbox left running keeps its command's stream open, and the
       // server's close would wait for it.

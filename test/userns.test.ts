@@ -156,16 +156,25 @@ describe('user namespaces, from inside and from the host', () => {
     expect(statSync(join(merged, 'bin')).uid).toBe(base);
   });
 
-  it('a setuid-root program gives a user of the sandbox nothing, and the host nothing either', async () => {
+  it('a setuid-root program takes a user of the sandbox to the sandbox\'s root at most (sudo): a host id of its range, with its bounded capabilities; on the host\'s ids it gives nothing', async () => {
     const inst = await s.instance({ name: 'setuid' });
     await installKit(s, inst.id, kit);
     await sh(inst.id, `cp ${KIT} /tmp/suid && chown 0:0 /tmp/suid && chmod 4755 /tmp/suid`);
-    expect((await sh(inst.id, `${KIT} runas 1000 /tmp/suid runas 0 /bin/true`)).stdout).toMatch(/runas: refused EPERM/);
     // the setuid-root program itself, kept running: what does the host see it as?
     await sh(inst.id, `${KIT} runas 1000 /tmp/suid inotify 1 600 > /dev/null &`, 'main');
     const base = await baseOf(inst.id);
-    const ids = await eventually(async () => processesOf(inst.id).map(hostIds).find((x) => x[0] === base + 1000));
-    expect(ids).toEqual([base + 1000, base + 1000, base + 1000, base + 1000, base + 1000, base + 1000, base + 1000, base + 1000]);
+    const pid = await eventually(async () => processesOf(inst.id).find((p) => hostIds(p)[0] === base + 1000));
+    // real uid the user's, effective and saved the sandbox's root: both in the range; gids untouched
+    expect(hostIds(pid)).toEqual([base + 1000, base, base, base, base + 1000, base + 1000, base + 1000, base + 1000]);
+    const eff = BigInt('0x' + /CapEff:\s+([0-9a-f]+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]);
+    for (const cap of [21 /* SYS_ADMIN */, 19 /* SYS_PTRACE */, 27 /* MKNOD */, 12 /* NET_ADMIN */, 2 /* DAC_READ_SEARCH */, 25 /* SYS_TIME */]) {
+      expect(eff & (1n << BigInt(cap)), `capability ${cap}`).toBe(0n);
+    }
+    // On the host's ids the sandbox's root is the host's: there no_new_privs holds it back.
+    const hostIdsInst = await s.instance({ name: 'setuid-hostids', user_namespace: false });
+    await installKit(s, hostIdsInst.id, kit);
+    await sh(hostIdsInst.id, `cp ${KIT} /tmp/suid && chown 0:0 /tmp/suid && chmod 4755 /tmp/suid`);
+    expect((await sh(hostIdsInst.id, `${KIT} runas 1000 /tmp/suid runas 0 /bin/true`)).stdout).toMatch(/runas: refused EPERM/);
   });
 
   it('root in its own user namespace still cannot make namespaces, touch netfilter, mount, make devices, or reach bpf, keyrings, userfaultfd, io_uring', async () => {

@@ -1,11 +1,17 @@
 import { Code, ConnectError, createContextKey, type HandlerContext } from '@connectrpc/connect';
+import { posix } from 'node:path';
 import type { FastifyRequest } from 'fastify';
+import type { Forkpoint } from '../../core/forkpoint.js';
+import type { SandboxUser } from '../../core/users.js';
 
 /** Who an in-sandbox (envd) call is for: the sandbox, by its `E2b-Sandbox-Id`, and its owner,
  * proven by the sandbox's own `X-Access-Token` (the auth hook checked both). */
 export interface SandboxCaller {
   owner: string;
   id: string;
+  /** The user the call names (envd's `Authorization: Basic <user>:`, or the files API's
+   * `username`); the sandbox's default user when absent (envdUser). */
+  user?: string | undefined;
 }
 
 export const callerKey = createContextKey<SandboxCaller | undefined>(undefined);
@@ -27,13 +33,33 @@ export function callerOf(ctx: HandlerContext): SandboxCaller {
   return c;
 }
 
-export function callerOfRequest(req: FastifyRequest): SandboxCaller | undefined {
-  return req.sandboxId ? { owner: req.owner, id: req.sandboxId } : undefined;
+export function callerOfRequest(req: FastifyRequest, username?: string): SandboxCaller | undefined {
+  return req.sandboxId ? { owner: req.owner, id: req.sandboxId, user: username || basicUser(req.headers.authorization) } : undefined;
+}
+
+/** The user of envd's `Authorization: Basic base64(<user>:)` (the SDKs' `user` option). */
+function basicUser(header: string | undefined): string | undefined {
+  if (!header?.startsWith('Basic ')) return undefined;
+  const decoded = Buffer.from(header.slice(6).trim(), 'base64').toString('utf8');
+  const name = decoded.slice(0, decoded.includes(':') ? decoded.indexOf(':') : undefined);
+  return name || undefined;
+}
+
+/** E2B's default user, which its `base` template has and its SDKs assume. */
+export const DEFAULT_USER = 'user';
+
+/** Who an envd call acts as: the user it names, else `user` where the sandbox has one (E2B's
+ * base, forkpoint's debian image), else root in E2B's home for `user` (an image made without
+ * it: files and commands land where E2B's SDKs expect them). */
+export async function envdUser(fp: Forkpoint, c: SandboxCaller): Promise<SandboxUser> {
+  if (c.user) return fp.files.user(c.owner, c.id, c.user);
+  const u = await fp.files.user(c.owner, c.id, DEFAULT_USER, { orRoot: true });
+  return u.name === DEFAULT_USER ? u : { ...u, home: E2B_HOME };
 }
 
 /** A path as envd reads it: relative ones (and `~`) from the user's home. */
-export function envdPath(path: string): string {
-  if (path === '~' || path === '') return E2B_HOME;
-  if (path.startsWith('~/')) return `${E2B_HOME}/${path.slice(2)}`;
-  return path.startsWith('/') ? path : `${E2B_HOME}/${path}`;
+export function envdPath(path: string, home = E2B_HOME): string {
+  if (path === '~' || path === '') return home;
+  if (path.startsWith('~/')) return posix.join(home, path.slice(2));
+  return path.startsWith('/') ? path : posix.join(home, path);
 }

@@ -7,7 +7,7 @@ import type { FastifyReply } from 'fastify';
 import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { ForkpointError, httpStatusOf } from '../../core/errors.js';
-import { callerOfRequest, envdPath } from './caller.js';
+import { callerOfRequest, envdPath, envdUser } from './caller.js';
 
 const FilesQuery = z.object({ path: z.string().max(4096).optional(), username: z.string().max(64).optional() });
 const MAX_PARTS = 1000;
@@ -47,11 +47,12 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.get('/files', { config, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
-      const c = callerOfRequest(req);
+      const c = callerOfRequest(req, req.query.username);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
-      const path = envdPath(req.query.path ?? '');
       try {
-        const { size, stream } = await fp.files.readStream(c.owner, c.id, path);
+        const user = await envdUser(fp, c);
+        const path = envdPath(req.query.path ?? '', user.home);
+        const { size, stream } = await fp.files.readStream(c.owner, c.id, path, { user: user.name });
         reply.type('application/octet-stream');
         if (size !== undefined) reply.header('content-length', size);
         return reply.send(stream);
@@ -61,7 +62,7 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     });
 
     app.post('/files', { config, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
-      const c = callerOfRequest(req);
+      const c = callerOfRequest(req, req.query.username);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
       const written: { name: string; type: 'file'; path: string; metadata?: Record<string, string> }[] = [];
       // envd's file metadata: `X-Metadata-<key>` headers, the key lower-cased (as Node has the
@@ -71,17 +72,19 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       );
       const withMetadata = Object.keys(metadata).length ? { metadata } : {};
       try {
+        const user = await envdUser(fp, c);
+        const as = { ...withMetadata, user: user.name };
         if (req.isMultipart()) {
           for await (const part of req.files()) {
-            const path = envdPath(req.query.path ?? part.filename);
-            await fp.files.writeStream(c.owner, c.id, path, part.file, withMetadata);
+            const path = envdPath(req.query.path ?? part.filename, user.home);
+            await fp.files.writeStream(c.owner, c.id, path, part.file, as);
             written.push({ name: posix.basename(path), type: 'file', path, ...withMetadata });
           }
         } else {
           if (!req.query.path) return reply.code(400).send({ code: 400, message: 'path is required' });
           const encoding = (req.headers['content-encoding'] ?? 'identity').toLowerCase();
           if (encoding !== 'identity' && encoding !== 'gzip') return reply.code(415).send({ code: 415, message: `content-encoding ${encoding} is not supported (gzip or none)` });
-          const path = envdPath(req.query.path);
+          const path = envdPath(req.query.path, user.home);
           // The SDK's gzip upload: the file is what the body decompresses to. Its size is bounded
           // where every write is, by the sandbox's disk, not by the compressed length.
           const body = req.body as Readable;
@@ -90,13 +93,13 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
             let corrupt: Error | undefined;
             gunzip.once('error', (err) => (corrupt = err));
             try {
-              await fp.files.writeStream(c.owner, c.id, path, body.pipe(gunzip), withMetadata);
+              await fp.files.writeStream(c.owner, c.id, path, body.pipe(gunzip), as);
             } catch (err) {
               if (corrupt) return reply.code(400).send({ code: 400, message: `the body is not valid gzip: ${corrupt.message}` });
               throw err;
             }
           } else {
-            await fp.files.writeStream(c.owner, c.id, path, body, withMetadata);
+            await fp.files.writeStream(c.owner, c.id, path, body, as);
           }
           written.push({ name: posix.basename(path), type: 'file', path, ...withMetadata });
         }

@@ -1,8 +1,9 @@
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from '@connectrpc/connect';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { ForkpointError } from '../../core/errors.js';
+import { UnknownUserError } from '../../core/users.js';
 import type { ExecutionState } from '../../core/executions.js';
-import { callerOf, dropConnectionKey, E2B_HOME, envdPath, type SandboxCaller } from './caller.js';
+import { callerOf, dropConnectionKey, envdPath, envdUser, type SandboxCaller } from './caller.js';
 import { Process, Signal, type ProcessEvent, type ProcessSelector } from './gen/process/process_pb.js';
 import { EventQueue } from '../../lib/event-queue.js';
 
@@ -13,8 +14,9 @@ const DEFAULT_KEEPALIVE_S = 50;
 /** Core errors as Connect's codes (the SDK maps them onto its own error classes). */
 export function connectError(err: unknown): ConnectError {
   if (err instanceof ConnectError) return err;
+  if (err instanceof UnknownUserError) return new ConnectError(err.message, Code.Unauthenticated, undefined, undefined, err);
   if (err instanceof ForkpointError) {
-    const code = { NOT_FOUND: Code.NotFound, INVALID_REQUEST: Code.InvalidArgument, CONFLICT: Code.FailedPrecondition, UNAUTHENTICATED: Code.Unauthenticated, QUOTA_EXCEEDED: Code.ResourceExhausted, INSUFFICIENT_STORAGE: Code.ResourceExhausted, UNAVAILABLE: Code.Unavailable }[err.code as string] ?? Code.Internal;
+    const code = { FORBIDDEN: Code.PermissionDenied, NOT_FOUND: Code.NotFound, INVALID_REQUEST: Code.InvalidArgument, CONFLICT: Code.FailedPrecondition, UNAUTHENTICATED: Code.Unauthenticated, QUOTA_EXCEEDED: Code.ResourceExhausted, INSUFFICIENT_STORAGE: Code.ResourceExhausted, UNAVAILABLE: Code.Unavailable }[err.code as string] ?? Code.Internal;
     return new ConnectError(err.message, code, undefined, undefined, err);
   }
   return new ConnectError('internal error; see the server log', Code.Internal, undefined, undefined, err);
@@ -118,11 +120,13 @@ export function processService(fp: Forkpoint): ServiceImpl<typeof Process> {
       if (!cfg?.cmd) throw new ConnectError('process.cmd is required', Code.InvalidArgument);
       let state: ExecutionState;
       try {
+        const user = await envdUser(fp, c);
         state = await fp.executions.start(c.owner, c.id, {
           kind: req.pty ? 'pty' : 'exec',
           argv: [cfg.cmd, ...cfg.args],
           env: cfg.envs,
-          cwd: cfg.cwd ? envdPath(cfg.cwd) : E2B_HOME,
+          user: user.name,
+          cwd: cfg.cwd ? envdPath(cfg.cwd, user.home) : user.home,
           pty: req.pty?.size ? { rows: req.pty.size.rows || 24, cols: req.pty.size.cols || 80 } : undefined,
           keepStdinOpen: req.stdin ?? true,
         });
