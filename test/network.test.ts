@@ -139,7 +139,21 @@ describe('a sandbox on the network', () => {
 async function expectGrowing(id: string): Promise<void> {
   const lines = async () => Number((await sh(id, 'wc -l < /root/dl')).stdout);
   const at = await lines();
-  await until('the download to go on', async () => (await lines()) > at + 3, 40_000);
+  try {
+    await until('the download to go on', async () => (await lines()) > at + 3, 40_000);
+  } catch (err) {
+    // Both ends of the connection as their kernels see it (retransmissions, backoff, windows),
+    // and what the sandbox still runs: what a stall that passes alone needs to be understood.
+    const pid = String(s.engine.sandbox(id)?.pid ?? '');
+    const seen = await Promise.all([
+      execa('ip', ['netns', 'exec', net.netns, 'ss', '-tinoe'], { reject: false }),
+      execa('nsenter', ['-t', pid, '-n', 'ss', '-tinoe'], { reject: false }),
+      execa('nsenter', ['-t', pid, '-n', 'nft', 'list', 'ruleset'], { reject: false }),
+      sh(id, 'ps -o pid,args; wc -l < /root/dl').catch((e: unknown) => ({ stdout: String(e) })),
+    ]);
+    const [peer, sandbox, rules, ps] = seen.map((r) => ('stderr' in r && typeof r.stderr === 'string' && r.stderr ? `${r.stdout}\n${r.stderr}` : r.stdout));
+    throw new Error(`${(err as Error).message} (lines ${at} at the wake)\npeer:\n${peer}\nsandbox:\n${sandbox}\nsandbox nft:\n${rules}\nps:\n${ps}`, { cause: err });
+  }
 }
 
 describe('connections through checkpoints, rollbacks and forks', () => {

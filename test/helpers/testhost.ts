@@ -13,6 +13,8 @@ export interface TestHost {
   name: string;
   /** Also served by it: stands in for the cloud metadata address. */
   metadata: string;
+  /** Its network namespace (`ip netns exec` it to look at its side of a connection). */
+  netns: string;
   close(): Promise<void>;
 }
 
@@ -61,5 +63,5 @@ export async function startTestHost(): Promise<TestHost> {
     await close();
     throw err;
   }
-  return { address, name: 'testhost.internal', metadata, close };
+  return { address, name: 'testhost.internal', metadata, netns: ns, close };
 }
