@@ -115,13 +115,14 @@ export const configSchema = z.object({
     .regex(/^(\d{1,3}\.){3}\d{1,3}\/(1[6-9]|2[0-8])$/, 'an IPv4 CIDR from /16 to /28')
     .default('10.88.0.0/16'),
   /** A domain whose names `<port>-<instance id>.<domain>` lead to instances' ports (its DNS
-   * points `*.<domain>` at this server): every preview on an origin of its own. `localhost`
-   * (browsers resolve `*.localhost` to this machine) serves a browser on the server's machine;
+   * points `*.<domain>` at this server): every preview on an origin of its own. `auto`: the
+   * name the client reached the API by (a load balancer's, whose DNS then needs `*.` too), or
+   * `localhost` when it used an address (browsers resolve `*.localhost` to their machine);
    * `none` turns preview links off (ports stay reachable with the API token). */
   previewDomain: z
     .string()
-    .regex(/^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$|^localhost$|^none$/, 'a domain name, localhost or none')
-    .default('localhost'),
+    .regex(/^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$|^localhost$|^auto$|^none$/, 'a domain name, localhost, auto or none')
+    .default('auto'),
   /** The host ports port forwards may listen on, `first-last` (unprivileged by default, like
    * Kubernetes' NodePorts): a tenant cannot take the host's SSH port or any other service's. */
   hostPortRange: z

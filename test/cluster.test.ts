@@ -196,6 +196,14 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
       const link = new URL((await n.api('POST', `/instances/${inst.id}/ports/8080/preview`, { ttl_s: 60 })).body.url as string);
       expect(link.port).toBe(new URL(n.url).port);
     }
+    // Behind a load balancer: a link asked through the node that does not run the instance names
+    // the balancer's host (a preview host of its own under it), and opens the port through B.
+    await exec(a, inst.id, 'mkdir -p /srv/www && echo behind the balancer > /srv/www/index.html && (httpd -p 8080 -h /srv/www &)');
+    const viaLb = await request(`${b.url}/instances/${inst.id}/ports/8080/preview`, { method: 'POST', headers: { authorization: `Bearer ${b.token}`, host: 'lb.example', 'content-type': 'application/json' }, body: '{"ttl_s": 60}' });
+    const lbLink = new URL(((await viaLb.body.json()) as { url: string }).url);
+    expect(lbLink.host).toBe(`8080-${inst.id}.lb.example`);
+    const opened = await request(`${b.url}${lbLink.pathname}${lbLink.search}`, { headers: { host: lbLink.host } });
+    expect([opened.statusCode, await opened.body.text()]).toEqual([200, 'behind the balancer\n']);
     await exec(b, inst.id, 'echo written through B > /root/from-b');
     expect((await exec(a, inst.id, 'cat /root/from-b')).stdout).toBe('written through B\n');
 

@@ -3,6 +3,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Forkpoint } from '../core/forkpoint.js';
 import { sendError } from './errors.js';
 import { NodeLostError } from './forward-agent.js';
+import { hostRoute } from './routes/proxy.js';
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -94,6 +95,11 @@ async function route(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, fo
   return forward(req, reply, fp, where.node.url, where.node.id);
 }
 
+/** A request made to a preview's own host name goes on as it came, host and path: the node
+ * there checks the link on that host (a preview link opens nothing under a node's address). */
+const previewHostOf = (req: FastifyRequest, fp: Forkpoint): string | undefined =>
+  hostRoute(fp.config.previewDomain, req.headers.host) ? req.headers.host : undefined;
+
 function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: string, nodeId?: string): FastifyReply | undefined {
   if (req.headers.upgrade?.toLowerCase() === 'websocket') {
     tunnel(req, reply, fp, base);
@@ -101,10 +107,11 @@ function forward(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: 
   }
   // Not parsed yet (or a stream already): the body goes on as it came.
   if (req.body === undefined && req.method !== 'GET' && req.method !== 'HEAD') req.body = req.raw;
-  return reply.from(base + req.url, {
+  const preview = previewHostOf(req, fp);
+  return reply.from(base + (preview ? req.originalUrl : req.url), {
     // The host the client used goes along (a load balancer's, if one said it): URLs the other
     // node answers (preview links) name it, not this node's address.
-    rewriteRequestHeaders: (_r, headers) => ({ ...headers, [FORWARDED]: fp.cluster.nodeId, 'x-forwarded-host': req.headers['x-forwarded-host'] ?? req.headers.host ?? '' }),
+    rewriteRequestHeaders: (_r, headers) => ({ ...headers, [FORWARDED]: fp.cluster.nodeId, 'x-forwarded-host': req.headers['x-forwarded-host'] ?? req.headers.host ?? '', ...(preview ? { host: preview } : {}) }),
     onError: (_r, { error }) => {
       if (nodeId && isConnectFailure(error)) fp.cluster.unreachableNow(nodeId);
       const lost = lostNodeOf(error);
@@ -132,13 +139,14 @@ function tunnel(req: FastifyRequest, reply: FastifyReply, fp: Forkpoint, base: s
   upstream.once('timeout', close);
   upstream.once('connect', () => {
     upstream.setTimeout(0);
-    const head = [`${req.raw.method} ${req.raw.url} HTTP/1.1`];
+    const preview = previewHostOf(req, fp);
+    const head = [`${req.raw.method} ${preview ? req.originalUrl : req.raw.url} HTTP/1.1`];
     for (let i = 0; i < req.raw.rawHeaders.length; i += 2) {
       const name = req.raw.rawHeaders[i]!;
       if (name.toLowerCase() === 'host' || name.toLowerCase() === FORWARDED) continue;
       head.push(`${name}: ${req.raw.rawHeaders[i + 1]}`);
     }
-    head.push(`Host: ${url.host}`, `${FORWARDED}: ${fp.cluster.nodeId}`, '', '');
+    head.push(`Host: ${preview ?? url.host}`, `${FORWARDED}: ${fp.cluster.nodeId}`, '', '');
     upstream.write(head.join('\r\n'));
     upstream.pipe(client);
     client.pipe(upstream);

@@ -1,3 +1,4 @@
+import { clientOrigin } from '../client-origin.js';
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
@@ -178,10 +179,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         if (credential?.kind !== 'owner') throw new InvalidRequestError('a file link is made with an API token');
         await fp.instances.get(req.owner, req.params.id);
         const { token, expiresAt } = fp.credentials.fileLinkFor(credential, req.params.id, req.body.path, direction, req.body.expiresIn);
-        const forwarded = req.headers['x-forwarded-host'];
-        const host = (typeof forwarded === 'string' && forwarded ? forwarded.split(',')[0]!.trim() : undefined) ?? req.headers.host ?? 'localhost';
-        // Behind a proxy that ends TLS the link is https, as the client's own URL was.
-        const scheme = String(req.headers['x-forwarded-proto'] ?? '').split(',')[0]!.trim() === 'https' ? 'https' : 'http';
+        const { host, scheme } = clientOrigin(req);
         const query = new URLSearchParams({ path: req.body.path, signature: token });
         return { url: `${scheme}://${host}/api/sandboxes/${req.params.id}/files/signed?${query}`, expiresAt: expiresAt.toISOString() };
       });

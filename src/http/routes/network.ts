@@ -7,6 +7,7 @@ import {
 } from '../schemas/index.js';
 import { UnauthenticatedError } from '../../core/errors.js';
 import { PREVIEW_PARAM, previewPath } from './proxy.js';
+import { clientOrigin } from '../client-origin.js';
 
 const forwardView = (f: PortForwardRecord) => ({
   id: f.id,
@@ -55,7 +56,7 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         tags,
         summary: 'A link that opens a port of the instance in a browser',
         description:
-          'A link to `<port>-<instance id>.<previewDomain>` (and OpenComputer\'s `sb-<instance id>-p<port>.<previewDomain>`): every request there is proxied (HTTP and WebSocket) to that port inside the instance, for anyone with this signed link until it expires (the link sets a cookie of that host name only, so the page\'s own requests work too). Each preview is an origin of its own: no page of one can read another, or the API. The preview domain is `localhost` unless configured (browsers resolve `*.localhost` to the machine they run on); with `none`, 409 with reason PREVIEW_DOMAIN_REQUIRED. ' +
+          'A link to `<port>-<instance id>.<previewDomain>` (and OpenComputer\'s `sb-<instance id>-p<port>.<previewDomain>`): every request there is proxied (HTTP and WebSocket) to that port inside the instance, for anyone with this signed link until it expires (the link sets a cookie of that host name only, so the page\'s own requests work too). Each preview is an origin of its own: no page of one can read another, or the API. The preview domain is the name the client reached the API by unless configured (a load balancer\'s: `<port>-<id>.lb.example`; `localhost` when it used an address: browsers resolve `*.localhost` to the machine they run on); with `none`, 409 with reason PREVIEW_DOMAIN_REQUIRED. ' +
           'Under the API\'s own address, `/instances/{id}/ports/{port}/` is proxied the same for the API token (or the instance\'s access token), never for a preview link.',
         params: PortParams,
         body: optionalBody(PreviewRequest),
@@ -66,9 +67,7 @@ export const networkRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const { id, port } = req.params;
       await fp.instances.get(req.owner, id);
       if (req.credential?.kind !== 'owner') throw new UnauthenticatedError();
-      // The host the client used: a load balancer's or another node's say so.
-      const forwarded = req.headers['x-forwarded-host'];
-      const url = previewPath(fp, (typeof forwarded === 'string' && forwarded ? forwarded.split(',')[0]!.trim() : undefined) ?? req.headers.host, id, port);
+      const url = previewPath(fp, clientOrigin(req), id, port);
       const { token, expiresAt } = fp.credentials.previewLinkFor(req.credential, id, port, req.body?.ttl_s ?? 3600);
       return { url: `${url}?${PREVIEW_PARAM}=${token}`, expires_at: expiresAt.toISOString() };
     });

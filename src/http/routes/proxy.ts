@@ -9,12 +9,20 @@ import type { PreviewSource } from '../auth.js';
 export const PREVIEW_PARAM = 'fp_preview';
 const MAX_WS_BUFFERED = 4 << 20;
 
-/** `<port>-<instance id>.<domain>` or OpenComputer's `sb-<instance id>-p<port>.<domain>`. */
+/** `<port>-<instance id>.<domain>` or OpenComputer's `sb-<instance id>-p<port>.<domain>`; with
+ * the preview domain `auto`, under any domain (the one the client used for the API). */
 export function hostRoute(domain: string, host: string | undefined): { id: string; port: number } | undefined {
   if (domain === 'none' || !host) return undefined;
   const name = host.replace(/:\d+$/, '').toLowerCase();
-  if (!name.endsWith(`.${domain.toLowerCase()}`)) return undefined;
-  const label = name.slice(0, -domain.length - 1);
+  let label: string;
+  if (domain === 'auto') {
+    const dot = name.indexOf('.');
+    if (dot <= 0 || dot === name.length - 1) return undefined;
+    label = name.slice(0, dot);
+  } else {
+    if (!name.endsWith(`.${domain.toLowerCase()}`)) return undefined;
+    label = name.slice(0, -domain.length - 1);
+  }
   const m = /^(\d{1,5})-(inst_[a-z0-9]+)$/.exec(label) ?? /^sb-(inst_[a-z0-9]+)-p(\d{1,5})$/.exec(label);
   if (!m) return undefined;
   const [a, b] = [m[1]!, m[2]!];
@@ -25,15 +33,19 @@ export function hostRoute(domain: string, host: string | undefined): { id: strin
 
 /** Where a preview of the port lives: a host name of its own under the preview domain, so that
  * no two previews, and no preview and the API, share an origin (a page of one could read the
- * other with the visitor's cookie). The API's own port goes with it when the API was reached on
- * one (`localhost`, a domain without a proxy in front). */
-export function previewPath(fp: Forkpoint, apiHost: string | undefined, id: string, port: number): string {
-  const domain = fp.config.previewDomain;
-  if (domain === 'none') {
+ * other with the visitor's cookie). The preview domain `auto` is the name the client reached the
+ * API by (a load balancer's, `localhost`), or `localhost` when it used an address (no name has
+ * subdomains there). The API's own port and scheme go with it, as the client had them. */
+export function previewPath(fp: Forkpoint, api: { host: string; scheme: 'http' | 'https' }, id: string, port: number): string {
+  const configured = fp.config.previewDomain;
+  if (configured === 'none') {
     throw new ConflictError('previews are off on this server: it has no preview domain (FORKPOINT_PREVIEW_DOMAIN); the port is reachable with the API token under /instances/{id}/ports/{port}/', { reason: 'PREVIEW_DOMAIN_REQUIRED' });
   }
-  const apiPort = /:(\d{1,5})$/.exec(apiHost ?? '')?.[1];
-  return `http://${port}-${id}.${domain}${apiPort ? `:${apiPort}` : ''}/`;
+  const m = /^(.*?)(?::(\d{1,5}))?$/.exec(api.host)!;
+  const name = m[1]!.toLowerCase();
+  const byName = /^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]([a-z0-9-]{0,61}[a-z0-9])?$/.test(name) && !hostRoute('auto', name);
+  const domain = configured === 'auto' ? (byName ? name : 'localhost') : configured;
+  return `${api.scheme}://${port}-${id}.${domain}${m[2] ? `:${m[2]}` : ''}/`;
 }
 
 /** A preview link's signature, in the link's query or in the cookie it set: on the preview's own
