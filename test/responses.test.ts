@@ -130,11 +130,11 @@ describe('answers carry what they announce', () => {
     process.env.E2B_API_KEY = s.token;
     try {
       const [sa, sb] = await Promise.all([Sandbox.create(), Sandbox.create()]);
-      await sb.files.write('/root/b', 'genuine-b');
+      await sb.files.write('b', 'genuine-b');
       const truth = (await sa.commands.run('cat /proc/version')).stdout;
       for (let i = 0; i < 3; i++) {
         expect(await sa.files.read('/proc/version')).toBe(truth);
-        expect(await sb.files.read('/root/b')).toBe('genuine-b');
+        expect(await sb.files.read('b')).toBe('genuine-b');
       }
       await Promise.all([sa.kill(), sb.kill()]);
     } finally {
