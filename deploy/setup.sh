@@ -73,8 +73,12 @@ if [ "${FORKPOINT_SETUP_BUILD:-1}" = 0 ]; then
 else
   if [ ! -d node_modules ] || newer "$stamps/npm" package.json package-lock.json; then
     build_tools
-    log "installing npm packages"
-    npm ci --no-audit --no-fund --loglevel=error >&2
+    log "installing npm packages (about a minute the first time; native addons are compiled)"
+    # npm ci prints nothing for a minute or more: a line every 15 s says it is still at work.
+    ( while sleep 15; do log "  still installing npm packages ($(find node_modules -mindepth 1 -maxdepth 1 2>/dev/null | wc -l) so far)"; done ) &
+    ticker=$!
+    npm ci --no-audit --no-fund --loglevel=error >&2 || { kill "$ticker" 2>/dev/null; die "npm ci failed"; }
+    kill "$ticker" 2>/dev/null || true
     touch "$stamps/npm"
   fi
 

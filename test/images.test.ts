@@ -139,6 +139,23 @@ describe('Dockerfile builds on the engine', () => {
     expect((await overlaysUnder(s.dataDir)).filter((m) => !known.has(m.split('/').at(-2) ?? ''))).toEqual([]);
   });
 
+  it('image build as Docker takes it: -f relative to the current directory (or absolute), a missing context or Dockerfile named as such', async () => {
+    const ctx = join(work, 'dash-f');
+    await mkdir(join(ctx, 'docker'), { recursive: true });
+    await writeFile(join(ctx, 'docker', 'Dockerfile.dev'), 'FROM default\nRUN echo from-dev > /built\n');
+    const run = (args: string[], cwd: string) => execa(process.execPath, [CLI, 'image', 'build', ...args, '--url', s.url, '--token', s.token], { reject: false, cwd, env: { ...process.env, FORKPOINT_DATA_DIR: s.dataDir } });
+    const relative = await run(['dev-image', 'dash-f', '-f', 'dash-f/docker/Dockerfile.dev'], work);
+    expect(relative.exitCode, relative.stderr).toBe(0);
+    const absolute = await run(['dev-image-2', '.', '-f', join(ctx, 'docker', 'Dockerfile.dev')], ctx);
+    expect(absolute.exitCode, absolute.stderr).toBe(0);
+    const inst = await s.instance({ image: 'dev-image' });
+    expect((await sh(inst.id, 'cat /built')).stdout).toBe('from-dev\n');
+    const missing = await run(['x', 'no-such-dir'], work);
+    expect([missing.exitCode, missing.stderr.trim()]).toEqual([1, `forkpoint: the build context no-such-dir is not a directory (looked for ${join(work, 'no-such-dir')})`]);
+    const noFile = await run(['x', 'dash-f'], work);
+    expect([noFile.exitCode, noFile.stderr.trim()]).toEqual([1, `forkpoint: no Dockerfile at ${join(ctx, 'Dockerfile')}`]);
+  });
+
   it('a bad Dockerfile is a 400 with its line, before anything runs', async () => {
     const cases: [string, number | null, RegExp][] = [
       ['RUN true\n', 1, /must be FROM/],

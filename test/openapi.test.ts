@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { execa } from 'execa';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openApiText } from '../src/cli.js';
+import { openApiText } from '../src/cli/server.js';
 import { startServer, type TestServer } from './helpers/server.js';
 
 type Json = Record<string, any>;
