@@ -110,6 +110,10 @@ withJson(program.command('preview <id> <port>').description('A signed link that 
 withJson(program.command('images').description('The images the server has for you')).action(async (o: object) => (await client()).images(flags(o)));
 withJson(program.command('templates').description('Your templates')).action(async (o: object) => (await client()).templates(flags(o)));
 
+program
+  .command('mcp')
+  .description('forkpoint\'s tools for an AI agent over MCP (stdio): sandboxes, commands, files, checkpoints, rollback, fork, and try_command (rolls back by itself if the command fails)')
+  .action(async (o: object) => (await import('./cli/mcp.js')).mcp(flags(o)));
 withJson(program.command('login').description('Check a server URL and token and keep them for later commands (mode 0600)')).action(async (o: object) => (await client()).login(flags(o)));
 program
   .command('completion <shell>')

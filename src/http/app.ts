@@ -1,3 +1,4 @@
+import { mcpRoutes } from './routes/mcp.js';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
@@ -137,6 +138,8 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(firecaseFace(fp, { documented: false }), { prefix: '/v1' });
   await app.register(openComputerRoutes(fp), { prefix: '/api' });
   await app.register(e2bFace(fp));
+  // Agents: forkpoint's tools over MCP, calling the faces above in process.
+  await app.register(mcpRoutes);
   return app;
 }
 

@@ -1,0 +1,24 @@
+import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
+import { forkpointMcpServer, type RestPort } from '../mcp/tools.js';
+import { Api, answer, CliError, resolveTarget } from './api.js';
+import type { Common } from './client.js';
+
+/** `forkpoint mcp`: forkpoint's tools for an agent over stdio, working a server through its API
+ * with this CLI's URL and token. */
+export async function mcp(o: Common): Promise<void> {
+  const api = new Api(resolveTarget(o));
+  const rest: RestPort = {
+    json: (method, path, body) => api.call(method, path, body).catch((err: unknown) => Promise.reject(err instanceof CliError ? new Error(`${err.code}: ${err.message}`) : err)),
+    readText: async (path) => {
+      const res = await api.raw('GET', path);
+      if (res.status >= 400) await answer(res);
+      return res.text();
+    },
+    writeText: async (path, text) => void (await answer(await api.raw('PUT', path, { body: text, headers: { 'content-type': 'application/octet-stream' } }))),
+  };
+  const server = forkpointMcpServer(rest);
+  await server.connect(new StdioServerTransport());
+  // Until the client closes its end.
+  await new Promise<void>((resolve) => process.stdin.once('close', resolve).once('end', resolve));
+  await server.close();
+}
