@@ -8,7 +8,7 @@ import type { Common } from './client.js';
 export async function mcp(o: Common): Promise<void> {
   const api = new Api(resolveTarget(o));
   const rest: RestPort = {
-    json: (method, path, body) => api.call(method, path, body).catch((err: unknown) => Promise.reject(err instanceof CliError ? new Error(`${err.code}: ${err.message}`) : err)),
+    json: <T>(method: 'GET' | 'POST' | 'PUT' | 'DELETE', path: string, body?: unknown) => api.call<T>(method, path, body).catch((err: unknown) => Promise.reject(err instanceof CliError ? new Error(`${err.code}: ${err.message}`) : err)),
     readText: async (path) => {
       const res = await api.raw('GET', path);
       if (res.status >= 400) await answer(res);
