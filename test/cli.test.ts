@@ -119,6 +119,22 @@ describe('the client CLI', () => {
     expect(list).toContain(ckId);
   });
 
+  it('hibernate and wake, the events they left, a preview link, images and templates', async () => {
+    const id = await created('cli-more');
+    expect((await fp(['hibernate', id])).stdout).toBe(`${id} hibernated`);
+    expect((await fp(['wake', id])).stdout).toBe(`${id} running`);
+    const events = await fp(['events', id]);
+    expect(events.exitCode, events.stderr).toBe(0);
+    expect(events.stdout).toMatch(/instance\.hibernated[\s\S]*instance\.woken/);
+    const json = (await fp(['events', id, '--json'])).stdout.split('\n').map((l) => JSON.parse(l) as { type: string });
+    expect(json.map((e) => e.type)).toEqual(expect.arrayContaining(['instance.hibernated', 'instance.woken']));
+    expect((await fp(['preview', id, '8080'])).stdout).toMatch(new RegExp(`^http://8080-${id}\\.localhost:\\d+/\\?fp_preview=`));
+    expect((await fp(['ports', id])).stdout.split('\n')[0]).toMatch(/^ID\s+GUEST\s+HOST\s+LABEL$/);
+    const images = JSON.parse((await fp(['images', '--json'])).stdout) as { name: string }[];
+    expect(images.map((i) => i.name)).toContain('default');
+    expect(JSON.parse((await fp(['templates', '--json'])).stdout)).toEqual(expect.any(Array));
+  });
+
   it('a bad token is one clear line with the server\'s code, and a non-zero exit; so is a usage error', async () => {
     const r = await fp(['ls'], { token: 'not-a-token' });
     expect(r.exitCode).toBe(1);
