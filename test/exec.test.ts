@@ -134,7 +134,8 @@ describe('shell sessions', () => {
 describe('background processes', () => {
   it('keep running and writing while no client is attached; output is read later by offset', async () => {
     const start = await s.api('POST', `/instances/${id}/processes`, {
-      command: 'i=0; while true; do i=$((i+1)); echo "tick $i"; echo $i > /tmp/bg-count; sleep 0.05; done',
+      // The count is renamed into place: a reader never finds it truncated and not yet written.
+      command: 'i=0; while true; do i=$((i+1)); echo "tick $i"; echo $i > /tmp/bg-count.new; mv /tmp/bg-count.new /tmp/bg-count; sleep 0.05; done',
     });
     expect(start.status).toBe(201);
     const pid = start.body.process_id;

@@ -150,6 +150,7 @@ describe('Dockerfile builds on the engine', () => {
     expect(absolute.exitCode, absolute.stderr).toBe(0);
     const inst = await s.instance({ image: 'dev-image' });
     expect((await sh(inst.id, 'cat /built')).stdout).toBe('from-dev\n');
+    await s.api('DELETE', `/instances/${inst.id}`); // the later tests list every instance
     const missing = await run(['x', 'no-such-dir'], work);
     expect([missing.exitCode, missing.stderr.trim()]).toEqual([1, `forkpoint: the build context no-such-dir is not a directory (looked for ${join(work, 'no-such-dir')})`]);
     const noFile = await run(['x', 'dash-f'], work);
