@@ -84,6 +84,7 @@ describe('the client CLI', () => {
     await writeFile(join(src, 'top.txt'), 'top\n');
     await writeFile(join(src, 'a/b/big.bin'), randomBytes(3 << 20));
     await writeFile(join(src, 'a/small'), randomBytes(100));
+    await writeFile(join(src, 'run.sh'), '#!/bin/sh\necho ran\n', { mode: 0o755 });
     const up = await fp(['cp', src, `${id}:/root/`]);
     expect(up.exitCode, up.stderr).toBe(0);
     expect((await s.exec(id, { command: 'ls -R /root/tree | head -20' })).stdout).toContain('big.bin');
@@ -91,6 +92,10 @@ describe('the client CLI', () => {
     const down = await fp(['cp', `${id}:/root/tree`, back]);
     expect(down.exitCode, down.stderr).toBe(0);
     expect(await treeSums(back)).toEqual(await treeSums(src));
+    // Modes go both ways: a script copied in runs there, and comes back executable.
+    expect((await s.exec(id, { command: '/root/tree/run.sh' })).stdout).toBe('ran\n');
+    expect((await stat(join(back, 'run.sh'))).mode & 0o777).toBe(0o755);
+    expect((await stat(join(back, 'top.txt'))).mode & 0o777).toBe(0o644);
     // One file, into a directory that is there: under its own name.
     await mkdir(join(work, 'one'));
     expect((await fp(['cp', `${id}:/root/tree/top.txt`, join(work, 'one')])).exitCode).toBe(0);

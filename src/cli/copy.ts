@@ -1,5 +1,5 @@
 import { createReadStream, createWriteStream } from 'node:fs';
-import { lstat, mkdir, readdir } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir } from 'node:fs/promises';
 import { posix, join, basename } from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import type { ReadableStream as WebReadable } from 'node:stream/web';
@@ -22,6 +22,8 @@ interface Entry {
   rel: string;
   type: 'dir' | 'file';
   size: number;
+  /** Permission bits (a local file's; a remote one's are asked for as it is copied). */
+  mode?: number;
 }
 
 /** A progress line on a terminal: bytes so far of the whole. */
@@ -56,7 +58,7 @@ async function localEntries(root: string): Promise<Entry[]> {
   const st = await lstat(root).catch(() => {
     throw new CliError(`${root}: no such file or directory`, 'NOT_FOUND');
   });
-  if (st.isFile()) return [{ rel: '', type: 'file', size: st.size }];
+  if (st.isFile()) return [{ rel: '', type: 'file', size: st.size, mode: st.mode & 0o7777 }];
   if (!st.isDirectory()) throw new CliError(`${root}: only files and directories are copied`, 'USAGE', 2);
   const out: Entry[] = [{ rel: '', type: 'dir', size: 0 }];
   const walk = async (rel: string) => {
@@ -66,7 +68,8 @@ async function localEntries(root: string): Promise<Entry[]> {
         out.push({ rel: r, type: 'dir', size: 0 });
         await walk(r);
       } else if (d.isFile()) {
-        out.push({ rel: r, type: 'file', size: (await lstat(join(root, r))).size });
+        const f = await lstat(join(root, r));
+        out.push({ rel: r, type: 'file', size: f.size, mode: f.mode & 0o7777 });
       } else {
         process.stderr.write(`forkpoint: ${join(root, r)}: not a file or directory, left out\n`);
       }
@@ -103,7 +106,8 @@ async function remoteEntries(a: Api, id: string, root: string): Promise<Entry[]>
 /**
  * Copies files and directory trees into an instance or out of one, as `docker cp` does: the
  * source's last name is kept under a destination directory that exists, else the destination is
- * the copy's own name. Files are streamed (any size), with a progress bar on a terminal.
+ * the copy's own name. Files are streamed (any size), with a progress bar on a terminal, and keep
+ * their permission bits.
  */
 export async function cp(src: string, dst: string, o: Common): Promise<void> {
   const from = remoteOf(src);
@@ -127,7 +131,8 @@ export async function cp(src: string, dst: string, o: Common): Promise<void> {
         continue;
       }
       const body = createReadStream(e.rel ? join(src, e.rel) : src).pipe(progress.counter());
-      await answer(await a.raw('PUT', `${files(to.id)}?path=${encodeURIComponent(path)}`, { body, headers: { 'content-type': 'application/octet-stream' } }));
+      const mode = e.mode !== undefined ? `&mode=${e.mode.toString(8).padStart(3, '0')}` : '';
+      await answer(await a.raw('PUT', `${files(to.id)}?path=${encodeURIComponent(path)}${mode}`, { body, headers: { 'content-type': 'application/octet-stream' } }));
       copied++;
     }
     progress.end();
@@ -144,9 +149,12 @@ export async function cp(src: string, dst: string, o: Common): Promise<void> {
         await mkdir(path, { recursive: true });
         continue;
       }
-      const res = await a.raw('GET', `${files(f.id)}?path=${encodeURIComponent(e.rel ? posix.join(f.path, e.rel) : f.path)}`);
+      const remote = encodeURIComponent(e.rel ? posix.join(f.path, e.rel) : f.path);
+      const res = await a.raw('GET', `${files(f.id)}?path=${remote}`);
       if (res.status >= 400 || !res.body) await answer(res);
       await pipeline(Readable.fromWeb(res.body as WebReadable<Uint8Array>), progress.counter(), createWriteStream(path));
+      const { mode } = await a.call<{ mode: number }>('GET', `${files(f.id)}/stat?path=${remote}`);
+      await chmod(path, mode & 0o777);
       copied++;
     }
     progress.end();

@@ -158,7 +158,7 @@ export class FileService {
    * it, renamed over the path once whole: a reader never sees half a file, and a failed upload
    * leaves nothing. Makes the parent directories.
    */
-  async writeStream(owner: string, id: string, path: string, source: AsyncIterable<Buffer>, opts: { metadata?: Record<string, string> } & AsUser = {}): Promise<{ bytes: number }> {
+  async writeStream(owner: string, id: string, path: string, source: AsyncIterable<Buffer>, opts: { metadata?: Record<string, string>; mode?: number } & AsUser = {}): Promise<{ bytes: number }> {
     const p = this.path(path);
     const metadata = Object.entries(opts.metadata ?? {});
     if (metadata.length > MAX_METADATA_ENTRIES) throw new InvalidRequestError(`at most ${MAX_METADATA_ENTRIES} metadata entries`, { path });
@@ -176,7 +176,7 @@ export class FileService {
     const flush = () =>
       this.op(owner, id, tmp, (a) => {
         const data = Buffer.concat(pending, pendingBytes);
-        return a.writeAt(tmp, offset, data, { truncate: !written }, ids).then(() => {
+        return a.writeAt(tmp, offset, data, { truncate: !written, mode: opts.mode ?? 0o644 }, ids).then(() => {
           offset += data.length;
           written = true;
           pending = [];

@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { Readable } from 'node:stream';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import {
-  Binary, errorResponses, FileInfo, FileList, IdParams, MakeDirectoryRequest, noContent, ok, PathQuery, WatchQuery, WriteFileResult,
+  Binary, errorResponses, FileInfo, FileList, IdParams, MakeDirectoryRequest, noContent, ok, PathQuery, WatchQuery, WriteFileResult, WriteQuery,
 } from '../schemas/index.js';
 import { z } from 'zod';
 import { SseStream } from '../streams/sse.js';
@@ -40,13 +40,13 @@ const contentRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         summary: 'Write a file (the raw body), making its parent directories',
         description: 'Streamed into a temporary name beside it and renamed over the path once whole: readers never see half a file, and a failed upload leaves nothing.',
         params: IdParams,
-        querystring: PathQuery,
+        querystring: WriteQuery,
         consumes: ['application/octet-stream'],
         body: Binary,
         response: { 200: ok('Written', WriteFileResult), ...errorResponses },
       },
     }, async (req) => {
-      const r = await fp.files.writeStream(req.owner, req.params.id, req.query.path, req.body as Readable);
+      const r = await fp.files.writeStream(req.owner, req.params.id, req.query.path, req.body as Readable, req.query.mode ? { mode: parseInt(req.query.mode, 8) } : {});
       return { path: req.query.path, bytes: r.bytes };
     });
 

@@ -4,6 +4,14 @@ import { z } from 'zod';
 
 export const PathQuery = z.object({ path: z.string().min(1).max(4096).meta({ description: 'an absolute path inside the sandbox', examples: ['/root/notes.txt'] }) });
 
+export const WriteQuery = PathQuery.extend({
+  mode: z
+    .string()
+    .regex(/^[0-7]{3,4}$/)
+    .optional()
+    .meta({ description: 'the new file\'s permission bits in octal, as chmod takes them (default 644)', examples: ['755'] }),
+});
+
 export const WatchQuery = PathQuery.extend({
   recursive: z.enum(['true', 'false', '1', '0']).optional().transform((v) => v === 'true' || v === '1').meta({ description: 'also the directories below it, as they come and go' }),
 });
