@@ -12,7 +12,7 @@ import { engineFailure } from './engine-failure.js';
 import { InvalidRequestError, NotFoundError } from './errors.js';
 import type { EventBus } from './events.js';
 import type { InstanceService } from './instances.js';
-import { processUser } from './users.js';
+import { processUser, type SandboxUser } from './users.js';
 
 export interface StartExecution {
   kind: ExecutionKind;
@@ -23,7 +23,7 @@ export interface StartExecution {
   pty?: { rows: number; cols: number } | undefined;
   /** Runs as this user of the sandbox (a name or a uid): its ids, its login variables, and its
    * home as the directory it starts in unless `cwd` says; root when absent. */
-  user?: string | undefined;
+  user?: string | SandboxUser | undefined;
   /** Written to stdin, which is then closed (unless `keepStdinOpen`). */
   stdin?: Buffer | undefined;
   /** Stdin stays open for attached clients to write to (sessions, shells, terminals). */

@@ -23,10 +23,11 @@ export interface FileInfo extends FileStat {
   path: string;
 }
 
-/** Who a file operation is for: a user of the sandbox by name (or uid), whose permissions it
- * is checked against and who owns what it makes; the sandbox's root when absent. */
+/** Who a file operation is for: a user of the sandbox by name (or uid), or as already looked up
+ * (a caller making many operations reads the account files once), whose permissions it is
+ * checked against and who owns what it makes; the sandbox's root when absent. */
 export interface AsUser {
-  user?: string | undefined;
+  user?: string | SandboxUser | undefined;
 }
 
 /** Files inside an instance. Every operation is done by the agent, inside the sandbox's own
@@ -55,9 +56,9 @@ export class FileService {
     }
   }
 
-  private async idsOf(agent: AgentPort, user: string | undefined): Promise<UnixIds | undefined> {
+  private async idsOf(agent: AgentPort, user: string | SandboxUser | undefined): Promise<UnixIds | undefined> {
     if (user === undefined || user === 'root') return undefined;
-    const u = await lookupUser(agent, user);
+    const u = typeof user === 'string' ? await lookupUser(agent, user) : user;
     return isRoot(u) ? undefined : u;
   }
 

@@ -113,8 +113,8 @@ export function isRoot(u: UnixIds): boolean {
 
 /** What a process started as `name` runs as, and the variables a login would give it (HOME,
  * USER, LOGNAME); nothing for root, the agent's own. */
-export async function processUser(sb: SandboxHandle, name: string | undefined): Promise<{ ids: UnixIds | undefined; env: Record<string, string>; home: string | undefined }> {
-  if (name === undefined) return { ids: undefined, env: {}, home: undefined };
-  const u = await sb.call((agent) => lookupUser(agent, name));
+export async function processUser(sb: SandboxHandle, user: string | SandboxUser | undefined): Promise<{ ids: UnixIds | undefined; env: Record<string, string>; home: string | undefined }> {
+  if (user === undefined) return { ids: undefined, env: {}, home: undefined };
+  const u = typeof user === 'string' ? await sb.call((agent) => lookupUser(agent, user)) : user;
   return { ids: isRoot(u) ? undefined : u, env: { HOME: u.home, USER: u.name, LOGNAME: u.name }, home: u.home };
 }

@@ -52,7 +52,7 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       try {
         const user = await envdUser(fp, c);
         const path = envdPath(req.query.path ?? '', user.home);
-        const { size, stream } = await fp.files.readStream(c.owner, c.id, path, { user: user.name });
+        const { size, stream } = await fp.files.readStream(c.owner, c.id, path, { user });
         reply.type('application/octet-stream');
         if (size !== undefined) reply.header('content-length', size);
         return reply.send(stream);
@@ -73,7 +73,7 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const withMetadata = Object.keys(metadata).length ? { metadata } : {};
       try {
         const user = await envdUser(fp, c);
-        const as = { ...withMetadata, user: user.name };
+        const as = { ...withMetadata, user };
         if (req.isMultipart()) {
           for await (const part of req.files()) {
             const path = envdPath(req.query.path ?? part.filename, user.home);

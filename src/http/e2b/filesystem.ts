@@ -96,7 +96,7 @@ export function filesystemService(fp: Forkpoint): ServiceImpl<typeof Filesystem>
   const callerWithUser = async (ctx: HandlerContext): Promise<Caller> => {
     const c = callerOf(ctx);
     const [user, names] = await guard(Promise.all([envdUser(fp, c), fp.files.idNames(c.owner, c.id)]));
-    return { ...c, home: user.home, as: { user: user.name }, names };
+    return { ...c, home: user.home, as: { user }, names };
   };
   const guard = <T>(p: Promise<T>) => p.catch((err: unknown) => Promise.reject(connectError(err)));
   const polled = new Map<string, PolledWatcher>();

@@ -125,7 +125,7 @@ export function processService(fp: Forkpoint): ServiceImpl<typeof Process> {
           kind: req.pty ? 'pty' : 'exec',
           argv: [cfg.cmd, ...cfg.args],
           env: cfg.envs,
-          user: user.name,
+          user,
           cwd: cfg.cwd ? envdPath(cfg.cwd, user.home) : user.home,
           pty: req.pty?.size ? { rows: req.pty.size.rows || 24, cols: req.pty.size.cols || 80 } : undefined,
           keepStdinOpen: req.stdin ?? true,
