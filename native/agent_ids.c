@@ -1,14 +1,17 @@
 /* The user a frame is for. The host names a user of the sandbox (E2B's `user`, a Firecase exec's
  * `user`) by the ids the core read from the sandbox's own /etc/passwd; the agent, the sandbox's
- * root, takes them on: all of them for a process it starts, the filesystem ones (fsuid, fsgid,
- * groups) for a file operation, so that permissions are checked and new files owned as that
- * user's, and only for the length of that operation. The agent is single-threaded, so nothing
- * else runs while it wears them. */
+ * root, takes them on: all of them for a process it starts; for a file operation the filesystem
+ * ones (fsuid, fsgid, groups), so that what it makes (files, parent directories) is that user's,
+ * with root's access kept (CAP_DAC_OVERRIDE, CAP_FOWNER raised again), as E2B's envd, root,
+ * writes a user's files and hands them over. Only for the length of that operation: the agent
+ * is single-threaded, so nothing else runs while it wears them. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <grp.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/fsuid.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "agent.h"
@@ -28,6 +31,20 @@ int ids_take(uint32_t *len, char **pl, struct unix_ids *ids, const char **why) {
   return 0;
 }
 
+/* A non-zero fsuid takes the filesystem capabilities out of the effective set: root's access
+ * comes back from the permitted set (whatever of it the sandbox kept). */
+static int keep_access(void) {
+  struct __user_cap_header_struct head = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &head, data) < 0) return errno;
+  const int caps[] = {CAP_DAC_OVERRIDE, CAP_FOWNER};
+  for (size_t i = 0; i < sizeof(caps) / sizeof(*caps); i++) {
+    uint32_t bit = 1u << (caps[i] % 32);
+    if (data[caps[i] / 32].permitted & bit) data[caps[i] / 32].effective |= bit;
+  }
+  return syscall(SYS_capset, &head, data) < 0 ? errno : 0;
+}
+
 int ids_enter(const struct unix_ids *ids) {
   if (setgroups(ids->ngroups, (const gid_t *)ids->groups) < 0) return errno;
   /* setfsuid answers the previous id and never fails out loud: asking again (with an id that
@@ -36,7 +53,9 @@ int ids_enter(const struct unix_ids *ids) {
   if ((uint32_t)setfsgid((gid_t)-1) != ids->gid) return ids_leave(), EPERM;
   setfsuid(ids->uid);
   if ((uint32_t)setfsuid((uid_t)-1) != ids->uid) return ids_leave(), EPERM;
-  return 0;
+  int e = keep_access();
+  if (e) ids_leave();
+  return e;
 }
 
 void ids_leave(void) {

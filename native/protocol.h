@@ -58,8 +58,8 @@ enum {
 enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };
 /* On SPAWN and the file operations (WRITE_FILE .. SET_METADATA, WATCH): the payload starts with
  * u32 uid, u32 gid, u32 ngroups, u32 groups[ngroups] (at most FP_MAX_GROUPS), the sandbox's own
- * ids of the user the process runs as or the operation is done for (agents before it: the frame
- * is refused with EINVAL). */
+ * ids of the user the process runs as, or who owns what a file operation makes (done with root's
+ * access, as E2B's envd does: agent_ids.c). Agents before it refuse the frame with EINVAL. */
 enum { FP_AS_USER = 0x80 };
 #define FP_MAX_GROUPS 32
 enum { FP_WRITE_TRUNCATE = 1 };

@@ -258,14 +258,16 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
       expect(mine).toMatchObject({ path: '/home/user/mine.txt', owner: 'user', group: 'user', permissions: '-rw-r--r--' });
       await sbx.files.makeDir('made/below');
       expect((await sbx.files.list('made')).map((e) => [e.name, e.owner, e.permissions])).toEqual([['below', 'user', 'drwxr-xr-x']]);
-      // As root: its home, its file; and what root owns is not the user's to read.
+      // As root: its home, its file.
       await sbx.files.write('hello.txt', 'root only', { user: 'root' });
       expect(await sbx.files.read('/root/hello.txt', { user: 'root' })).toBe('root only');
       expect((await sbx.files.getInfo('/root/hello.txt', { user: 'root' })).owner).toBe('root');
+      // As envd (root itself) does for a user: root's access, and what it makes is the user's,
+      // parent directories included, wherever it is (E2B's own test writes /0/...).
       await sbx.commands.run('chmod 600 /root/hello.txt', { user: 'root' });
-      await expect(sbx.files.read('/root/hello.txt')).rejects.toThrow();
-      await expect(sbx.files.write('/etc/not-mine', 'x')).rejects.toThrow();
-      expect((await sbx.commands.run('test -e /etc/not-mine || echo absent', { user: 'root' })).stdout).toBe('absent\n');
+      expect(await sbx.files.read('/root/hello.txt')).toBe('root only');
+      await sbx.files.write('/0/deep/made.txt', 'x');
+      expect((await sbx.commands.run('stat -c %U:%G /0 /0/deep /0/deep/made.txt', { user: 'root' })).stdout).toBe('user:user\nuser:user\nuser:user\n');
       // A command as an unknown user never runs (envd: "invalid username").
       await expect(sbx.commands.run('touch /tmp/ran', { user: 'root123' as 'root' })).rejects.toThrow(/invalid username/);
       expect((await sbx.commands.run('test -e /tmp/ran || echo absent')).stdout).toBe('absent\n');
