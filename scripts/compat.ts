@@ -70,6 +70,14 @@ async function startForkpoint(): Promise<Server> {
     url,
     token,
     async stop() {
+      // What the suites left (paused sandboxes among them) goes first: a server stops leaving
+      // its instances and their network in place, and this one's data directory goes next.
+      const auth = { authorization: `Bearer ${token}` };
+      for (let n = 0; n < 20; n++) {
+        const page = (await (await fetch(`${url}/instances?limit=100`, { headers: auth })).json()) as { items?: { id: string }[] };
+        if (!page.items?.length) break;
+        await Promise.all(page.items.map((i) => fetch(`${url}/instances/${i.id}`, { method: 'DELETE', headers: auth })));
+      }
       server.kill('SIGTERM');
       await server;
       await rm(dataDir, { recursive: true, force: true });
