@@ -25,7 +25,8 @@ export async function shell(id: string, o: ShellOptions): Promise<void> {
     o.attach ??
     (await a.call<{ id: string }>('POST', `/instances/${inst}/pty`, { ...size(), user: o.user, ...(o.command ? { command: o.command } : {}) })).id;
   const url = `${a.target.url.replace(/^http/, 'ws')}/instances/${inst}/pty/${encodeURIComponent(ptyId)}`;
-  const ws = new WebSocket(url, { headers: a.headers() });
+  // A server that takes the connection and never answers the upgrade is given up on.
+  const ws = new WebSocket(url, { headers: a.headers(), handshakeTimeout: 15_000 });
   const stdin = process.stdin;
   const raw = stdin.isTTY === true;
   let detached = false;
