@@ -22,7 +22,7 @@ node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0
 # nft and ip for sandboxes' networks, tar for archives; with --test, also what the test suite
 # drives (Java, for the OpenAPI 3.0 client generator; a PostgreSQL server, which the store tests
 # start as a throwaway cluster; kubectl, which renders the Kubernetes manifests; podman and runc,
-# which run the node image as the DaemonSet does).
+# which run the node image as the DaemonSet does; Chromium, which the web console's tests drive).
 for_tests=0
 [ "${1:-}" = "--test" ] && for_tests=1
 missing=()
@@ -37,6 +37,7 @@ command -v tar >/dev/null || missing+=(tar)
 [ $for_tests = 0 ] || command -v kubectl >/dev/null || missing+=(kubernetes-client)
 [ $for_tests = 0 ] || command -v podman >/dev/null || missing+=(podman)
 [ $for_tests = 0 ] || command -v runc >/dev/null || missing+=(runc)
+[ $for_tests = 0 ] || command -v chromium >/dev/null || missing+=(chromium)
 
 install() { # install PACKAGE...: from the distribution's archive, quietly
   log "installing $*"
@@ -67,7 +68,7 @@ newer() { # newer STAMP PATH...: true when any PATH changed since STAMP
 # FORKPOINT_SETUP_BUILD=0 (a node image made from a checkout already built: deploy/Containerfile's
 # FROM_CHECKOUT) takes the npm packages, the agent and the build as they are, and says if one is missing.
 if [ "${FORKPOINT_SETUP_BUILD:-1}" = 0 ]; then
-  for built in node_modules native/build/fp-agent dist/cli.js; do
+  for built in node_modules native/build/fp-agent dist/cli.js dist/ui/app.js; do
     [ -e "$built" ] || die "FORKPOINT_SETUP_BUILD=0, but $built is missing: build the checkout first (bash deploy/setup.sh)."
   done
 else
@@ -88,10 +89,11 @@ else
     make -s -C native >&2
   fi
 
-  if [ ! -f dist/cli.js ] || newer "$stamps/build" src tsconfig.json package.json; then
-    log "building TypeScript"
+  if [ ! -f dist/cli.js ] || [ ! -f dist/ui/app.js ] || newer "$stamps/build" src ui tsconfig.json package.json; then
+    log "building TypeScript (the server, and the web console's modules)"
     rm -rf dist
     npx --no-install tsc -p tsconfig.json
+    npx --no-install tsc -p ui/tsconfig.json
     touch "$stamps/build"
   fi
 fi

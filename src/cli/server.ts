@@ -57,7 +57,7 @@ export async function serve(g: GlobalFlags, o: { port?: string; host?: string; l
   const address = await app.listen({ port: cfg.port, host: cfg.host });
   // Where the other nodes sharing the store reach this one (FORKPOINT_NODE_URL says, else this).
   await fp.join(address);
-  process.stdout.write(`forkpoint ${VERSION} listening on ${address} (data in ${cfg.dataDir}; API docs at ${address}/docs)\n`);
+  process.stdout.write(`forkpoint ${VERSION} listening on ${address} (data in ${cfg.dataDir}; web console at ${address}/ui, API docs at ${address}/docs)\n`);
   const stop = async (signal: string) => {
     log.info({ signal }, 'shutting down; sandboxes keep running and are re-adopted at the next start');
     await app.close();

@@ -1,4 +1,5 @@
 import { mcpRoutes } from './routes/mcp.js';
+import { consoleRoutes } from './console.js';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
@@ -140,6 +141,8 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(e2bFace(fp));
   // Agents: forkpoint's tools over MCP, calling the faces above in process.
   await app.register(mcpRoutes);
+  // People: the web console, a page over the same API.
+  await app.register(consoleRoutes);
   return app;
 }
 
