@@ -68,7 +68,7 @@ newer() { # newer STAMP PATH...: true when any PATH changed since STAMP
 # FORKPOINT_SETUP_BUILD=0 (a node image made from a checkout already built: deploy/Containerfile's
 # FROM_CHECKOUT) takes the npm packages, the agent and the build as they are, and says if one is missing.
 if [ "${FORKPOINT_SETUP_BUILD:-1}" = 0 ]; then
-  for built in node_modules native/build/fp-agent dist/cli.js dist/ui/app.js; do
+  for built in node_modules native/build/fp-agent dist/cli.js dist/ui/index.html; do
     [ -e "$built" ] || die "FORKPOINT_SETUP_BUILD=0, but $built is missing: build the checkout first (bash deploy/setup.sh)."
   done
 else
@@ -89,11 +89,12 @@ else
     make -s -C native >&2
   fi
 
-  if [ ! -f dist/cli.js ] || [ ! -f dist/ui/app.js ] || newer "$stamps/build" src ui tsconfig.json package.json; then
+  if [ ! -f dist/cli.js ] || [ ! -f dist/ui/index.html ] || newer "$stamps/build" src ui tsconfig.json package.json; then
     log "building TypeScript (the server, and the web console's modules)"
     rm -rf dist
     npx --no-install tsc -p tsconfig.json
     npx --no-install tsc -p ui/tsconfig.json
+    npx --no-install vite build --config ui/vite.config.ts
     touch "$stamps/build"
   fi
 fi

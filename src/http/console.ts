@@ -1,34 +1,17 @@
-import { readFile } from 'node:fs/promises';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
-import type { FastifyInstance, FastifyReply } from 'fastify';
-import { NotFoundError, UnavailableError } from '../core/errors.js';
+import { existsSync } from 'node:fs';
+import fastifyStatic from '@fastify/static';
+import type { FastifyInstance } from 'fastify';
+import { UnavailableError } from '../core/errors.js';
 
 /**
- * The web console at `/ui`: static files only. The page signs in with an API token and calls the
- * same API as every other client (the token is the page's, kept in the tab's session storage);
- * nothing here reads the token or the store. Files are served from a fixed table, never from a
- * path the request names, and every answer carries a policy that lets the page load code from this
- * origin alone: data shown on it comes from sandboxes, so it is written as text, never as markup,
- * and a script that got in anyway could not run.
+ * The web console at `/ui`: the files Vite built from ui/ (dist/ui), and nothing else. The page
+ * signs in with an API token and calls the same API as every other client (the token is the
+ * page's, kept in the tab's session storage); nothing here reads a token or the store. Every
+ * answer carries a policy that lets the page run code from this origin alone: data shown on it
+ * comes from sandboxes, so it is written as text, never as markup, and a script that got in anyway
+ * could not run.
  */
-const require = createRequire(import.meta.url);
-const ROOT = new URL('../../', import.meta.url).pathname;
-const xtermDir = dirname(require.resolve('@xterm/xterm/package.json'));
-const fitDir = dirname(require.resolve('@xterm/addon-fit/package.json'));
-
-const JS = 'text/javascript; charset=utf-8';
-const FILES: Record<string, { path: string; type: string }> = {
-  'index.html': { path: join(ROOT, 'ui/index.html'), type: 'text/html; charset=utf-8' },
-  'console.css': { path: join(ROOT, 'ui/console.css'), type: 'text/css; charset=utf-8' },
-  'favicon.svg': { path: join(ROOT, 'ui/favicon.svg'), type: 'image/svg+xml' },
-  'vendor/xterm.mjs': { path: join(xtermDir, 'lib/xterm.mjs'), type: JS },
-  'vendor/xterm.css': { path: join(xtermDir, 'css/xterm.css'), type: 'text/css; charset=utf-8' },
-  'vendor/addon-fit.mjs': { path: join(fitDir, 'lib/addon-fit.mjs'), type: JS },
-};
-/** The page's own modules, compiled from ui/src by ui/tsconfig.json. */
-const MODULES = ['api', 'app', 'dom', 'events', 'files', 'instance', 'instances', 'lineage', 'terminal'];
-for (const m of MODULES) FILES[`${m}.js`] = { path: join(ROOT, `dist/ui/${m}.js`), type: JS };
+const BUILT = new URL('../../dist/ui/', import.meta.url).pathname;
 
 /** Code from this origin only; xterm.js sets styles inline; WebSockets to this host (the terminal). */
 const CSP = [
@@ -43,30 +26,29 @@ const CSP = [
   "frame-ancestors 'none'",
 ].join('; ');
 
-const cache = new Map<string, Buffer>();
-
-async function serve(reply: FastifyReply, name: string): Promise<FastifyReply> {
-  const file = FILES[name];
-  if (!file) throw new NotFoundError('console file', name);
-  let body = cache.get(name);
-  if (!body) {
-    body = await readFile(file.path).catch((cause: unknown) => {
-      throw new UnavailableError(`the console is not built (${name} is missing): run the set-up, bash deploy/setup.sh`, { reason: 'CONSOLE_NOT_BUILT' }, { cause });
-    });
-    cache.set(name, body);
-  }
-  return reply
-    .header('content-type', file.type)
-    .header('content-security-policy', CSP)
-    .header('x-content-type-options', 'nosniff')
-    .header('referrer-policy', 'no-referrer')
-    .header('cache-control', 'no-cache')
-    .send(body);
-}
-
 export async function consoleRoutes(app: FastifyInstance): Promise<void> {
-  const route = { config: { scope: 'public' as const }, schema: { hide: true } };
-  app.get('/ui', route, async (_req, reply) => serve(reply, 'index.html'));
-  app.get<{ Params: { file: string } }>('/ui/:file', route, async (req, reply) => serve(reply, req.params.file));
-  app.get<{ Params: { file: string } }>('/ui/vendor/:file', route, async (req, reply) => serve(reply, `vendor/${req.params.file}`));
+  // Its files need no token: they hold no data, and the sign-in page is one of them.
+  app.addHook('onRoute', (route) => {
+    route.config = { ...(route.config as object), scope: 'public' };
+  });
+  if (!existsSync(`${BUILT}index.html`)) {
+    app.get('/ui/*', { schema: { hide: true } }, async () => {
+      throw new UnavailableError('the web console is not built: run the set-up (bash deploy/setup.sh) or npm run build', { reason: 'CONSOLE_NOT_BUILT' });
+    });
+    return;
+  }
+  await app.register(fastifyStatic, {
+    root: BUILT,
+    prefix: '/ui/',
+    index: 'index.html',
+    redirect: false,
+    dotfiles: 'deny',
+    // Bundles are named by their content: a new build is new names, and index.html is asked again.
+    cacheControl: false,
+    setHeaders: (reply) => {
+      reply.header('content-security-policy', CSP).header('x-content-type-options', 'nosniff').header('referrer-policy', 'no-referrer').header('cache-control', 'no-cache');
+    },
+  });
+  // The plugin's route is /ui/*: the console's own address, without the slash, is the page too.
+  app.get('/ui', { schema: { hide: true } }, (_req, reply) => reply.sendFile('index.html'));
 }

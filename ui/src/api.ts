@@ -42,6 +42,15 @@ export interface FileEntry {
 export interface Image {
   name: string;
   kind: string;
+  base: string | null;
+  layers: number;
+  created_at: string;
+}
+export interface Template {
+  name: string;
+  status: string;
+  start_command: string | null;
+  created_at: string;
 }
 export interface Page<T> {
   items: T[];
@@ -118,11 +127,12 @@ export const enc = encodeURIComponent;
 export const api = {
   instances: (signal?: AbortSignal) => json<Page<Instance>>('GET', '/instances?limit=200', undefined, { signal }),
   instance: (id: string, signal?: AbortSignal) => json<Instance>('GET', `/instances/${enc(id)}`, undefined, { signal }),
-  create: (body: { image?: string; name?: string }) => json<Instance>('POST', '/instances', body),
+  create: (body: { image?: string; template?: string; name?: string }) => json<Instance>('POST', '/instances', body),
   remove: (id: string) => json<void>('DELETE', `/instances/${enc(id)}`),
   hibernate: (id: string) => json<Instance>('POST', `/instances/${enc(id)}/hibernate`),
   wake: (id: string) => json<Instance>('POST', `/instances/${enc(id)}/wake`),
   images: () => json<{ images: Image[] }>('GET', '/images'),
+  templates: () => json<{ templates: Template[] }>('GET', '/templates'),
   checkpoints: (id: string, signal?: AbortSignal) => json<Page<Checkpoint>>('GET', `/instances/${enc(id)}/checkpoints?limit=200`, undefined, { signal }),
   checkpoint: (id: string, label: string | undefined) => json<Checkpoint>('POST', `/instances/${enc(id)}/checkpoints`, label ? { label } : {}),
   rollback: (id: string, checkpointId: string) => json<Instance>('POST', `/instances/${enc(id)}/rollback`, { checkpoint_id: checkpointId }),

@@ -1,6 +1,8 @@
+import '../console.css';
 import { ApiError, json, session } from './api.js';
 import { fill, h } from './dom.js';
 import { instancePage } from './instance.js';
+import { imagesPage } from './images.js';
 import { instancesPage } from './instances.js';
 
 const app = document.getElementById('app')!;
@@ -28,12 +30,12 @@ function report(err: unknown, info?: string): void {
 }
 
 function signInPage(): void {
-  const token = h('input', { type: 'password', name: 'token', autocomplete: 'off', placeholder: 'API token', 'data-testid': 'token' });
+  const token = h('input', { type: 'password', id: 'token', name: 'token', autocomplete: 'off', placeholder: 'fp_…', 'data-testid': 'token' });
   const button = h('button', { class: 'primary', type: 'submit', 'data-testid': 'sign-in' }, 'Sign in');
   const form = h('form', { class: 'panel signin' },
     h('h1', {}, 'Sign in'),
     h('p', { class: 'muted' }, 'With an API token of this server (', h('code', {}, 'forkpoint token create'), ', or the one the server printed at its first start).'),
-    token, button);
+    h('label', { for: 'token' }, 'API token'), token, button);
   form.addEventListener('submit', async (ev) => {
     ev.preventDefault();
     button.disabled = true;
@@ -62,10 +64,12 @@ function route(): void {
   if (!session.token) return signInPage();
   fill(nav,
     h('a', { href: '#/' }, 'Instances'),
+    h('a', { href: '#/images' }, 'Images'),
     h('a', { href: '/docs', target: '_blank', rel: 'noopener' }, 'API'),
     h('button', { class: 'small', 'data-testid': 'sign-out', onclick: () => (session.signOut(), route()) }, 'Sign out'));
   const m = /^#\/instances\/([A-Za-z0-9_-]{1,64})$/.exec(location.hash);
   if (m) instancePage(app, m[1]!, report, page.signal);
+  else if (location.hash === '#/images') imagesPage(app, report);
   else instancesPage(app, report, page.signal);
 }
 

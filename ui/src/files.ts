@@ -28,7 +28,7 @@ export function fileBrowser(instanceId: string, report: (err: unknown, info?: st
   let dir = start;
   const pathEl = h('span', { class: 'files-path', 'data-testid': 'files-path' });
   const body = h('tbody');
-  const input = h('input', { type: 'file', 'data-testid': 'upload', multiple: true });
+  const input = h('input', { type: 'file', 'aria-label': 'upload files', 'data-testid': 'upload', multiple: true });
   input.addEventListener('change', () => void upload());
 
   async function upload(): Promise<void> {

@@ -15,7 +15,7 @@ export function instancePage(root: HTMLElement, id: string, report: Report, sign
   const title = h('h1', {});
   const facts = h('div', { class: 'row muted' });
   const status = h('span', { 'data-testid': 'status' });
-  const label = h('input', { placeholder: 'checkpoint label (optional)', maxlength: 200, 'data-testid': 'checkpoint-label' });
+  const label = h('input', { placeholder: 'checkpoint label (optional)', 'aria-label': 'checkpoint label', maxlength: 200, 'data-testid': 'checkpoint-label' });
   const checkpointButton = h('button', { class: 'primary', 'data-testid': 'checkpoint' }, 'Checkpoint');
   const hibernateButton = h('button', { 'data-testid': 'hibernate' }, 'Hibernate');
   const wakeButton = h('button', { 'data-testid': 'wake' }, 'Wake');

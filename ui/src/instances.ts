@@ -6,8 +6,8 @@ const POLL_MS = 2000;
 /** The instances page: a table whose statuses follow the server's, and a create form. */
 export function instancesPage(root: HTMLElement, report: (err: unknown, info?: string) => void, signal: AbortSignal): void {
   const body = h('tbody', { 'data-testid': 'instances' });
-  const image = h('select', { name: 'image', 'data-testid': 'create-image' });
-  const name = h('input', { name: 'name', placeholder: 'name (optional)', maxlength: 63, 'data-testid': 'create-name' });
+  const image = h('select', { name: 'image', 'aria-label': 'image', 'data-testid': 'create-image' });
+  const name = h('input', { name: 'name', 'aria-label': 'name', placeholder: 'name (optional)', maxlength: 63, 'data-testid': 'create-name' });
   const create = h('button', { class: 'primary', 'data-testid': 'create' }, 'Create instance');
   create.addEventListener('click', async () => {
     create.disabled = true;
@@ -23,7 +23,8 @@ export function instancesPage(root: HTMLElement, report: (err: unknown, info?: s
 
   const row = (i: Instance) =>
     h('tr', { class: 'clickable', 'data-instance': i.id, onclick: () => (location.hash = `#/instances/${i.id}`) },
-      h('td', { class: 'mono' }, i.id),
+      // A link, so the keyboard reaches it too; the row's click is a larger target for the mouse.
+      h('td', { class: 'mono' }, h('a', { href: `#/instances/${i.id}` }, i.id)),
       h('td', {}, i.name),
       h('td', {}, statusBadge(i.status)),
       h('td', {}, i.image),

@@ -59,7 +59,14 @@ export function drawLineage(root: LineageNode, current: string, open: (id: strin
     const n = p.node;
     const title = s('title', {}, `${n.kind} ${n.id}${n.label ? ` (${n.label})` : ''}: ${n.status}`);
     if (n.kind === 'instance') {
-      const g = s('g', { class: `node-instance${n.id === current ? ' current' : ''}`, 'data-kind': 'instance', 'data-id': n.id, 'data-status': n.status, onclick: () => open(n.id) },
+      const g = s('g', {
+        class: `node-instance${n.id === current ? ' current' : ''}`, 'data-kind': 'instance', 'data-id': n.id, 'data-status': n.status,
+        role: 'link', tabindex: 0, 'aria-label': `instance ${n.label ?? n.id}, ${n.status}`,
+        onclick: () => open(n.id),
+        onkeydown: (e: Event) => {
+          if ((e as KeyboardEvent).key === 'Enter') open(n.id);
+        },
+      },
         title,
         s('rect', { x: cx(p) - 8, y: cy(p) - 11, width: COL - 24, height: 22, rx: 5 }),
         s('text', { x: cx(p) - 2, y: cy(p) + 4 }, short(n)));

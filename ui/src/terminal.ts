@@ -1,13 +1,7 @@
-import type { Terminal as XTerm } from '@xterm/xterm';
-import type { FitAddon as XFit } from '@xterm/addon-fit';
+import { FitAddon } from '@xterm/addon-fit';
+import { Terminal } from '@xterm/xterm';
+import '@xterm/xterm/css/xterm.css';
 import { api, enc, session } from './api.js';
-
-type XTermModule = { Terminal: typeof XTerm };
-type FitModule = { FitAddon: typeof XFit };
-
-// Loaded from the server's copies at run time; their types come from the packages.
-const XTERM = '/ui/vendor/xterm.mjs';
-const FIT = '/ui/vendor/addon-fit.mjs';
 
 export interface TerminalView {
   /** Closes the socket and the terminal's shell in the sandbox. */
@@ -20,7 +14,6 @@ export interface TerminalView {
  * PTY follows the box's size.
  */
 export async function openTerminal(box: HTMLElement, instanceId: string, onClosed: (why: string) => void): Promise<TerminalView> {
-  const [{ Terminal }, { FitAddon }] = await Promise.all([import(XTERM) as Promise<XTermModule>, import(FIT) as Promise<FitModule>]);
   const term = new Terminal({ cursorBlink: true, fontSize: 13, scrollback: 5000, fontFamily: 'ui-monospace, "Liberation Mono", monospace' });
   const fit = new FitAddon();
   term.loadAddon(fit);
