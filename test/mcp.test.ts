@@ -68,6 +68,26 @@ describe.each(['stdio', 'http'])('the MCP server over %s', (kind) => {
     }
   });
 
+  it('read_file of a file of any size hands its first MiB and lets the rest go', async () => {
+    const client = await connected(kind);
+    try {
+      const { id } = (await call(client, 'create_sandbox', {})).value as { id: string };
+      // 64 GiB that take no disk: read whole, it would not fit in any buffer of the server or
+      // the CLI (the tool answered with an error, or not at all, before it was bounded).
+      await call(client, 'run_command', { id, command: 'truncate -s 64G /root/huge' });
+      const r = await call(client, 'read_file', { id, path: '/root/huge' });
+      expect(r.isError, String(r.value)).toBe(false);
+      expect(String(r.value)).toMatch(/\n\[cut at 1048576 bytes\]$/);
+      expect(String(r.value).length).toBe((1 << 20) + '\n[cut at 1048576 bytes]'.length);
+      // Nothing in the sandbox still has the file open for a reader that went away (bounded wait).
+      const open = async () => (await call(client, 'run_command', { id, command: "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c /root/huge || true" })).value.stdout.trim();
+      await expect.poll(open, { timeout: 10_000, interval: 250 }).toBe('0');
+      await call(client, 'delete_sandbox', { id });
+    } finally {
+      await client.close();
+    }
+  });
+
   it('try_command rolls back by itself after a failing command or check, and keeps what a succeeding one did', async () => {
     const client = await connected(kind);
     try {

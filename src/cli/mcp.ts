@@ -9,10 +9,11 @@ export async function mcp(o: Common): Promise<void> {
   const api = new Api(resolveTarget(o));
   const rest: RestPort = {
     json: <T>(method: 'GET' | 'POST' | 'PUT' | 'DELETE', path: string, body?: unknown) => api.call<T>(method, path, body).catch((err: unknown) => Promise.reject(err instanceof CliError ? new Error(`${err.code}: ${err.message}`) : err)),
-    readText: async (path) => {
+    readBytes: async (path) => {
       const res = await api.raw('GET', path);
       if (res.status >= 400) await answer(res);
-      return res.text();
+      // Leaving the reader's loop early cancels the body: the rest of the file is not fetched.
+      return (res.body ?? new Blob([]).stream()) as unknown as AsyncIterable<Uint8Array>;
     },
     writeText: async (path, text) => void (await answer(await api.raw('PUT', path, { body: text, headers: { 'content-type': 'application/octet-stream' } }))),
   };

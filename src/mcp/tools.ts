@@ -10,8 +10,8 @@ import { VERSION } from '../version.js';
 export interface RestPort {
   /** A call answered in JSON; an error answer is thrown with its code and message. */
   json<T = unknown>(method: 'GET' | 'POST' | 'PUT' | 'DELETE', path: string, body?: unknown): Promise<T>;
-  /** A file's bytes as text. */
-  readText(path: string): Promise<string>;
+  /** A file's bytes as they come; the reader stops (and the stream is let go) when it has read enough. */
+  readBytes(path: string): Promise<AsyncIterable<Uint8Array>>;
   writeText(path: string, text: string): Promise<void>;
 }
 
@@ -33,6 +33,23 @@ const CheckpointId = z.string().regex(/^ckpt_[a-z0-9]+$/).describe('a checkpoint
 const Command = z.string().min(1).max(1 << 16).describe('a shell command, run by /bin/sh -c');
 const enc = encodeURIComponent;
 const text = (v: unknown) => ({ content: [{ type: 'text' as const, text: typeof v === 'string' ? v : JSON.stringify(v, null, 2) }] });
+
+/** The most of a file read_file hands an agent: a file in a sandbox may be of any size. */
+export const MAX_READ = 1 << 20;
+
+/** The text of at most `max` bytes of a stream; reading stops there, and says it was cut. */
+export async function readBounded(bytes: AsyncIterable<Uint8Array>, max: number): Promise<string> {
+  const parts: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of bytes) {
+    parts.push(chunk);
+    size += chunk.length;
+    // Leaving the loop ends the stream (its iterator's return): the rest is never read.
+    if (size > max) break;
+  }
+  const all = Buffer.concat(parts);
+  return all.length > max ? `${all.subarray(0, max).toString('utf8')}\n[cut at ${max} bytes]` : all.toString('utf8');
+}
 
 export function forkpointMcpServer(rest: RestPort): McpServer {
   const server = new McpServer({ name: 'forkpoint', version: VERSION });
@@ -68,8 +85,8 @@ export function forkpointMcpServer(rest: RestPort): McpServer {
     },
     async (a) => text(await run(a.id, a.command, a)),
   );
-  server.registerTool('read_file', { description: 'Read a text file of a sandbox', inputSchema: { id: Id, path: z.string().startsWith('/') } }, async ({ id, path }) =>
-    text(await rest.readText(`/instances/${enc(id)}/files?path=${enc(path)}`)),
+  server.registerTool('read_file', { description: `Read a text file of a sandbox (its first ${MAX_READ / 1024} KiB; run_command with tail or sed reads further)`, inputSchema: { id: Id, path: z.string().startsWith('/') } }, async ({ id, path }) =>
+    text(await readBounded(await rest.readBytes(`/instances/${enc(id)}/files?path=${enc(path)}`), MAX_READ)),
   );
   server.registerTool('write_file', { description: 'Write a text file in a sandbox (its directories made)', inputSchema: { id: Id, path: z.string().startsWith('/'), content: z.string() } }, async ({ id, path, content }) => {
     await rest.writeText(`/instances/${enc(id)}/files?path=${enc(path)}`, content);

@@ -2,23 +2,12 @@ import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { forkpointMcpServer, type RestPort } from '../../mcp/tools.js';
 
-/** The most of a file the read tool hands an agent. */
-const MAX_TEXT = 1 << 20;
-
 /** The REST face, called in process (no socket) with the caller's own credential: the tools
  * are checked exactly as that client's calls would be. */
 function restOf(app: FastifyInstance, credential: Record<string, string>): RestPort {
   const call = async (method: 'GET' | 'POST' | 'PUT' | 'DELETE', url: string, payload?: string, type?: string) => {
     const r = await app.inject({ method, url, headers: { ...credential, ...(type ? { 'content-type': type } : {}) }, ...(payload !== undefined ? { payload } : {}) });
-    if (r.statusCode >= 400) {
-      let e: { code?: string; message?: string } | undefined;
-      try {
-        e = (JSON.parse(r.body) as { error?: { code?: string; message?: string } }).error;
-      } catch {
-        e = undefined;
-      }
-      throw new Error(`${e?.code ?? `HTTP_${r.statusCode}`}: ${e?.message ?? r.body.slice(0, 200)}`);
-    }
+    if (r.statusCode >= 400) throw failure(r.statusCode, r.body);
     return r;
   };
   return {
@@ -26,12 +15,41 @@ function restOf(app: FastifyInstance, credential: Record<string, string>): RestP
       const r = await call(method, path, body !== undefined ? JSON.stringify(body) : undefined, body !== undefined ? 'application/json' : undefined);
       return (r.body ? JSON.parse(r.body) : undefined) as never;
     },
-    readText: async (path) => {
-      const r = await call('GET', path);
-      return r.rawPayload.length > MAX_TEXT ? `${r.rawPayload.subarray(0, MAX_TEXT).toString('utf8')}\n[cut at ${MAX_TEXT} bytes of ${r.rawPayload.length}]` : r.body;
+    // As a stream: a file of any size is read only as far as the tool needs.
+    readBytes: async (path) => {
+      const r = await app.inject({ method: 'GET', url: path, headers: credential, payloadAsStream: true });
+      const stream = r.stream();
+      if (r.statusCode >= 400) {
+        const chunks: Buffer[] = [];
+        for await (const c of stream) chunks.push(c as Buffer);
+        throw failure(r.statusCode, Buffer.concat(chunks).toString('utf8'));
+      }
+      return (async function* () {
+        try {
+          for await (const c of stream) yield c as Uint8Array;
+        } finally {
+          // A reader that stopped early: the answer is closed as a client that went away closes
+          // it, so the route lets go of the file (an injected answer has no socket to close).
+          if (!stream.readableEnded) {
+            stream.destroy();
+            r.raw.res.emit('close');
+          }
+        }
+      })();
     },
     writeText: async (path, text) => void (await call('PUT', path, text, 'application/octet-stream')),
   };
+}
+
+/** An error answer as the tools report it: the server's code and message. */
+function failure(status: number, body: string): Error {
+  let e: { code?: string; message?: string } | undefined;
+  try {
+    e = (JSON.parse(body) as { error?: { code?: string; message?: string } }).error;
+  } catch {
+    e = undefined;
+  }
+  return new Error(`${e?.code ?? `HTTP_${status}`}: ${e?.message ?? body.slice(0, 200)}`);
 }
 
 /**
