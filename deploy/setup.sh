@@ -19,10 +19,11 @@ node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0
 [ "$node_major" -ge 20 ] || die "Node.js >= 20 is needed (found: $(node --version 2>/dev/null || echo none))."
 
 # System tools the node needs to run: util-linux, mount's losetup and mkfs.ext4 for disk limits,
-# nft and ip for sandboxes' networks, tar for archives; with --test, also what the test suite
+# nft and ip for sandboxes' networks, tar for archives, skopeo for pulls from registries; with --test, also what the test suite
 # drives (Java, for the OpenAPI 3.0 client generator; a PostgreSQL server, which the store tests
 # start as a throwaway cluster; kubectl, which renders the Kubernetes manifests; podman and runc,
-# which run the node image as the DaemonSet does; Chromium, which the web console's tests drive).
+# which run the node image as the DaemonSet does; Chromium, which the web console's tests drive;
+# a registry (docker-registry, with htpasswd for its credentials) the pull tests push to).
 for_tests=0
 [ "${1:-}" = "--test" ] && for_tests=1
 missing=()
@@ -32,18 +33,26 @@ command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v tar >/dev/null || missing+=(tar)
+command -v skopeo >/dev/null || missing+=(skopeo)
 [ $for_tests = 0 ] || command -v java >/dev/null || missing+=(default-jre-headless)
 [ $for_tests = 0 ] || compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || missing+=(postgresql)
 [ $for_tests = 0 ] || command -v kubectl >/dev/null || missing+=(kubernetes-client)
 [ $for_tests = 0 ] || command -v podman >/dev/null || missing+=(podman)
 [ $for_tests = 0 ] || command -v runc >/dev/null || missing+=(runc)
 [ $for_tests = 0 ] || command -v chromium >/dev/null || missing+=(chromium)
+[ $for_tests = 0 ] || command -v docker-registry >/dev/null || missing+=(docker-registry)
+[ $for_tests = 0 ] || command -v htpasswd >/dev/null || missing+=(apache2-utils)
 
 install() { # install PACKAGE...: from the distribution's archive, quietly
   log "installing $*"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 [ ${#missing[@]} -eq 0 ] || install "${missing[@]}"
+# Debian's docker-registry package starts a registry on port 5000 for everyone where systemd
+# runs; the tests start their own on loopback, so the package's is stopped and left off.
+if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null; then
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
 
 # What building needs (the agent is C linked statically with glibc and libseccomp; npm's native
 # modules are C++ built by node-gyp), installed only when something is to be built: a node image

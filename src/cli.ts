@@ -108,6 +108,13 @@ program.commandsGroup('Ports, images, templates:');
 withJson(program.command('ports <id>').description('An instance\'s port forwards')).action(async (id: string, o: object) => (await client()).ports(id, flags(o)));
 withJson(program.command('preview <id> <port>').description('A signed link that opens a port in a browser').option('--ttl <seconds>', 'how long it lives')).action(async (id: string, port: string, o: object) => (await client()).preview(id, port, flags(o)));
 withJson(program.command('images').description('The images the server has for you')).action(async (o: object) => (await client()).images(flags(o)));
+withJson(
+  program
+    .command('pull <reference>')
+    .description('Pull an image from a registry (python:3.12-slim, registry.example/team/app@sha256:...) into the server')
+    .option('-u, --username <user>', 'for a registry that needs credentials')
+    .option('--password-stdin', 'read the password from standard input'),
+).action(async (ref: string, o: object) => (await client()).pull(ref, flags(o)));
 withJson(program.command('templates').description('Your templates')).action(async (o: object) => (await client()).templates(flags(o)));
 
 program

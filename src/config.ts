@@ -65,6 +65,11 @@ export const configSchema = z.object({
   /** What an OpenComputer image manifest's `base` and an E2B-style build stand on (apt works). */
   manifestBaseImage: z.string().min(1).default('debian'),
   bodyLimitBytes: z.coerce.number().int().positive().default(16 * 1024 * 1024),
+  /** Registries (host or host:port, comma-separated) pulled from in plain HTTP; those on
+   * loopback always may be. Any other is spoken to in TLS, its certificate checked. */
+  insecureRegistries: z.string().regex(/^[^,\s]+(,[^,\s]+)*$|^$/, 'registries, comma-separated').default(''),
+  /** The most an image pulled from a registry may weigh as fetched (its compressed layers). */
+  maxPullMb: z.coerce.number().int().positive().default(8192),
   /** What a build context a client sends may unpack to (its tar stream decompressed) and how
    * many members it may have; checked before anything is unpacked. */
   buildContextMaxMb: z.coerce.number().int().positive().default(2048),
@@ -172,6 +177,8 @@ const envNames: Record<keyof Config, string> = {
   s3SecretAccessKey: 'FORKPOINT_S3_SECRET_ACCESS_KEY',
   s3Prefix: 'FORKPOINT_S3_PREFIX',
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
+  insecureRegistries: 'FORKPOINT_INSECURE_REGISTRIES',
+  maxPullMb: 'FORKPOINT_MAX_PULL_MB',
   buildContextMaxMb: 'FORKPOINT_BUILD_CONTEXT_MAX_MB',
   buildContextMaxEntries: 'FORKPOINT_BUILD_CONTEXT_MAX_ENTRIES',
   httpHeadersTimeoutMs: 'FORKPOINT_HTTP_HEADERS_TIMEOUT_MS',

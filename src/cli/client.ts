@@ -208,6 +208,21 @@ export async function images(o: Common): Promise<void> {
   process.stdout.write(table(['NAME', 'KIND', 'BASE', 'LAYERS', 'CREATED'], r.images.map((i) => [i.name, i.kind, i.base ?? '-', String(i.layers), ago(i.created_at)])));
 }
 
+/** Pulls an image from a registry into the server, as `docker pull` does; a password comes from
+ * standard input (never a flag: flags are in the process list and the shell's history). */
+export async function pull(reference: string, o: Common & { username?: string; passwordStdin?: boolean }): Promise<void> {
+  let password: string | undefined;
+  if (o.passwordStdin) {
+    const chunks: Buffer[] = [];
+    for await (const c of process.stdin) chunks.push(c as Buffer);
+    password = Buffer.concat(chunks).toString('utf8').replace(/\r?\n$/, '');
+  }
+  if ((o.username === undefined) !== (password === undefined)) throw new CliError('--username and --password-stdin go together', 'USAGE', 2);
+  const r = await api(o).call<{ image: { name: string }; digest: string; fetched_bytes: number }>('POST', '/images/pull', { reference, username: o.username, password });
+  if (o.json) return printJson(r);
+  process.stdout.write(`${r.image.name}  ${r.digest}  (${r.fetched_bytes === 0 ? 'nothing fetched: all here already' : `fetched ${r.fetched_bytes} bytes`})\n`);
+}
+
 export async function templates(o: Common): Promise<void> {
   const r = await api(o).call<{ templates: { name: string; status: string; source: string | null; start_command: string | null; created_at: string }[] }>('GET', '/templates');
   if (o.json) return printJson(r.templates);

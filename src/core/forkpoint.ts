@@ -14,6 +14,7 @@ import { EventBus } from './events.js';
 import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
 import { ImageCatalog } from './images.js';
+import { ImagePulls } from './pulls.js';
 import { ExpiryService } from './expiry.js';
 import { DurableCheckpoints } from './durable.js';
 import { ObjectStore } from '../store/object-store.js';
@@ -138,7 +139,8 @@ export class Forkpoint {
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
-    this.catalog = new ImageCatalog(this.store, this.images);
+    const pulls = new ImagePulls(runtime.puller, { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024 });
+    this.catalog = new ImageCatalog(this.store, this.images, pulls);
     this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId);
     this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log, (id) => this.engine.sandbox(id) !== undefined);
     this.access = new SandboxAccess(this.instances, this.store, log, () => this.cluster.fenced);

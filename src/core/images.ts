@@ -1,7 +1,9 @@
 import type { SystemImages } from '../seam/runtime.js';
 import type { Store } from '../store/index.js';
 import { EMPTY_CONFIG, imageHolder, type BuiltImageRecord, type ImageConfig } from '../store/images.js';
+import { looksLikeReference } from '../lib/image-reference.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from './errors.js';
+import { canonicalImageName, type ImagePulls } from './pulls.js';
 
 /** An image as an instance stands on it: a rootfs directory, layers over it, its configuration. */
 export interface ResolvedImage {
@@ -16,26 +18,50 @@ export interface ResolvedImage {
 
 export interface ImageView {
   name: string;
-  kind: 'system' | 'built';
+  kind: 'system' | 'built' | 'pulled';
   base: string | null;
   layers: number;
   config: ImageConfig;
   createdAt: string;
 }
 
-/** Images an owner can use: the system's rootfs directories (set-up's and imported ones, shared)
- * and the owner's own built images (layers on one of those). */
+/** The build key of a pulled image: the digest it was pulled at. */
+const PULLED_KEY = 'pull:';
+
+/** Images an owner can use: the system's rootfs directories (set-up's and imported ones, shared),
+ * the owner's own built images (layers on one of those), and the images the owner pulled from
+ * registries (each owner's pull asks the registry itself; the bytes are kept once per digest). */
 export class ImageCatalog {
   constructor(
     private readonly store: Store,
     private readonly dirs: SystemImages,
+    private readonly pulls: ImagePulls,
   ) {}
 
-  async resolve(owner: string, name: string): Promise<ResolvedImage> {
-    const built = await this.store.images.get(owner, name);
+  /** The image `name` names for `owner`: a built or pulled one of theirs, a system one, or, for a
+   * registry reference not pulled yet (`python:3.12-slim`, `registry.example/app@sha256:…`), the
+   * image pulled now. */
+  async resolve(owner: string, name: string, signal: AbortSignal = AbortSignal.timeout(PULL_DEADLINE_MS)): Promise<ResolvedImage> {
+    const key = looksLikeReference(name) ? canonicalImageName(name) : name;
+    const built = await this.store.images.get(owner, key);
     if (built) return { ref: built.name, base: built.base, layers: built.layers, config: built.config, key: built.buildKey };
     if (this.dirs.exists(name)) return { ref: null, base: name, layers: [], config: this.dirs.config(name) ?? EMPTY_CONFIG, key: `image:${name}:${this.dirs.identity(name)}` };
+    if (looksLikeReference(name)) {
+      await this.pull(owner, name, undefined, signal);
+      return this.resolve(owner, key, signal);
+    }
     throw new InvalidRequestError(`unknown image ${name}`, { image: name });
+  }
+
+  /** Pulls `reference` (again: a tag may have moved) and records it as the owner's image of that
+   * name. Credentials are used for this pull and kept nowhere. */
+  async pull(owner: string, reference: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal): Promise<{ image: ImageView; fetchedBytes: number; digest: string }> {
+    const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal);
+    await this.store.transaction(async (tx) => {
+      await tx.images.put({ owner, name, base: pulled.base, layers: [], config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString() });
+      await tx.layers.setRefs(imageHolder(owner, name), []);
+    });
+    return { image: await this.get(owner, name), fetchedBytes: pulled.fetchedBytes, digest: pulled.digest };
   }
 
   readonly emptyConfig: ImageConfig = EMPTY_CONFIG;
@@ -50,7 +76,7 @@ export class ImageCatalog {
   }
 
   async get(owner: string, name: string): Promise<ImageView> {
-    const built = await this.store.images.get(owner, name);
+    const built = await this.store.images.get(owner, looksLikeReference(name) ? canonicalImageName(name) : name);
     if (built) return builtView(built);
     if (!this.dirs.exists(name)) throw new NotFoundError('image', name);
     return { name, kind: 'system', base: null, layers: 0, config: this.dirs.config(name) ?? EMPTY_CONFIG, createdAt: this.dirs.createdAt(name) };
@@ -68,7 +94,8 @@ export class ImageCatalog {
 
   /** Deletes a built image; refused while instances stand on it. Its layers go when nothing
    * else (an instance, a checkpoint, the build cache) holds them. */
-  async delete(owner: string, name: string): Promise<void> {
+  async delete(owner: string, given: string): Promise<void> {
+    const name = looksLikeReference(given) ? canonicalImageName(given) : given;
     if (!(await this.store.images.get(owner, name))) {
       if (this.dirs.exists(name)) throw new ConflictError(`${name} is a system image, shared by every owner; remove it on the host`, { image: name });
       throw new NotFoundError('image', name);
@@ -82,4 +109,10 @@ export class ImageCatalog {
   }
 }
 
-const builtView = (b: BuiltImageRecord): ImageView => ({ name: b.name, kind: 'built', base: b.base, layers: b.layers.length, config: b.config, createdAt: b.createdAt });
+/** How long a pull made for a create or a build may take (an explicit pull has the request's). */
+const PULL_DEADLINE_MS = 15 * 60_000;
+
+const builtView = (b: BuiltImageRecord): ImageView =>
+  b.buildKey.startsWith(PULLED_KEY)
+    ? { name: b.name, kind: 'pulled', base: b.buildKey.slice(PULLED_KEY.length), layers: b.layers.length, config: b.config, createdAt: b.createdAt }
+    : { name: b.name, kind: 'built', base: b.base, layers: b.layers.length, config: b.config, createdAt: b.createdAt };

@@ -14,6 +14,7 @@ import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { Volumes } from './volumes.js';
 import { Images } from './images.js';
+import { RegistryPuller } from './registry-pull.js';
 import { imagesForRange } from './userns-image.js';
 import { raiseInotifyCeilings } from './kernel-limits.js';
 import { inotifyWatchPaths } from './watch-paths.js';
@@ -62,6 +63,7 @@ export class Engine implements SandboxRuntime {
   readonly cgroups: Cgroups;
   readonly network: Network;
   readonly images: Images;
+  readonly puller: RegistryPuller;
   private readonly volumes: Volumes;
   /** Uppers, layers and memory images on this node's disk. */
   readonly disk: Disk;
@@ -78,6 +80,7 @@ export class Engine implements SandboxRuntime {
     this.disk = new Disk(this.layout, this.volumes, opts.agentPath);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
+    this.puller = new RegistryPuller(this.images, this.mounter, join(this.layout.images, '.oci-cache'));
     this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, log: opts.logger });
   }
 
@@ -87,6 +90,7 @@ export class Engine implements SandboxRuntime {
 
   async init(): Promise<void> {
     await rm(this.layout.spill, { recursive: true, force: true });
+    await this.puller.sweep();
     for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, this.layout.volumes, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
       await mkdir(d, { recursive: true });
     }

@@ -70,6 +70,13 @@ async function layout(root: string): Promise<{ layers: string[]; config: string 
   return { layers: await Promise.all(m.layers.map((l) => blob(root, l.digest))), config: await blob(root, m.config.digest) };
 }
 
+/** The layer and configuration files of one image manifest in an OCI layout at `root`, by the
+ * manifest's digest (a layout holding many images: the pull cache). */
+export async function ociImageFiles(root: string, manifestDigest: string): Promise<{ layers: string[]; config: string }> {
+  const m = OciManifest.parse(JSON.parse(await readFile(await blob(root, manifestDigest), 'utf8')));
+  return { layers: await Promise.all(m.layers.map((l) => blob(root, l.digest))), config: await blob(root, m.config.digest) };
+}
+
 function configOf(text: string): ImageConfig {
   const c = ImageConfigFile.parse(JSON.parse(text)).config ?? {};
   const env: Record<string, string> = {};
@@ -135,9 +142,7 @@ export async function importImageArchive(images: Images, mounter: Mounter, name:
   const work = join(images.path(''), `.import-${name}-${process.pid}`);
   await rm(work, { recursive: true, force: true });
   const archive = join(work, 'archive');
-  const merged = join(work, 'merged');
   await mkdir(archive, { recursive: true });
-  let mounted = false;
   try {
     await bounded(file, 'the archive');
     const r = await execa('tar', ['-xf', file, '-C', archive, '--no-same-owner'], { reject: false });
@@ -148,6 +153,25 @@ export async function importImageArchive(images: Images, mounter: Mounter, name:
       await rename(archive, images.path(name));
       return { layers: 1 };
     }
+    await unpackLayers(images, mounter, name, found, work);
+    return { layers: found.layers.length };
+  } catch (err) {
+    throw err instanceof EngineError ? err : fail(`not an image archive: ${(err as Error).message}`, err);
+  } finally {
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Makes image `name` of an image's layer tarballs (oldest first; plain or compressed) and its
+ * configuration file: each layer unpacked into a directory of its own (nothing of an earlier
+ * layer can redirect a later one), bounded, its whiteouts made overlayfs's, the merged view copied
+ * into the image. `work` is a scratch directory beside the images; the caller removes it.
+ */
+export async function unpackLayers(images: Images, mounter: Mounter, name: string, found: { layers: string[]; config: string }, work: string): Promise<void> {
+  const merged = join(work, 'merged');
+  let mounted = false;
+  try {
     const dirs: string[] = [];
     for (const [i, layer] of found.layers.entries()) {
       const dir = join(work, `layer${i}`);
@@ -170,11 +194,7 @@ export async function importImageArchive(images: Images, mounter: Mounter, name:
     mounted = false;
     await images.setConfig(name, configOf(await readFile(found.config, 'utf8')));
     await rename(root, images.path(name));
-    return { layers: found.layers.length };
-  } catch (err) {
-    throw err instanceof EngineError ? err : fail(`not an image archive: ${(err as Error).message}`, err);
   } finally {
     if (mounted) await mounter.unmount(merged).catch(() => {});
-    await rm(work, { recursive: true, force: true });
   }
 }

@@ -7,6 +7,9 @@ import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type SystemImages } f
 
 export { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig } from '../seam/runtime.js';
 
+/** The directory of an image pulled from a registry: its digest's. */
+const PULLED = /^sha256-[0-9a-f]{56}$/;
+
 /** Read-only rootfs trees, one directory per image. An image is a lower layer of every
  * instance on it, so it is never changed in place: a re-import is a new name. */
 export class Images implements SystemImages {
@@ -16,8 +19,10 @@ export class Images implements SystemImages {
     return join(this.dir, name);
   }
 
+  /** A system image: one of set-up's or an operator's. Pulled images (`sha256-…`, by digest)
+   * are reached through an owner's pull only: their names would tell one owner what another pulled. */
   exists(name: string): boolean {
-    return IMAGE_NAME.test(name) && existsSync(this.path(name));
+    return IMAGE_NAME.test(name) && !PULLED.test(name) && existsSync(this.path(name));
   }
 
   /** What changes when the image is rebuilt or replaced (its directory is a new one). */
@@ -51,7 +56,7 @@ export class Images implements SystemImages {
 
   async list(): Promise<{ name: string; createdAt: string }[]> {
     if (!existsSync(this.dir)) return [];
-    const names = (await readdir(this.dir)).filter((n) => IMAGE_NAME.test(n));
+    const names = (await readdir(this.dir)).filter((n) => IMAGE_NAME.test(n) && !PULLED.test(n));
     return Promise.all(
       names.map(async (name) => ({ name, createdAt: (await stat(this.path(name))).mtime.toISOString() })),
     );

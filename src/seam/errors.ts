@@ -33,6 +33,21 @@ export class EngineError extends Error {
   }
 }
 
+/** Why an image could not be pulled from its registry. */
+export type PullFailure = 'DENIED' | 'NOT_IN_REGISTRY' | 'UNREACHABLE' | 'CORRUPT' | 'TOO_LARGE' | 'NO_PLATFORM' | 'FAILED';
+
+/** A pull from a registry failed; nothing of it is kept. */
+export class PullError extends Error {
+  override readonly name = 'PullError';
+  constructor(
+    readonly reason: PullFailure,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
 /** The agent refused the request, with an errno from inside the sandbox. */
 export class AgentError extends Error {
   override readonly name = 'AgentError';

@@ -84,6 +84,40 @@ export interface SystemImages {
   seedFrom(seedDir: string): Promise<{ name: string; error: string }[]>;
 }
 
+/** An image in a registry, fully qualified (lib/image-reference.ts parsed and checked it). */
+export interface RegistryImage {
+  registry: string;
+  repository: string;
+  tag: string | undefined;
+  digest: string | undefined;
+}
+
+export interface PullRequest {
+  image: RegistryImage;
+  /** Plain HTTP rather than TLS: a registry on loopback or one the operator listed as insecure. */
+  plainHttp: boolean;
+  credentials?: { username: string; password: string } | undefined;
+  /** The most the image's layers may weigh as fetched (compressed). */
+  maxBytes: number;
+}
+
+export interface PulledImage {
+  /** The manifest's digest for this host's platform: the image's identity. */
+  digest: string;
+  /** The system image directory it is unpacked in (hidden from the system images' list). */
+  base: string;
+  config: ImageConfig;
+  layers: number;
+  /** Bytes of layers and configuration this pull fetched: 0 when everything was here already. */
+  fetchedBytes: number;
+}
+
+/** Images from OCI registries, verified by digest, unpacked once per digest for every owner who
+ * can reach them (each owner's pull asks the registry itself, with its own credentials). */
+export interface ImagePuller {
+  pull(req: PullRequest, signal: AbortSignal): Promise<PulledImage>;
+}
+
 /** What the core asks of the sandboxes' network: addresses, policies, counters. */
 export interface NetworkRuntime {
   init(entries: FirewallEntry[]): Promise<void>;
@@ -121,6 +155,8 @@ export interface SandboxRuntime {
   readonly network: NetworkRuntime;
   /** The host's system images. */
   readonly images: SystemImages;
+  /** Images from OCI registries. */
+  readonly puller: ImagePuller;
   /** The agent layer new boots get (a fresh boot maps no file of an older agent). */
   readonly currentAgentLayer: string;
   /** Whether this machine has that agent layer (another node's agent build it may lack). */

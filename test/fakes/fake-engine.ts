@@ -29,6 +29,8 @@ import {
   type SubscribeOptions,
   type Subscription,
   type SystemImages,
+  type ImagePuller,
+  PullError,
 } from '../../src/seam/index.js';
 
 /**
@@ -571,6 +573,12 @@ class FakeDisk implements NodeDisk {
 export class FakeEngine implements SandboxRuntime {
   readonly network = new FakeNetwork();
   readonly images: SystemImages;
+  /** No registry here: a pull says so (the real one is in test/registry.test.ts). */
+  readonly puller: ImagePuller = {
+    pull: async (req) => {
+      throw new PullError('UNREACHABLE', `the fake engine reaches no registry (${req.image.registry})`);
+    },
+  };
   readonly disk: NodeDisk;
   private readonly live = new Map<string, FakeSandbox>();
 

@@ -33,7 +33,7 @@ const Envs = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().m
 
 export const CreateSandboxBody = z
   .object({
-    templateID: z.string().max(63).optional().describe('an image name; "base" means the default image'),
+    templateID: z.string().max(512).optional().describe('an image name or a registry reference (pulled); "base" means the default image'),
     timeout: z.number().int().min(0).max(30 * 86400).optional().describe('seconds idle (no call, no attached client) before the sandbox hibernates by itself, its memory kept; 0: never'),
     envs: Envs.optional(),
     metadata: z.record(z.string().max(64), z.string().max(1024)).optional(),

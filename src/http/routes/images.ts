@@ -6,7 +6,7 @@ import { InvalidRequestError } from '../../core/errors.js';
 import type { ImageView } from '../../core/images.js';
 import type { TemplateRecord } from '../../store/templates.js';
 import {
-  Binary, BuildContextQuery, BuildImageRequest, CreateTemplateRequest, errorResponses, Image, ImageList, ImageNameParams, noContent, ok, Template, TemplateList,
+  Binary, BuildContextQuery, BuildImageRequest, CreateTemplateRequest, errorResponses, Image, ImageList, ImageNameParams, ImageRefParams, noContent, ok, PulledImage, PullImageRequest, Template, TemplateList,
 } from '../schemas/index.js';
 import { streamBuild, wantsEvents } from '../streams/build-sse.js';
 
@@ -27,6 +27,9 @@ export const templateView = (t: TemplateRecord) => ({
   error: t.error,
   created_at: t.createdAt,
 });
+
+/** How long an explicit pull may take before it is given up. */
+const PULL_DEADLINE_MS = 30 * 60_000;
 
 const built = {
   201: ok('The image, built (or, with `Accept: text/event-stream`, 200 and the build log as events: `build_log`, then `result` or `error`)', Image),
@@ -58,8 +61,27 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => ({ images: (await fp.catalog.list(req.owner)).map(imageView) }));
 
     app.get('/images/:name', {
-      schema: { operationId: 'getImage', tags, summary: 'Get an image', description: 'Its kind, base, layers and configuration.', params: ImageNameParams, response: { 200: ok('The image', Image), ...errorResponses } },
+      schema: { operationId: 'getImage', tags, summary: 'Get an image', description: 'Its kind, base, layers and configuration.', params: ImageRefParams, response: { 200: ok('The image', Image), ...errorResponses } },
     }, async (req) => imageView(await fp.catalog.get(req.owner, req.params.name)));
+
+    app.post('/images/pull', {
+      schema: {
+        operationId: 'pullImage',
+        tags,
+        summary: 'Pull an image from a registry',
+        description:
+          'Resolves the reference for this host\'s platform (a multi-platform index is followed), fetches what is not here yet (each blob checked against its digest), applies the layers\' whiteouts, and records the image as yours under its full reference (`docker.io/library/python:3.12-slim`), the name instances and `FROM` use (`image` at create also pulls by itself). ' +
+          'A pull asks the registry every time (a tag may have moved; another owner\'s pull of the same image lets you in to nothing): what is here already is not fetched again. Plain HTTP only for registries on loopback or in `FORKPOINT_INSECURE_REGISTRIES`. ' +
+          'Errors carry `details.reason`: REGISTRY_DENIED (403), REGISTRY_NOT_IN_REGISTRY (404), REGISTRY_TOO_LARGE (413, FORKPOINT_MAX_PULL_MB), REGISTRY_NO_PLATFORM (400), REGISTRY_CORRUPT or REGISTRY_UNREACHABLE (503); nothing of a failed pull is kept.',
+        body: PullImageRequest,
+        response: { 201: ok('The image, pulled', PulledImage), ...errorResponses },
+      },
+    }, async (req, reply) => {
+      const b = req.body;
+      const credentials = b.username !== undefined && b.password !== undefined ? { username: b.username, password: b.password } : undefined;
+      const r = await fp.catalog.pull(req.owner, b.reference, credentials, AbortSignal.any([req.clientGone, AbortSignal.timeout(PULL_DEADLINE_MS)]));
+      return reply.code(201).send({ image: imageView(r.image), digest: r.digest, fetched_bytes: r.fetchedBytes });
+    });
 
     app.post('/images', {
       schema: {
@@ -110,7 +132,7 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => ({ removed: await fp.builds.prune(new Date(Date.now() + 1000), req.owner) }));
 
     app.delete('/images/:name', {
-      schema: { operationId: 'deleteImage', tags, summary: 'Delete a built image', description: 'Refused (409) while instances stand on it, and for system images. Its layers go once nothing else holds them.', params: ImageNameParams, response: { 204: noContent('Deleted'), ...errorResponses } },
+      schema: { operationId: 'deleteImage', tags, summary: 'Delete a built image', description: 'A built or pulled image of yours. Refused (409) while instances stand on it, and for system images. Its layers go once nothing else holds them.', params: ImageRefParams, response: { 204: noContent('Deleted'), ...errorResponses } },
     }, async (req, reply) => {
       await fp.catalog.delete(req.owner, req.params.name);
       await fp.instances.collectLayers();

@@ -4,6 +4,9 @@ import { z } from 'zod';
 
 export const ImageName = z.string().min(1).max(63).describe('an image name');
 export const ImageNameParams = z.object({ name: ImageName });
+/** An image as it may be asked for: a name, or a registry reference (`python:3.12-slim`; a `/` in
+ * it sent as `%2F`). */
+export const ImageRefParams = z.object({ name: z.string().min(1).max(512).describe('an image name or a registry reference (URL-encoded)') });
 
 export const ImageConfig = z
   .object({
@@ -20,8 +23,8 @@ export const ImageConfig = z
 export const Image = z
   .object({
     name: z.string(),
-    kind: z.enum(['system', 'built']).describe('`system`: a rootfs every owner shares (set-up\'s, imported on the host); `built`: yours, layers on a system image'),
-    base: z.string().nullable().describe('for a built image: the system image under its layers'),
+    kind: z.enum(['system', 'built', 'pulled']).describe('`system`: a rootfs every owner shares (set-up\'s, imported on the host); `built`: yours, layers on a system image; `pulled`: yours, from a registry'),
+    base: z.string().nullable().describe('for a built image: the system image under its layers; for a pulled one: its manifest\'s digest'),
     layers: z.number().int(),
     config: ImageConfig,
     created_at: z.string(),
@@ -29,6 +32,24 @@ export const Image = z
   .meta({ id: 'Image', examples: [{ name: 'my-app', kind: 'built', base: 'debian', layers: 3, config: { env: { NODE_ENV: 'production' }, workdir: '/app', user: null, cmd: ['node', 'server.js'], entrypoint: null, labels: {}, exposed_ports: [3000] }, created_at: '2026-11-22T08:00:00.000Z' }] });
 
 export const ImageList = z.object({ images: z.array(Image) }).meta({ id: 'ImageList' });
+
+export const PullImageRequest = z
+  .object({
+    reference: z.string().min(1).max(512).describe('`[registry/]repository[:tag][@sha256:digest]`, as Docker takes it (Docker Hub when no registry is named)'),
+    username: z.string().min(1).max(1024).optional().describe('for a registry that needs credentials: used for this pull, kept nowhere'),
+    password: z.string().min(1).max(8192).optional(),
+  })
+  .strict()
+  .refine((r) => (r.username === undefined) === (r.password === undefined), 'username and password go together')
+  .meta({ id: 'PullImageRequest', examples: [{ reference: 'python:3.12-slim' }, { reference: 'registry.example/team/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef', username: 'ci', password: 'secret' }] });
+
+export const PulledImage = z
+  .object({
+    image: Image,
+    digest: z.string().describe('the manifest\'s digest for this host\'s platform'),
+    fetched_bytes: z.number().int().describe('what this pull fetched from the registry: 0 when every layer was here already'),
+  })
+  .meta({ id: 'PulledImage' });
 
 export const BuildImageRequest = z
   .object({
@@ -63,7 +84,7 @@ export const TemplateList = z.object({ templates: z.array(Template) }).meta({ id
 export const CreateTemplateRequest = z
   .object({
     name: ImageName,
-    from_image: z.string().max(63).optional().describe('an image (system or built) to boot'),
+    from_image: z.string().max(512).optional().describe('an image (system, built, or a registry reference, pulled) to boot'),
     from_checkpoint: z.string().max(64).optional().describe('or a checkpoint of yours to restore'),
     start_command: z.string().max(65536).optional().describe('started in the background before the template\'s checkpoint: running in every instance made from it; default: the image\'s CMD'),
     ready_command: z.string().max(65536).optional().describe('run until it exits 0 before the checkpoint (say, `curl -sf localhost:8080`)'),

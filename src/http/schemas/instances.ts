@@ -45,7 +45,7 @@ export const NetworkPolicy = z
 export const CreateInstanceRequest = z
   .object({
     name: z.string().max(63).optional().describe('hostname-safe: lowercase letters, digits, hyphens; defaults to the id'),
-    image: z.string().max(63).optional().describe('an image name (system or built); defaults to the server\'s default'),
+    image: z.string().max(512).optional().describe('an image name (system or built), or a registry reference (`python:3.12-slim`, `registry.example/team/app@sha256:…`: pulled first if it is not yet); defaults to the server\'s default'),
     template: z.string().max(63).optional().describe('a template: the instance is restored from its checkpoint, its start command already running (instead of `image`)'),
     env: Env.optional(),
     limits: LimitsRequest.optional(),

@@ -1,0 +1,74 @@
+import { BadReferenceError, formatReference, parseReference, plainHttpAllowed, type ImageReference } from '../lib/image-reference.js';
+import { PullError, type PullFailure } from '../seam/errors.js';
+import type { ImagePuller, PulledImage } from '../seam/runtime.js';
+import { ForkpointError, InvalidRequestError, PayloadTooLargeError, QuotaExceededError, UnavailableError } from './errors.js';
+
+/** Pulls one owner may have running at once on a node: each takes disk, bandwidth and CPU. */
+const PULLS_PER_OWNER = 2;
+
+/** What a registry's refusal means to an API caller, with the reason in `details`. */
+function pullFailure(err: PullError): ForkpointError {
+  const details = { reason: `REGISTRY_${err.reason}` satisfies `REGISTRY_${PullFailure}` };
+  switch (err.reason) {
+    case 'DENIED':
+      return new ForkpointError('FORBIDDEN', err.message, details, { cause: err });
+    case 'NOT_IN_REGISTRY':
+      return new ForkpointError('NOT_FOUND', err.message, details, { cause: err });
+    case 'TOO_LARGE':
+      return new PayloadTooLargeError(err.message, details);
+    case 'NO_PLATFORM':
+      return new InvalidRequestError(err.message, details, { cause: err });
+    default:
+      return new UnavailableError(err.message, details, { cause: err });
+  }
+}
+
+export interface PullSettings {
+  /** Registries (host or host:port) spoken to in plain HTTP besides loopback's. */
+  insecureRegistries: readonly string[];
+  maxPullBytes: number;
+}
+
+/** An image reference as the catalog names what it pulled: the whole of it, so that `python:3`
+ * and `docker.io/library/python:3` are one image. */
+export function canonicalImageName(text: string): string {
+  return formatReference(checkedReference(text));
+}
+
+function checkedReference(text: string): ImageReference {
+  try {
+    return parseReference(text);
+  } catch (err) {
+    if (err instanceof BadReferenceError) throw new InvalidRequestError(err.message, { image: text, reason: 'BAD_REFERENCE' });
+    throw err;
+  }
+}
+
+/** Pulls from registries through the engine's puller, with this server's rules: which registries
+ * may be plain HTTP, how much a pull may fetch, and what a failure answers. */
+export class ImagePulls {
+  private readonly running = new Map<string, number>();
+
+  constructor(
+    private readonly puller: ImagePuller,
+    private readonly settings: PullSettings,
+  ) {}
+
+  async pull(owner: string, text: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal): Promise<{ name: string; pulled: PulledImage }> {
+    const image = checkedReference(text);
+    const now = this.running.get(owner) ?? 0;
+    if (now >= PULLS_PER_OWNER) throw new QuotaExceededError(`${now} pulls of yours are running on this node; wait for one to end`, { reason: 'PULLS_PER_OWNER', limit: PULLS_PER_OWNER });
+    this.running.set(owner, now + 1);
+    try {
+      const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials, maxBytes: this.settings.maxPullBytes }, signal);
+      return { name: formatReference(image), pulled };
+    } catch (err) {
+      if (err instanceof PullError) throw pullFailure(err);
+      throw err;
+    } finally {
+      const left = (this.running.get(owner) ?? 1) - 1;
+      if (left > 0) this.running.set(owner, left);
+      else this.running.delete(owner);
+    }
+  }
+}

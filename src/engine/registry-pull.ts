@@ -1,0 +1,173 @@
+import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { arch } from 'node:os';
+import { join } from 'node:path';
+import { execa } from 'execa';
+import { z } from 'zod';
+import { PullError } from '../seam/errors.js';
+import type { ImagePuller, PulledImage, PullRequest, RegistryImage } from '../seam/runtime.js';
+import { ociImageFiles, unpackLayers } from './image-archive.js';
+import { EMPTY_IMAGE_CONFIG, type Images } from './images.js';
+import type { Mounter } from './overlay.js';
+
+/** The platform asked of a multi-platform image: this host's. */
+const PLATFORM = { os: 'linux', architecture: arch() === 'x64' ? 'amd64' : arch() === 'arm64' ? 'arm64' : arch() };
+/** skopeo's own deadline for a whole command (it retries nothing by itself). */
+const COMMAND_TIMEOUT = '15m';
+/** A manifest is small; a registry that answers with more is refused. */
+const MAX_MANIFEST = 4 * 1024 * 1024;
+
+const Descriptor = z.object({ mediaType: z.string().optional(), digest: z.string().regex(/^sha256:[0-9a-f]{64}$/), size: z.number().int().nonnegative() });
+const Index = z.object({
+  manifests: z.array(Descriptor.extend({ platform: z.object({ os: z.string(), architecture: z.string(), variant: z.string().optional() }).optional() })),
+});
+const Manifest = z.object({ config: Descriptor, layers: z.array(Descriptor) });
+const CacheIndex = z.object({ manifests: z.array(z.object({ digest: z.string(), annotations: z.record(z.string(), z.string()).optional() })) });
+
+/** The directory name of a pulled image: its digest (hidden from the system images' list). */
+export const pulledDirName = (digest: string) => `sha256-${digest.slice('sha256:'.length, 'sha256:'.length + 56)}`;
+
+/** skopeo's words for why it failed, as a named reason. */
+function failureOf(stderr: string): PullError {
+  const line = stderr.trim().split('\n').filter(Boolean).pop() ?? 'skopeo failed';
+  const text = line.replace(/^time="[^"]*" level=\w+ msg="?/, '').replace(/"$/, '');
+  // A digest mismatch first: its message quotes digests, whose hex may hold anything.
+  if (/digest did not match|does not match|checksum|mismatch/i.test(stderr)) return new PullError('CORRUPT', `a blob from the registry is not what its digest says: ${text}`);
+  if (/unauthorized|authentication required|denied|\b40[13]\b/i.test(stderr)) return new PullError('DENIED', `the registry refused: ${text}`);
+  if (/manifest unknown|not found|name unknown|\b404\b/i.test(stderr)) return new PullError('NOT_IN_REGISTRY', `no such image in the registry: ${text}`);
+  if (/connection refused|no such host|timeout|dial tcp|server gave HTTP response to HTTPS|\bEOF\b/i.test(stderr)) return new PullError('UNREACHABLE', `the registry could not be reached: ${text}`);
+  return new PullError('FAILED', text);
+}
+
+/**
+ * Pulls with skopeo (containers/image: the registry protocol, its auth, and the digest of every
+ * blob checked as it arrives) into one OCI layout that is the node's blob cache, so a layer is
+ * fetched once whatever image names it; then unpacks the image into a system image directory
+ * named by its digest, once. The reference goes to skopeo whole and checked (lib/image-reference),
+ * credentials in a file of mode 0600 that is removed after, never on a command line.
+ */
+export class RegistryPuller implements ImagePuller {
+  private readonly inFlight = new Map<string, Promise<PulledImage>>();
+  /** One copy into the cache at a time: skopeo rewrites the layout's index. */
+  private copying: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    private readonly images: Images,
+    private readonly mounter: Mounter,
+    private readonly cacheDir: string,
+    private readonly skopeo = 'skopeo',
+  ) {}
+
+  async pull(req: PullRequest, signal: AbortSignal): Promise<PulledImage> {
+    const auth = await this.authFile(req);
+    try {
+      const common = ['--insecure-policy', '--command-timeout', COMMAND_TIMEOUT];
+      const { digest, manifest } = await this.resolve(req, auth, common, signal);
+      const base = pulledDirName(digest);
+      if (existsSync(this.images.path(base))) {
+        return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, fetchedBytes: 0 };
+      }
+      const weight = manifest.config.size + manifest.layers.reduce((n, l) => n + l.size, 0);
+      if (weight > req.maxBytes) throw new PullError('TOO_LARGE', `the image's layers weigh ${weight} bytes, more than the ${req.maxBytes} a pull may fetch`);
+      // Two owners pulling one image at once: one fetch and unpack, both wait for it (each has
+      // already been let in by the registry above).
+      let running = this.inFlight.get(digest);
+      if (!running) {
+        running = this.fetchAndUnpack(req, auth, common, digest, manifest, base, signal).finally(() => this.inFlight.delete(digest));
+        this.inFlight.set(digest, running);
+      }
+      return await running;
+    } finally {
+      if (auth) await rm(auth.dir, { recursive: true, force: true });
+    }
+  }
+
+  private source(image: RegistryImage, digest?: string): string {
+    const at = digest ?? image.digest;
+    return `docker://${image.registry}/${image.repository}${at ? `@${at}` : `:${image.tag ?? 'latest'}`}`;
+  }
+
+  private async authFile(req: PullRequest): Promise<{ dir: string; file: string } | undefined> {
+    if (!req.credentials) return undefined;
+    const dir = await mkdtemp(join(this.cacheDir, '..', '.auth-'));
+    await chmod(dir, 0o700);
+    const file = join(dir, 'auth.json');
+    const token = Buffer.from(`${req.credentials.username}:${req.credentials.password}`).toString('base64');
+    await writeFile(file, JSON.stringify({ auths: { [req.image.registry]: { auth: token } } }), { mode: 0o600 });
+    return { dir, file };
+  }
+
+  private async run(args: string[], signal: AbortSignal): Promise<Buffer> {
+    const r = await execa(this.skopeo, args, { reject: false, encoding: 'buffer', stripFinalNewline: false, cancelSignal: signal, maxBuffer: MAX_MANIFEST, forceKillAfterDelay: 2000 });
+    if (signal.aborted) throw new PullError('FAILED', 'the pull was cancelled', { cause: signal.reason });
+    if (r.exitCode !== 0) throw failureOf(Buffer.from(r.stderr).toString('utf8') || String(r.message ?? ''));
+    return Buffer.from(r.stdout);
+  }
+
+  /** The digest of the image for this platform, and its manifest, asked of the registry. */
+  private async resolve(req: PullRequest, auth: { file: string } | undefined, common: string[], signal: AbortSignal): Promise<{ digest: string; manifest: z.infer<typeof Manifest> }> {
+    const opts = [...common, 'inspect', '--raw', `--tls-verify=${!req.plainHttp}`, ...(auth ? ['--authfile', auth.file] : [])];
+    let raw = await this.run([...opts, this.source(req.image)], signal);
+    let digest = `sha256:${createHash('sha256').update(raw).digest('hex')}`;
+    if (req.image.digest && digest !== req.image.digest) {
+      throw new PullError('CORRUPT', `the registry's manifest has digest ${digest}, not the ${req.image.digest} asked for`);
+    }
+    const parsed = JSON.parse(raw.toString('utf8')) as unknown;
+    const index = Index.safeParse(parsed);
+    if (index.success && !Manifest.safeParse(parsed).success) {
+      const entry = index.data.manifests.find((m) => m.platform?.os === PLATFORM.os && m.platform.architecture === PLATFORM.architecture);
+      if (!entry) throw new PullError('NO_PLATFORM', `the image has no manifest for ${PLATFORM.os}/${PLATFORM.architecture}`);
+      raw = await this.run([...opts, this.source(req.image, entry.digest)], signal);
+      digest = `sha256:${createHash('sha256').update(raw).digest('hex')}`;
+      if (digest !== entry.digest) throw new PullError('CORRUPT', `the registry's manifest has digest ${digest}, not the ${entry.digest} its index says`);
+    }
+    const manifest = Manifest.safeParse(JSON.parse(raw.toString('utf8')));
+    if (!manifest.success) throw new PullError('FAILED', `not an image manifest: ${manifest.error.issues[0]?.message ?? ''}`);
+    return { digest, manifest: manifest.data };
+  }
+
+  private async fetchAndUnpack(req: PullRequest, auth: { file: string } | undefined, common: string[], digest: string, manifest: z.infer<typeof Manifest>, base: string, signal: AbortSignal): Promise<PulledImage> {
+    await mkdir(this.cacheDir, { recursive: true });
+    const present = (d: string) => existsSync(join(this.cacheDir, 'blobs', 'sha256', d.slice(7)));
+    const missing = [manifest.config, ...manifest.layers].reduce((n, b) => n + (present(b.digest) ? 0 : b.size), 0);
+    const copy = async () =>
+      this.run([...common, 'copy', '--quiet', `--src-tls-verify=${!req.plainHttp}`, ...(auth ? ['--src-authfile', auth.file] : []),
+        this.source(req.image, digest), `oci:${this.cacheDir}:${base}`], signal);
+    const queued = this.copying.then(copy, copy);
+    this.copying = queued.catch(() => {});
+    await queued;
+    const work = join(this.images.path(''), `.pull-${base}-${process.pid}`);
+    await rm(work, { recursive: true, force: true });
+    await mkdir(work, { recursive: true });
+    try {
+      // Found by the name the copy gave it: a Docker manifest is stored converted to OCI's, under
+      // another digest.
+      const files = await ociImageFiles(this.cacheDir, await this.storedManifest(base));
+      await unpackLayers(this.images, this.mounter, base, files, work);
+    } catch (err) {
+      await rm(this.images.path(base), { recursive: true, force: true });
+      throw err instanceof PullError ? err : new PullError('FAILED', `unpacking the image: ${(err as Error).message}`, { cause: err });
+    } finally {
+      await rm(work, { recursive: true, force: true });
+    }
+    return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, fetchedBytes: missing };
+  }
+
+  /** The digest of the manifest the cache's index names `name`. */
+  private async storedManifest(name: string): Promise<string> {
+    const index = CacheIndex.parse(JSON.parse(await readFile(join(this.cacheDir, 'index.json'), 'utf8')));
+    const entry = [...index.manifests].reverse().find((m) => m.annotations?.['org.opencontainers.image.ref.name'] === name);
+    if (!entry) throw new PullError('FAILED', `the pull cache has no image ${name}`);
+    return entry.digest;
+  }
+
+  /** What a pull left when the server died in it: a credentials file, a half-unpacked tree. */
+  async sweep(): Promise<void> {
+    const dir = this.images.path('');
+    if (!existsSync(dir)) return;
+    for (const name of await readdir(dir)) {
+      if (name.startsWith('.auth-') || name.startsWith('.pull-')) await rm(join(dir, name), { recursive: true, force: true });
+    }
+  }
+}

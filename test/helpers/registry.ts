@@ -1,0 +1,129 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
+import { execa } from 'execa';
+
+/** A real OCI registry (Debian's docker-registry, the CNCF distribution) on loopback, started by
+ * the test in a temporary directory, optionally behind htpasswd credentials. */
+export interface TestRegistry {
+  host: string;
+  dir: string;
+  /** What it logged: each request it served. */
+  log(): string;
+  /** The file of a blob in its storage (to corrupt it). */
+  blobFile(digest: string): string;
+  close(): Promise<void>;
+}
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+export async function startRegistry(auth?: { username: string; password: string }): Promise<TestRegistry> {
+  const dir = await mkdtemp(join(tmpdir(), 'forkpoint-registry-'));
+  const port = await freePort();
+  const host = `127.0.0.1:${port}`;
+  let authConfig = '';
+  if (auth) {
+    const { stdout } = await execa('htpasswd', ['-Bbn', auth.username, auth.password]);
+    await writeFile(join(dir, 'htpasswd'), `${stdout.trim()}\n`);
+    authConfig = `auth:\n  htpasswd:\n    realm: forkpoint-test\n    path: ${join(dir, 'htpasswd')}\n`;
+  }
+  await writeFile(
+    join(dir, 'config.yml'),
+    `version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n    rootdirectory: ${join(dir, 'data')}\nhttp:\n  addr: ${host}\n${authConfig}`,
+  );
+  let output = '';
+  const child: ChildProcess = spawn('docker-registry', ['serve', join(dir, 'config.yml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+  child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+  const close = async () => {
+    if (child.exitCode === null) {
+      child.kill('SIGKILL');
+      await new Promise((r) => child.once('exit', r));
+    }
+    await rm(dir, { recursive: true, force: true });
+  };
+  // Up when /v2/ answers (200, or 401 behind credentials); 15 s at most.
+  const until = Date.now() + 15_000;
+  for (;;) {
+    const status = await fetch(`http://${host}/v2/`).then((r) => r.status, () => 0);
+    if (status === 200 || status === 401) break;
+    if (Date.now() > until || child.exitCode !== null) {
+      await close();
+      throw new Error(`the registry did not start: ${output.slice(-2000)}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return {
+    host,
+    dir,
+    log: () => output,
+    blobFile: (digest) => {
+      const hex = digest.slice('sha256:'.length);
+      return join(dir, 'data/docker/registry/v2/blobs/sha256', hex.slice(0, 2), hex, 'data');
+    },
+    close,
+  };
+}
+
+const sha = (b: Buffer) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
+
+/** One layer: a gzipped tar of a directory's contents. */
+export async function layerOf(dir: string): Promise<Buffer> {
+  const { stdout } = await execa('tar', ['-C', dir, '--numeric-owner', '-cf', '-', '.'], { encoding: 'buffer', maxBuffer: 512 * 1024 * 1024 });
+  return gzipSync(Buffer.from(stdout));
+}
+
+/**
+ * An OCI image layout at `dir` (tag `tag`) of these layers (gzipped tars, oldest first) and this
+ * container configuration, written by hand as the spec says; answers the manifest's digest.
+ */
+export async function writeOciLayout(dir: string, tag: string, layers: Buffer[], config: Record<string, unknown>): Promise<string> {
+  await mkdir(join(dir, 'blobs/sha256'), { recursive: true });
+  const put = async (b: Buffer) => {
+    const d = sha(b);
+    await writeFile(join(dir, 'blobs/sha256', d.slice(7)), b);
+    return d;
+  };
+  const { gunzipSync } = await import('node:zlib');
+  const configBlob = Buffer.from(
+    JSON.stringify({
+      architecture: 'amd64',
+      os: 'linux',
+      config,
+      rootfs: { type: 'layers', diff_ids: layers.map((l) => sha(gunzipSync(l))) },
+    }),
+  );
+  const manifest = Buffer.from(
+    JSON.stringify({
+      schemaVersion: 2,
+      mediaType: 'application/vnd.oci.image.manifest.v1+json',
+      config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: await put(configBlob), size: configBlob.length },
+      layers: await Promise.all(layers.map(async (l) => ({ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: await put(l), size: l.length }))),
+    }),
+  );
+  const digest = await put(manifest);
+  await writeFile(join(dir, 'oci-layout'), JSON.stringify({ imageLayoutVersion: '1.0.0' }));
+  await writeFile(
+    join(dir, 'index.json'),
+    JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', digest, size: manifest.length, annotations: { 'org.opencontainers.image.ref.name': tag } }] }),
+  );
+  return digest;
+}
+
+/** Pushes an OCI layout's tag to a registry with skopeo, as a user's `docker push` would. */
+export async function push(layout: string, tag: string, target: string, auth?: { username: string; password: string }): Promise<void> {
+  await execa('skopeo', ['--insecure-policy', 'copy', '--quiet', '--dest-tls-verify=false', ...(auth ? ['--dest-creds', `${auth.username}:${auth.password}`] : []), `oci:${layout}:${tag}`, `docker://${target}`]);
+}

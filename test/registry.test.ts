@@ -1,0 +1,184 @@
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { layerOf, push, startRegistry, writeOciLayout, type TestRegistry } from './helpers/registry.js';
+import { startServer, type TestServer } from './helpers/server.js';
+
+/**
+ * Images from a real registry (Debian's docker-registry on loopback, started here), pushed to it
+ * with skopeo as a user would push theirs: pulled by tag and by digest, booted on each face, built
+ * FROM, pulled again without a blob fetched, behind credentials, and refused when a blob is not
+ * what its digest says.
+ */
+const DEFAULT_IMAGE = '/opt/forkpoint/images/default';
+const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
+const AUTH = { username: 'ci', password: 'registry-secret' };
+
+let s: TestServer;
+let open: TestRegistry;
+let locked: TestRegistry;
+let work: string;
+let digest: string;
+let ref: string;
+
+/** Blob fetches the registry served (its access log's GETs of blobs). */
+const blobGets = (r: TestRegistry) => (r.log().match(/"GET \/v2\/[^"]*\/blobs\/sha256:/g) ?? []).length;
+
+beforeAll(async () => {
+  work = await mkdtemp(join(tmpdir(), 'forkpoint-registry-test-'));
+  // Three layers: a root filesystem (forkpoint's default image), files over it, and a layer that
+  // deletes one of those (a whiteout) and changes another.
+  const base = await layerOf(DEFAULT_IMAGE);
+  const second = join(work, 'second');
+  await mkdir(join(second, 'etc'), { recursive: true });
+  await mkdir(join(second, 'data'), { recursive: true });
+  await writeFile(join(second, 'etc/app.conf'), 'v1\n');
+  await writeFile(join(second, 'data/old.txt'), 'deleted by the next layer\n');
+  const third = join(work, 'third');
+  await mkdir(join(third, 'etc'), { recursive: true });
+  await mkdir(join(third, 'data'), { recursive: true });
+  await writeFile(join(third, 'etc/app.conf'), 'v2\n');
+  await writeFile(join(third, 'data/.wh.old.txt'), '');
+  digest = await writeOciLayout(join(work, 'layout'), 'v1', [base, await layerOf(second), await layerOf(third)], { Env: ['PATH=/usr/sbin:/usr/bin:/sbin:/bin', 'FROM_REGISTRY=yes'], WorkingDir: '/data' });
+  [open, locked] = await Promise.all([startRegistry(), startRegistry(AUTH)]);
+  await push(join(work, 'layout'), 'v1', `${open.host}/team/app:v1`);
+  await push(join(work, 'layout'), 'v1', `${locked.host}/team/private:v1`, AUTH);
+  ref = `${open.host}/team/app:v1`;
+  s = await startServer();
+}, 120_000);
+
+afterAll(async () => {
+  await s?.close();
+  await Promise.all([open?.close(), locked?.close()]);
+  if (work) await rm(work, { recursive: true, force: true });
+});
+
+describe('images from a registry', () => {
+  it('pulls by tag: the layers applied with their whiteouts, the configuration kept, recorded under the full reference', async () => {
+    const r = await s.api('POST', '/images/pull', { reference: ref });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    expect(r.body).toMatchObject({ digest, image: { name: ref, kind: 'pulled', base: digest } });
+    expect(r.body.fetched_bytes).toBeGreaterThan(1_000_000);
+    // The registry's own log shows the layers fetched (so that "none fetched" below means something).
+    expect(blobGets(open)).toBeGreaterThanOrEqual(4);
+    const inst = await s.instance({ image: ref });
+    expect(inst.image).toBe(ref);
+    const out = await s.exec(inst.id, { command: 'cat /etc/app.conf; test -e /data/old.txt && echo present || echo whited-out; echo $FROM_REGISTRY; pwd' });
+    expect(out.stdout).toBe('v2\nwhited-out\nyes\n/data\n');
+    // The image list says what it is; the pulled directory is no system image for anyone.
+    const list = (await s.api('GET', '/images')).body.images as { name: string; kind: string }[];
+    expect(list).toContainEqual(expect.objectContaining({ name: ref, kind: 'pulled' }));
+    expect(list.some((i) => i.name.startsWith('sha256-'))).toBe(false);
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
+  it('a second pull fetches no blob; by digest it is the same image, and create pulls by itself', async () => {
+    const before = blobGets(open);
+    const again = await s.api('POST', '/images/pull', { reference: ref });
+    expect(again.status).toBe(201);
+    expect(again.body).toMatchObject({ digest, fetched_bytes: 0 });
+    const byDigest = `${open.host}/team/app@${digest}`;
+    const inst = await s.instance({ image: byDigest });
+    expect((await s.exec(inst.id, { command: 'cat /etc/app.conf' })).stdout).toBe('v2\n');
+    expect(blobGets(open)).toBe(before);
+    expect((await s.api('GET', `/images/${encodeURIComponent(byDigest)}`)).body).toMatchObject({ kind: 'pulled', base: digest });
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
+  it('boots on the OpenComputer and E2B faces and builds FROM it', async () => {
+    const oc = await s.api('POST', '/api/sandboxes', { templateID: ref });
+    expect(oc.status, JSON.stringify(oc.body)).toBe(201);
+    const id = oc.body.sandboxID as string;
+    expect((await s.exec(id, { command: 'cat /etc/app.conf' })).stdout).toBe('v2\n');
+    await s.api('DELETE', `/instances/${id}`);
+    const e2b = await s.api('POST', '/sandboxes', { templateID: ref, timeout: 120 }, { 'x-api-key': s.token, 'content-type': 'application/json' });
+    expect(e2b.status, JSON.stringify(e2b.body)).toBe(201);
+    expect(e2b.body.templateID).toBe(ref);
+    expect((await s.exec(e2b.body.sandboxID, { command: 'cat /etc/app.conf' })).stdout).toBe('v2\n');
+    await s.api('DELETE', `/instances/${e2b.body.sandboxID}`);
+
+    const built = await s.api('POST', '/images', { name: 'on-pulled', dockerfile: `FROM ${ref}\nRUN echo built > /built\n` });
+    expect(built.status, JSON.stringify(built.body)).toBe(201);
+    const inst = await s.instance({ image: 'on-pulled' });
+    expect((await s.exec(inst.id, { command: 'cat /built /etc/app.conf; echo $FROM_REGISTRY' })).stdout).toBe('built\nv2\nyes\n');
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
+  it('a registry that needs credentials refuses without them and pulls with them, which are kept nowhere', async () => {
+    const privateRef = `${locked.host}/team/private:v1`;
+    const refused = await s.api('POST', '/images/pull', { reference: privateRef });
+    expect(refused.status, JSON.stringify(refused.body)).toBe(403);
+    expect(refused.body.error.details.reason).toBe('REGISTRY_DENIED');
+    const wrong = await s.api('POST', '/images/pull', { reference: privateRef, username: 'ci', password: 'wrong' });
+    expect(wrong.status).toBe(403);
+    // Another owner's pull of the same image lets nobody else in: each asks the registry.
+    const created = await s.api('POST', '/instances', { image: privateRef });
+    expect(created.status).toBe(403);
+    const pulled = await s.api('POST', '/images/pull', { reference: privateRef, ...AUTH });
+    expect(pulled.status, JSON.stringify(pulled.body)).toBe(201);
+    expect(pulled.body.digest).toBe(digest);
+    // The CLI, as `docker login`'s users type it: the password on standard input, never a flag.
+    const { execa } = await import('execa');
+    const env = { ...process.env, FORKPOINT_URL: s.url, FORKPOINT_TOKEN: s.token };
+    const cli = await execa(process.execPath, [CLI, 'pull', privateRef, '-u', AUTH.username, '--password-stdin'], { env, input: `${AUTH.password}\n`, reject: false });
+    expect([cli.exitCode, cli.stdout], cli.stderr).toEqual([0, `${privateRef}  ${digest}  (nothing fetched: all here already)`]);
+    const denied = await execa(process.execPath, [CLI, 'pull', privateRef], { env, reject: false });
+    expect([denied.exitCode, denied.stderr]).toEqual([1, expect.stringMatching(/^forkpoint: FORBIDDEN: the registry refused/)]);
+    // Nowhere in the data directory (the store, logs, the pull's scratch files); the images' own
+    // trees are left out of the search: they are what the registries sent.
+    const { stdout } = await import('execa').then(({ execa }) =>
+      execa('grep', ['-rl', '--exclude-dir=default', '--exclude-dir=debian', '--exclude-dir=sha256-*', AUTH.password, s.dataDir], { reject: false }));
+    expect(stdout).toBe('');
+    // Pulled, it is the owner's: created from without the registry.
+    const inst = await s.instance({ image: privateRef });
+    expect((await s.exec(inst.id, { command: 'cat /etc/app.conf' })).stdout).toBe('v2\n');
+    await s.api('DELETE', `/instances/${inst.id}`);
+    // Another owner has not pulled it: not theirs to see.
+    const other = await s.fp.store.tokens.create('someone-else', 'registry');
+    const theirs = await s.api('GET', `/images/${encodeURIComponent(privateRef)}`, undefined, { authorization: `Bearer ${other.token}` });
+    expect(theirs.status).toBe(404);
+    const theirCreate = await s.api('POST', '/instances', { image: privateRef }, { authorization: `Bearer ${other.token}` });
+    expect(theirCreate.status).toBe(403);
+  });
+
+  it('refuses a blob that is not what its digest says, and keeps nothing of that pull', async () => {
+    // An image of its own layer, pushed, then that layer's bytes changed in the registry's storage.
+    const extra = join(work, 'extra');
+    await mkdir(join(extra, 'etc'), { recursive: true });
+    await writeFile(join(extra, 'etc/extra.conf'), 'soon corrupted\n');
+    const layer = await layerOf(extra);
+    const base = await layerOf(DEFAULT_IMAGE);
+    const badDigest = await writeOciLayout(join(work, 'layout-bad'), 'v1', [base, layer], {});
+    await push(join(work, 'layout-bad'), 'v1', `${open.host}/team/bad:v1`);
+    const { createHash } = await import('node:crypto');
+    const layerDigest = `sha256:${createHash('sha256').update(layer).digest('hex')}`;
+    const file = open.blobFile(layerDigest);
+    expect(existsSync(file)).toBe(true);
+    const tampered = Buffer.from(layer);
+    tampered[tampered.length - 20] ^= 0xff;
+    await writeFile(file, tampered);
+
+    const badRef = `${open.host}/team/bad:v1`;
+    const r = await s.api('POST', '/images/pull', { reference: badRef });
+    expect(r.status, JSON.stringify(r.body)).toBe(503);
+    expect(r.body.error.details.reason).toBe('REGISTRY_CORRUPT');
+    expect(r.body.error.message).toMatch(/digest/i);
+    expect((await s.api('GET', `/images/${encodeURIComponent(badRef)}`)).status).toBe(404);
+    const images = join(s.dataDir, 'images');
+    expect(await readdir(images)).not.toContain(`sha256-${badDigest.slice(7, 63)}`);
+    expect(existsSync(join(images, '.oci-cache/blobs/sha256', layerDigest.slice(7)))).toBe(false);
+    expect((await readdir(images)).filter((n) => n.startsWith('.pull-'))).toEqual([]);
+  });
+
+  it('says what is wrong with a reference, an image the registry lacks, and a registry that is not there', async () => {
+    const bad = await s.api('POST', '/images/pull', { reference: 'UPPER/case:tag' });
+    expect([bad.status, bad.body.error.details.reason]).toEqual([400, 'BAD_REFERENCE']);
+    const missing = await s.api('POST', '/images/pull', { reference: `${open.host}/team/none:v1` });
+    expect([missing.status, missing.body.error.details.reason]).toEqual([404, 'REGISTRY_NOT_IN_REGISTRY']);
+    const away = await s.api('POST', '/images/pull', { reference: '127.0.0.1:9/team/app:v1' });
+    expect([away.status, away.body.error.details.reason]).toEqual([503, 'REGISTRY_UNREACHABLE']);
+  });
+});
+

@@ -1,0 +1,55 @@
+import { describe, expect, it } from 'vitest';
+import { ImagePulls } from '../../src/core/pulls.js';
+import { PullError, type ImagePuller, type PulledImage, type PullRequest } from '../../src/seam/index.js';
+
+const pulled: PulledImage = { digest: `sha256:${'a'.repeat(64)}`, base: `sha256-${'a'.repeat(56)}`, config: { env: {}, workdir: null, user: null, cmd: null, entrypoint: null, labels: {}, exposedPorts: [] }, layers: 1, fetchedBytes: 0 };
+
+/** A puller whose pulls wait until the test lets them go, and that records what it was asked. */
+function heldPuller() {
+  const asked: PullRequest[] = [];
+  const waiting: (() => void)[] = [];
+  const puller: ImagePuller = {
+    pull: (req) => {
+      asked.push(req);
+      return new Promise((resolve) => waiting.push(() => resolve(pulled)));
+    },
+  };
+  return { puller, asked, release: () => waiting.splice(0).forEach((go) => go()) };
+}
+
+describe('pulls from registries, the core\'s rules', () => {
+  it('bounds the pulls one owner runs at once (429 PULLS_PER_OWNER), not another owner\'s', async () => {
+    const h = heldPuller();
+    const pulls = new ImagePulls(h.puller, { insecureRegistries: [], maxPullBytes: 1 << 30 });
+    const signal = new AbortController().signal;
+    const first = [pulls.pull('a', 'app:1', undefined, signal), pulls.pull('a', 'app:2', undefined, signal)];
+    await expect(pulls.pull('a', 'app:3', undefined, signal)).rejects.toMatchObject({ code: 'QUOTA_EXCEEDED', details: { reason: 'PULLS_PER_OWNER' } });
+    const other = pulls.pull('b', 'app:1', undefined, signal);
+    h.release();
+    await Promise.all([...first, other]);
+    // Done, they count no more.
+    const again = pulls.pull('a', 'app:3', undefined, signal);
+    h.release();
+    await expect(again).resolves.toMatchObject({ name: 'docker.io/library/app:3' });
+  });
+
+  it('asks plain HTTP for loopback and listed registries only, and passes the pull bound', async () => {
+    const h = heldPuller();
+    const pulls = new ImagePulls(h.puller, { insecureRegistries: ['registry.lan:5000'], maxPullBytes: 1234 });
+    const signal = new AbortController().signal;
+    const all = ['127.0.0.1:5000/a', 'registry.lan:5000/b', 'ghcr.io/c/d'].map((r) => pulls.pull(`o-${r}`, r, undefined, signal));
+    h.release();
+    await Promise.all(all);
+    expect(h.asked.map((r) => [r.image.registry, r.plainHttp, r.maxBytes])).toEqual([['127.0.0.1:5000', true, 1234], ['registry.lan:5000', true, 1234], ['ghcr.io', false, 1234]]);
+  });
+
+  it('names each refusal: the reason in details, the status by what went wrong', async () => {
+    const cases: [PullError['reason'], string][] = [['DENIED', 'FORBIDDEN'], ['NOT_IN_REGISTRY', 'NOT_FOUND'], ['TOO_LARGE', 'PAYLOAD_TOO_LARGE'], ['NO_PLATFORM', 'INVALID_REQUEST'], ['CORRUPT', 'UNAVAILABLE'], ['UNREACHABLE', 'UNAVAILABLE']];
+    for (const [reason, code] of cases) {
+      const pulls = new ImagePulls({ pull: async () => Promise.reject(new PullError(reason, 'no')) }, { insecureRegistries: [], maxPullBytes: 1 });
+      await expect(pulls.pull('o', 'app', undefined, new AbortController().signal)).rejects.toMatchObject({ code, details: { reason: `REGISTRY_${reason}` } });
+    }
+    const pulls = new ImagePulls(heldPuller().puller, { insecureRegistries: [], maxPullBytes: 1 });
+    await expect(pulls.pull('o', 'Bad/Ref', undefined, new AbortController().signal)).rejects.toMatchObject({ code: 'INVALID_REQUEST', details: { reason: 'BAD_REFERENCE' } });
+  });
+});
