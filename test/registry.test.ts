@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { layerOf, push, startRegistry, writeOciLayout, type TestRegistry } from './helpers/registry.js';
+import { layerFile, layerOf, push, startRegistry, writeOciLayout, type TestRegistry } from './helpers/registry.js';
 import { startServer, type TestServer } from './helpers/server.js';
 
 /**
@@ -13,6 +13,7 @@ import { startServer, type TestServer } from './helpers/server.js';
  * what its digest says.
  */
 const DEFAULT_IMAGE = '/opt/forkpoint/images/default';
+const DEBIAN_IMAGE = '/opt/forkpoint/images/debian';
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 const AUTH = { username: 'ci', password: 'registry-secret' };
 
@@ -171,6 +172,20 @@ describe('images from a registry', () => {
     expect(existsSync(join(images, '.oci-cache/blobs/sha256', layerDigest.slice(7)))).toBe(false);
     expect((await readdir(images)).filter((n) => n.startsWith('.pull-'))).toEqual([]);
   });
+
+  it('pulls forkpoint\'s Debian image pushed to the registry, and runs its tools', async () => {
+    const layout = join(work, 'debian-layout');
+    await mkdir(layout, { recursive: true });
+    await writeOciLayout(layout, 'stable', [await layerFile(DEBIAN_IMAGE, join(work, 'debian.tar'))], { Env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'] });
+    await push(layout, 'stable', `${open.host}/forkpoint/debian:stable`);
+    await rm(layout, { recursive: true, force: true });
+    const inst = await s.instance({ image: `${open.host}/forkpoint/debian:stable` });
+    const out = await s.exec(inst.id, { command: 'apt-get --version | head -1 | cut -d" " -f1; python3 -c "print(6*7)"; cat /etc/debian_version >/dev/null && echo debian' });
+    expect(out.stdout).toBe('apt\n42\ndebian\n');
+    // skopeo compressed the layer as it pushed: the registry's manifest is another than the layout's.
+    expect((await s.api('GET', `/images/${encodeURIComponent(`${open.host}/forkpoint/debian:stable`)}`)).body).toMatchObject({ kind: 'pulled', base: expect.stringMatching(/^sha256:[0-9a-f]{64}$/) });
+    await s.api('DELETE', `/instances/${inst.id}`);
+  }, 180_000);
 
   it('says what is wrong with a reference, an image the registry lacks, and a registry that is not there', async () => {
     const bad = await s.api('POST', '/images/pull', { reference: 'UPPER/case:tag' });

@@ -86,11 +86,18 @@ export async function layerOf(dir: string): Promise<Buffer> {
   return gzipSync(Buffer.from(stdout));
 }
 
+/** A large layer: an uncompressed tar of a directory, written to a file (never held in memory). */
+export async function layerFile(dir: string, file: string): Promise<{ file: string }> {
+  await execa('tar', ['-C', dir, '--numeric-owner', '-cf', file, '.']);
+  return { file };
+}
+
 /**
- * An OCI image layout at `dir` (tag `tag`) of these layers (gzipped tars, oldest first) and this
- * container configuration, written by hand as the spec says; answers the manifest's digest.
+ * An OCI image layout at `dir` (tag `tag`) of these layers (gzipped tars in memory, or tar files;
+ * oldest first) and this container configuration, written by hand as the spec says; answers the
+ * manifest's digest.
  */
-export async function writeOciLayout(dir: string, tag: string, layers: Buffer[], config: Record<string, unknown>): Promise<string> {
+export async function writeOciLayout(dir: string, tag: string, layers: (Buffer | { file: string })[], config: Record<string, unknown>): Promise<string> {
   await mkdir(join(dir, 'blobs/sha256'), { recursive: true });
   const put = async (b: Buffer) => {
     const d = sha(b);
@@ -98,12 +105,24 @@ export async function writeOciLayout(dir: string, tag: string, layers: Buffer[],
     return d;
   };
   const { gunzipSync } = await import('node:zlib');
+  const { rename, stat } = await import('node:fs/promises');
+  const descriptors: { mediaType: string; digest: string; size: number; diffId: string }[] = [];
+  for (const l of layers) {
+    if (Buffer.isBuffer(l)) {
+      descriptors.push({ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: await put(l), size: l.length, diffId: sha(gunzipSync(l)) });
+    } else {
+      const digest = `sha256:${(await execa('sha256sum', [l.file])).stdout.split(' ')[0]}`;
+      const size = (await stat(l.file)).size;
+      await rename(l.file, join(dir, 'blobs/sha256', digest.slice(7)));
+      descriptors.push({ mediaType: 'application/vnd.oci.image.layer.v1.tar', digest, size, diffId: digest });
+    }
+  }
   const configBlob = Buffer.from(
     JSON.stringify({
       architecture: 'amd64',
       os: 'linux',
       config,
-      rootfs: { type: 'layers', diff_ids: layers.map((l) => sha(gunzipSync(l))) },
+      rootfs: { type: 'layers', diff_ids: descriptors.map((d) => d.diffId) },
     }),
   );
   const manifest = Buffer.from(
@@ -111,7 +130,7 @@ export async function writeOciLayout(dir: string, tag: string, layers: Buffer[],
       schemaVersion: 2,
       mediaType: 'application/vnd.oci.image.manifest.v1+json',
       config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: await put(configBlob), size: configBlob.length },
-      layers: await Promise.all(layers.map(async (l) => ({ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: await put(l), size: l.length }))),
+      layers: descriptors.map(({ mediaType, digest, size }) => ({ mediaType, digest, size })),
     }),
   );
   const digest = await put(manifest);
