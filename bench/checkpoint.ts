@@ -4,18 +4,18 @@
  * a baseline measured in the same run: the raw CRIU + mount steps alone, and a full copy of
  * the upper.
  */
-import { mkdir, rename, rm } from 'node:fs/promises';
+import { mkdir, readFile, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { launchUnderShim } from '../src/engine/launcher.js';
-import { benchServer, sample, stats, table, time, type Stats } from './lib.js';
+import { attempt, benchServer, sample, stats, table, time, type Failed, type Stats } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 10);
 const LARGE_MB = Number(process.env.BENCH_LARGE_MB ?? 1024);
 const s = await benchServer();
 const engine = s.engine;
 const layout = engine.layout;
-const rows: { name: string; stats: Stats; unit?: string; target?: string }[] = [];
+const rows: { name: string; stats: Stats | Failed; unit?: string; target?: string }[] = [];
 
 async function instance(body: Record<string, unknown> = {}): Promise<string> {
   const r = await s.api('POST', '/instances', body);
@@ -49,11 +49,17 @@ async function rawCycle(id: string): Promise<number> {
   await execa('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowers.join(':')},upperdir=${layout.relative(layout.upper(id))},workdir=${layout.relative(layout.work(id))}`, layout.merged(id)], { cwd: layout.root });
   const run = layout.run(id);
   await rm(join(run, 'pid'), { force: true });
+  await mkdir(join(run, 'criu'), { recursive: true });
   const launched = await launchUnderShim({
     agentPath: s.fp.config.agentPath,
     command: [s.fp.config.agentPath, 'criu-run', '--cache', s.fp.config.criuCacheDir, '--', engine.criu.path, 'restore', '-d', '-D', images, '-W', join(run, 'criu'),
       '-o', 'restore.log', '--root', layout.merged(id), '--pidfile', join(run, 'pid'), '--manage-cgroups=ignore'],
     pidfile: join(run, 'pid'), statusFile: join(run, 'status'), logFile: join(run, 'shim.log'), cgroupProcs: [], failure: 'RESTORE_FAILED',
+  }).catch(async (err: unknown) => {
+    // CRIU says why in its own log: its last error line is the row's reason.
+    const log = await readFile(join(run, 'criu', 'restore.log'), 'utf8').catch(() => '');
+    const why = log.split('\n').filter((l) => l.includes('Error')).pop();
+    throw new Error(`criu restore: ${why ?? (err as Error).message}`);
   });
   const ms = performance.now() - t;
   sb.pid = launched.pid;
@@ -73,12 +79,16 @@ for (let i = 0; i < N; i++) {
   await exec(small, `head -c 1048576 /dev/urandom > /root/f${i}`);
   smallRuns.push(await checkpoint(small, { memory: true }));
 }
-const rawSmall = await sample(N, async () => {
-  await exec(small, `head -c 1048576 /dev/urandom > /root/raw${Math.random()}`);
-  return rawCycle(small);
+// By hand on its own sandbox: a failed hand-made cycle leaves that sandbox unusable, not the bench.
+const rawSmall = await attempt(async () => {
+  const raw = await instance({ user_namespace: false });
+  return sample(N, async () => {
+    await exec(raw, `head -c 1048576 /dev/urandom > /root/raw${Math.random()}`);
+    return rawCycle(raw);
+  });
 });
 rows.push({ name: 'checkpoint pause, 1 MB in upper', stats: stats(smallRuns.map((r) => r.pause_ms)), target: '≤ 60' });
-rows.push({ name: '  baseline: raw criu+mount steps, 1 MB', stats: rawSmall });
+rows.push({ name: '  baseline: raw criu+mount steps, 1 MB (host ids)', stats: rawSmall });
 rows.push({ name: 'checkpoint request → ready, 1 MB', stats: stats(smallRuns.map((r) => r.readyMs)) });
 
 // A sandbox with a live shell session running a loop: four processes for CRIU, not one.

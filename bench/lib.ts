@@ -42,10 +42,28 @@ export async function sample(n: number, fn: () => Promise<number | void>): Promi
 
 const f = (x: number) => (x >= 100 ? x.toFixed(0) : x.toFixed(1));
 
+/** A measurement that could not be made: its row says why, and the bench goes on. */
+export interface Failed {
+  failed: string;
+}
+
+/** Runs a measurement; one that throws becomes a row that says so, not the end of the bench. */
+export async function attempt(fn: () => Promise<Stats>): Promise<Stats | Failed> {
+  try {
+    return await fn();
+  } catch (err) {
+    const line = ((err as Error).message ?? String(err)).split('\n').find((l) => l.trim()) ?? 'failed';
+    return { failed: line.slice(0, 160) };
+  }
+}
+
 /** Prints rows of `name | what | n | min | p50 | p95 | target`. */
-export function table(title: string, rows: { name: string; stats: Stats; unit?: string; target?: string }[]): void {
+export function table(title: string, rows: { name: string; stats: Stats | Failed; unit?: string; target?: string }[]): void {
   const head = ['operation', 'n', 'min', 'p50', 'p95', 'unit', 'target'];
-  const body = rows.map((r) => [r.name, String(r.stats.n), f(r.stats.min), f(r.stats.p50), f(r.stats.p95), r.unit ?? 'ms', r.target ?? '']);
+  const body = rows.map((r) =>
+    'failed' in r.stats
+      ? [r.name, '0', '-', '-', '-', r.unit ?? 'ms', `FAILED: ${r.stats.failed}`]
+      : [r.name, String(r.stats.n), f(r.stats.min), f(r.stats.p50), f(r.stats.p95), r.unit ?? 'ms', r.target ?? '']);
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => b[i]!.length)));
   const line = (cells: string[]) => '| ' + cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ') + ' |';
   console.log(`\n### ${title}\n`);
