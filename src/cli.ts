@@ -115,6 +115,16 @@ withJson(
     .option('-u, --username <user>', 'for a registry that needs credentials')
     .option('--password-stdin', 'read the password from standard input'),
 ).action(async (ref: string, o: object) => (await client()).pull(ref, flags(o)));
+const registry = program.command('registry').description('Credentials for private registries, kept on the server for your pulls');
+withJson(
+  registry
+    .command('login <registry>')
+    .description('Keep credentials for a registry (host or host:port; docker.io for Docker Hub)')
+    .requiredOption('-u, --username <user>', 'the user name')
+    .requiredOption('--password-stdin', 'read the password from standard input'),
+).action(async (host: string, o: object) => (await client()).registryLogin(host, flags(o)));
+withJson(registry.command('logout <registry>').description('Forget the credentials for a registry')).action(async (host: string, o: object) => (await client()).registryLogout(host, flags(o)));
+withJson(registry.command('ls').description('The registries you keep credentials for (never a password)')).action(async (o: object) => (await client()).registries(flags(o)));
 withJson(program.command('templates').description('Your templates')).action(async (o: object) => (await client()).templates(flags(o)));
 
 program

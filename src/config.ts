@@ -68,6 +68,9 @@ export const configSchema = z.object({
   /** Registries (host or host:port, comma-separated) pulled from in plain HTTP; those on
    * loopback always may be. Any other is spoken to in TLS, its certificate checked. */
   insecureRegistries: z.string().regex(/^[^,\s]+(,[^,\s]+)*$|^$/, 'registries, comma-separated').default(''),
+  /** The key registry passwords are sealed with in the store (32 bytes, mode 0600; made when
+   * missing). Nodes sharing a database share it. Default: secrets.key in the data directory. */
+  secretsKeyFile: z.string().min(1).optional(),
   /** The most an image pulled from a registry may weigh as fetched (its compressed layers). */
   maxPullMb: z.coerce.number().int().positive().default(8192),
   /** What a build context a client sends may unpack to (its tar stream decompressed) and how
@@ -179,6 +182,7 @@ const envNames: Record<keyof Config, string> = {
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
   insecureRegistries: 'FORKPOINT_INSECURE_REGISTRIES',
   maxPullMb: 'FORKPOINT_MAX_PULL_MB',
+  secretsKeyFile: 'FORKPOINT_SECRETS_KEY_FILE',
   buildContextMaxMb: 'FORKPOINT_BUILD_CONTEXT_MAX_MB',
   buildContextMaxEntries: 'FORKPOINT_BUILD_CONTEXT_MAX_ENTRIES',
   httpHeadersTimeoutMs: 'FORKPOINT_HTTP_HEADERS_TIMEOUT_MS',

@@ -144,6 +144,41 @@ describe('images from a registry', () => {
     expect(theirCreate.status).toBe(403);
   });
 
+  it('keeps an owner\'s credentials for a registry, sealed, for that owner\'s pulls only', async () => {
+    const privateRef = `${locked.host}/team/private:v1`;
+    const b = await s.fp.store.tokens.create('registry-b', 'registry');
+    const asB = { authorization: `Bearer ${b.token}` };
+    const { execa } = await import('execa');
+    const env = { ...process.env, FORKPOINT_URL: s.url, FORKPOINT_TOKEN: b.token };
+    // Wrong ones kept: the create's pull uses them, and the registry refuses.
+    const wrong = await execa(process.execPath, [CLI, 'registry', 'login', locked.host, '-u', AUTH.username, '--password-stdin'], { env, input: 'not-it\n', reject: false });
+    expect([wrong.exitCode, wrong.stdout], wrong.stderr).toEqual([0, `kept credentials of ${AUTH.username} for ${locked.host}`]);
+    const refused = await s.api('POST', '/instances', { image: privateRef }, asB);
+    expect([refused.status, refused.body.error?.details?.reason]).toEqual([403, 'REGISTRY_DENIED']);
+    // The right ones replace them: a create pulls by itself.
+    const kept = await s.api('PUT', `/registries/${encodeURIComponent(locked.host)}/login`, AUTH, asB);
+    expect(kept.status, JSON.stringify(kept.body)).toBe(200);
+    expect(kept.body).toEqual({ registry: locked.host, username: AUTH.username, created_at: expect.any(String) });
+    const created = await s.api('POST', '/instances', { image: privateRef }, asB);
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    await s.api('DELETE', `/instances/${created.body.id}`, undefined, asB);
+    // Listed without the password; sealed in the store, under a key of mode 0600 outside it.
+    const list = await s.api('GET', '/registries', undefined, asB);
+    expect(list.body.items).toEqual([{ registry: locked.host, username: AUTH.username, created_at: expect.any(String) }]);
+    expect(JSON.stringify(list.body)).not.toContain(AUTH.password);
+    const found = await execa('grep', ['-rl', '--exclude-dir=default', '--exclude-dir=debian', '--exclude-dir=sha256-*', AUTH.password, s.dataDir], { reject: false });
+    expect(found.stdout).toBe('');
+    const { stat } = await import('node:fs/promises');
+    expect((await stat(join(s.dataDir, 'secrets.key'))).mode & 0o777).toBe(0o600);
+    // Another owner's kept credentials are not this owner's.
+    expect((await s.api('GET', '/registries')).body.items).toEqual([]);
+    // Forgotten, a new pull is refused again.
+    expect((await s.api('DELETE', `/registries/${encodeURIComponent(locked.host)}/login`, undefined, asB)).status).toBe(204);
+    expect((await s.api('DELETE', `/registries/${encodeURIComponent(locked.host)}/login`, undefined, asB)).status).toBe(404);
+    expect((await s.api('POST', '/images/pull', { reference: privateRef }, asB)).status).toBe(403);
+    expect((await s.api('PUT', '/registries/bad%20host/login', AUTH, asB)).body.error.details.reason).toBe('BAD_REGISTRY');
+  });
+
   it('refuses a blob that is not what its digest says, and keeps nothing of that pull', async () => {
     // An image of its own layer, pushed, then that layer's bytes changed in the registry's storage.
     const extra = join(work, 'extra');

@@ -208,9 +208,9 @@ export async function images(o: Common): Promise<void> {
   process.stdout.write(table(['NAME', 'KIND', 'BASE', 'LAYERS', 'CREATED'], r.images.map((i) => [i.name, i.kind, i.base ?? '-', String(i.layers), ago(i.created_at)])));
 }
 
-/** Pulls an image from a registry into the server, as `docker pull` does; a password comes from
- * standard input (never a flag: flags are in the process list and the shell's history). */
-export async function pull(reference: string, o: Common & { username?: string; passwordStdin?: boolean }): Promise<void> {
+/** A password from standard input (never a flag: flags are in the process list and the shell's
+ * history), with the user name it goes with. */
+async function passwordOf(o: { username?: string; passwordStdin?: boolean }): Promise<string | undefined> {
   let password: string | undefined;
   if (o.passwordStdin) {
     const chunks: Buffer[] = [];
@@ -218,9 +218,34 @@ export async function pull(reference: string, o: Common & { username?: string; p
     password = Buffer.concat(chunks).toString('utf8').replace(/\r?\n$/, '');
   }
   if ((o.username === undefined) !== (password === undefined)) throw new CliError('--username and --password-stdin go together', 'USAGE', 2);
+  return password;
+}
+
+/** Pulls an image from a registry into the server, as `docker pull` does. */
+export async function pull(reference: string, o: Common & { username?: string; passwordStdin?: boolean }): Promise<void> {
+  const password = await passwordOf(o);
   const r = await api(o).call<{ image: { name: string }; digest: string; fetched_bytes: number }>('POST', '/images/pull', { reference, username: o.username, password });
   if (o.json) return printJson(r);
   process.stdout.write(`${r.image.name}  ${r.digest}  (${r.fetched_bytes === 0 ? 'nothing fetched: all here already' : `fetched ${r.fetched_bytes} bytes`})\n`);
+}
+
+/** Keeps credentials for a registry on the server, for this owner's pulls (`docker login`). */
+export async function registryLogin(registry: string, o: Common & { username?: string; passwordStdin?: boolean }): Promise<void> {
+  if (!o.username || !o.passwordStdin) throw new CliError('registry login takes --username and --password-stdin', 'USAGE', 2);
+  const r = await api(o).call<{ registry: string; username: string }>('PUT', `/registries/${enc(registry)}/login`, { username: o.username, password: await passwordOf(o) });
+  if (o.json) return printJson(r);
+  process.stdout.write(`kept credentials of ${r.username} for ${r.registry}\n`);
+}
+
+export async function registryLogout(registry: string, o: Common): Promise<void> {
+  await api(o).call('DELETE', `/registries/${enc(registry)}/login`);
+  if (!o.json) process.stdout.write(`forgot the credentials for ${registry}\n`);
+}
+
+export async function registries(o: Common): Promise<void> {
+  const r = await api(o).call<{ items: { registry: string; username: string; created_at: string }[] }>('GET', '/registries');
+  if (o.json) return printJson(r.items);
+  process.stdout.write(table(['REGISTRY', 'USER', 'KEPT'], r.items.map((i) => [i.registry, i.username, ago(i.created_at)])));
 }
 
 export async function templates(o: Common): Promise<void> {

@@ -15,6 +15,8 @@ import { ExecutionService } from './executions.js';
 import { FileService } from './files.js';
 import { ImageCatalog } from './images.js';
 import { ImagePulls } from './pulls.js';
+import { RegistryLogins } from './registry-logins.js';
+import { SecretsKey } from './secrets-key.js';
 import { ExpiryService } from './expiry.js';
 import { DurableCheckpoints } from './durable.js';
 import { ObjectStore } from '../store/object-store.js';
@@ -91,6 +93,8 @@ export class Forkpoint {
   readonly images: SystemImages;
   /** The images an owner can use: system rootfs directories and built ones. */
   readonly catalog: ImageCatalog;
+  /** Owners' credentials for private registries. */
+  readonly registryLogins: RegistryLogins;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
   readonly files: FileService;
@@ -139,7 +143,9 @@ export class Forkpoint {
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
-    const pulls = new ImagePulls(runtime.puller, { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024 });
+    this.registryLogins = new RegistryLogins(this.store, new SecretsKey(config.secretsKeyFile ?? this.layout.secretsKey));
+    const pulls = new ImagePulls(runtime.puller, { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024 }, (owner, registry) =>
+      this.registryLogins.forPull(owner, registry));
     this.catalog = new ImageCatalog(this.store, this.images, pulls);
     this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId);
     this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log, (id) => this.engine.sandbox(id) !== undefined);

@@ -45,13 +45,18 @@ function checkedReference(text: string): ImageReference {
 }
 
 /** Pulls from registries through the engine's puller, with this server's rules: which registries
- * may be plain HTTP, how much a pull may fetch, and what a failure answers. */
+ * may be plain HTTP, how much a pull may fetch, whose credentials it uses (the request's, else the
+ * owner's kept ones), and what a failure answers. */
+/** The credentials an owner keeps for a registry, if any. */
+export type KeptCredentials = (owner: string, registry: string) => Promise<{ username: string; password: string } | undefined>;
+
 export class ImagePulls {
   private readonly running = new Map<string, number>();
 
   constructor(
     private readonly puller: ImagePuller,
     private readonly settings: PullSettings,
+    private readonly kept: KeptCredentials = async () => undefined,
   ) {}
 
   async pull(owner: string, text: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal): Promise<{ name: string; pulled: PulledImage }> {
@@ -60,7 +65,9 @@ export class ImagePulls {
     if (now >= PULLS_PER_OWNER) throw new QuotaExceededError(`${now} pulls of yours are running on this node; wait for one to end`, { reason: 'PULLS_PER_OWNER', limit: PULLS_PER_OWNER });
     this.running.set(owner, now + 1);
     try {
-      const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials, maxBytes: this.settings.maxPullBytes }, signal);
+      // Given with the pull, or kept by the owner for the registry.
+      const creds = credentials ?? (await this.kept(owner, image.registry));
+      const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials: creds, maxBytes: this.settings.maxPullBytes }, signal);
       return { name: formatReference(image), pulled };
     } catch (err) {
       if (err instanceof PullError) throw pullFailure(err);

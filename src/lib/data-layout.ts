@@ -17,6 +17,11 @@ export class DataLayout {
   get previewSecretFile(): string {
     return join(this.root, 'preview-secret');
   }
+  /** The key what the store keeps sealed is sealed with (core/secrets-key.ts). */
+  get secretsKey(): string {
+    return join(this.root, 'secrets.key');
+  }
+
   get images(): string {
     return join(this.root, 'images');
   }

@@ -83,3 +83,10 @@ export function plainHttpAllowed(r: ImageReference, insecure: readonly string[])
   const host = registryHost(r);
   return host === 'localhost' || /^127\.\d+\.\d+\.\d+$/.test(host) || host === '::1' || insecure.includes(r.registry) || insecure.includes(host);
 }
+
+/** A registry's name as a reference would carry it (`host[:port]`, Docker Hub's names as
+ * `docker.io`), or a BadReferenceError. */
+export function parseRegistry(text: string): string {
+  if (!HOST.test(text) || text.length > 255) throw new BadReferenceError(`${text}: a registry is host or host:port`);
+  return text === 'index.docker.io' || text === 'registry-1.docker.io' ? DOCKER_HUB : text;
+}

@@ -9,6 +9,7 @@ import { InstanceStore } from './instances.js';
 import { LayerStore } from './layers.js';
 import { NodeStore } from './nodes.js';
 import { PortForwardStore } from './port-forwards.js';
+import { RegistryCredentialStore } from './registry-credentials.js';
 import { TemplateStore } from './templates.js';
 import { TokenStore } from './tokens.js';
 
@@ -21,6 +22,7 @@ export interface Store {
   executions: ExecutionStore;
   portForwards: PortForwardStore;
   images: ImageStore;
+  registryCredentials: RegistryCredentialStore;
   durable: DurableStore;
   templates: TemplateStore;
   nodes: NodeStore;
@@ -52,6 +54,7 @@ function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>, fence:
     executions: new ExecutionStore(db),
     portForwards: new PortForwardStore(db),
     images: new ImageStore(db),
+    registryCredentials: new RegistryCredentialStore(db),
     durable: new DurableStore(db),
     templates: new TemplateStore(db),
     nodes: new NodeStore(db),

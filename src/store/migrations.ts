@@ -286,4 +286,19 @@ export const migrations: readonly Migration[] = [
       -- a durable checkpoint of the moment) are taken by the other nodes by themselves
       ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;`,
   },
+  {
+    version: 19,
+    name: 'registry credentials',
+    sql: `
+      -- an owner's credentials for a registry (host[:port]), used by that owner's pulls; the
+      -- password sealed with the server's secrets key (AES-256-GCM), which is not in the store
+      CREATE TABLE registry_credentials (
+        owner TEXT NOT NULL,
+        registry TEXT NOT NULL,
+        username TEXT NOT NULL,
+        sealed_password TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (owner, registry)
+      );`,
+  },
 ];

@@ -9,6 +9,7 @@ import { imageRoutes } from './images.js';
 import { instanceRoutes } from './instances.js';
 import { networkRoutes } from './network.js';
 import { proxyRoutes } from './proxy.js';
+import { registryRoutes } from './registries.js';
 import { terminalRoutes } from './terminals.js';
 
 /** The Firecase-style face: instances, commands, checkpoints, files. Registered at the root and
@@ -30,4 +31,5 @@ export const firecaseFace = (fp: Forkpoint, opts: { documented: boolean }): Fast
     await app.register(checkpointRoutes(fp));
     await app.register(fileRoutes(fp));
     await app.register(imageRoutes(fp));
+    await app.register(registryRoutes(fp));
   };

@@ -92,3 +92,19 @@ export const CreateTemplateRequest = z
   })
   .strict()
   .meta({ id: 'CreateTemplateRequest', examples: [{ name: 'web', from_image: 'my-app', start_command: 'node server.js', ready_command: 'curl -sf localhost:3000' }] });
+
+export const RegistryParams = z.object({ registry: z.string().min(1).max(255).describe('the registry: host or host:port (docker.io for Docker Hub)') });
+
+export const RegistryLoginRequest = z
+  .object({
+    username: z.string().min(1).max(1024),
+    password: z.string().min(1).max(8192).describe('kept sealed (AES-256-GCM, the key outside the store); never shown back'),
+  })
+  .strict()
+  .meta({ id: 'RegistryLoginRequest', examples: [{ username: 'ci', password: 'a-registry-token' }] });
+
+export const RegistryLogin = z
+  .object({ registry: z.string(), username: z.string(), created_at: z.string() })
+  .meta({ id: 'RegistryLogin', examples: [{ registry: 'ghcr.io', username: 'ci', created_at: '2026-11-26T08:00:00.000Z' }] });
+
+export const RegistryLoginList = z.object({ items: z.array(RegistryLogin) }).meta({ id: 'RegistryLoginList' });
