@@ -230,5 +230,19 @@ describe('images from a registry', () => {
     const away = await s.api('POST', '/images/pull', { reference: '127.0.0.1:9/team/app:v1' });
     expect([away.status, away.body.error.details.reason]).toEqual([503, 'REGISTRY_UNREACHABLE']);
   });
-});
 
+  it('a server that died in a pull leaves no credentials behind once it is back', async () => {
+    const images = join(s.dataDir, 'images');
+    // As a kill -9 in the middle of a pull leaves them: the auth file, a half-unpacked tree.
+    await mkdir(join(images, '.auth-left'), { recursive: true });
+    await writeFile(join(images, '.auth-left/auth.json'), JSON.stringify({ auths: { x: { auth: 'c2VjcmV0' } } }), { mode: 0o600 });
+    await mkdir(join(images, '.pull-sha256-left-1/layer0'), { recursive: true });
+    const dataDir = s.dataDir;
+    await s.close({ keepData: true });
+    s = await startServer({}, dataDir);
+    const left = (await readdir(join(dataDir, 'images'))).filter((n) => n.startsWith('.auth-') || n.startsWith('.pull-'));
+    expect(left).toEqual([]);
+    // What was pulled is still there, and still the owner's.
+    expect((await s.api('GET', `/images/${encodeURIComponent(ref)}`)).body).toMatchObject({ kind: 'pulled', base: digest });
+  });
+});
