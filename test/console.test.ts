@@ -1,7 +1,10 @@
-import { mkdir, readFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { layerOf, push, startRegistry, writeOciLayout, type TestRegistry } from './helpers/registry.js';
 import { startServer, type TestServer } from './helpers/server.js';
 
 /**
@@ -16,10 +19,17 @@ const ARGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run
 
 let s: TestServer;
 let browser: Browser;
+let registry: TestRegistry;
+let work: string;
 const created = new Set<string>();
 
 beforeAll(async () => {
   s = await startServer();
+  // A registry with one small image, for the images page's pull.
+  work = await mkdtemp(join(tmpdir(), 'forkpoint-console-'));
+  registry = await startRegistry();
+  await writeOciLayout(join(work, 'layout'), 'v1', [await layerOf('/opt/forkpoint/images/default')], {});
+  await push(join(work, 'layout'), 'v1', `${registry.host}/console/app:v1`);
   browser = await chromium.launch({ executablePath: CHROMIUM, args: ARGS, headless: true, timeout: 30_000 });
   await mkdir(SHOTS, { recursive: true });
 });
@@ -27,6 +37,8 @@ afterAll(async () => {
   await browser?.close();
   for (const id of created) await s?.api('DELETE', `/instances/${id}`).catch(() => {});
   await s?.close();
+  await registry?.close();
+  if (work) await rm(work, { recursive: true, force: true });
 });
 
 /** A fresh browser context and page whose console errors and uncaught exceptions are kept. */
@@ -157,9 +169,14 @@ describe('the web console', () => {
       await expect.poll(() => page.getByTestId('status').innerText()).toBe('running');
       await page.getByTestId('files').locator('[data-file="note.txt"]').waitFor();
 
-      // The images page: what the owner can start an instance of.
+      // The images page: what the owner can start an instance of, and a pull from a registry.
       await page.goto(`${s.url}/ui#/images`);
       await page.locator('[data-image="default"]').waitFor();
+      const ref = `${registry.host}/console/app:v1`;
+      await page.getByLabel('image reference').fill(ref);
+      await page.getByTestId('pull').click();
+      await page.locator(`[data-image="${ref}"]`).waitFor();
+      await expect.poll(() => page.locator('#banner').innerText()).toContain(`pulled ${ref}`);
       await page.screenshot({ path: `${SHOTS}images.png` });
 
       // The list shows both, with live statuses.

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { layerFile, layerOf, push, startRegistry, writeOciLayout, type TestRegistry } from './helpers/registry.js';
 import { startServer, type TestServer } from './helpers/server.js';
+import { openSse } from './helpers/sse.js';
 
 /**
  * Images from a real registry (Debian's docker-registry on loopback, started here), pushed to it
@@ -126,7 +127,7 @@ describe('images from a registry', () => {
     const cli = await execa(process.execPath, [CLI, 'pull', privateRef, '-u', AUTH.username, '--password-stdin'], { env, input: `${AUTH.password}\n`, reject: false });
     expect([cli.exitCode, cli.stdout], cli.stderr).toEqual([0, `${privateRef}  ${digest}  (nothing fetched: all here already)`]);
     const denied = await execa(process.execPath, [CLI, 'pull', privateRef], { env, reject: false });
-    expect([denied.exitCode, denied.stderr]).toEqual([1, expect.stringMatching(/^forkpoint: FORBIDDEN: the registry refused/)]);
+    expect([denied.exitCode, denied.stderr]).toEqual([1, expect.stringMatching(/^resolve: asking 127\.0\.0\.1:\d+ for team\/private:v1\nforkpoint: FORBIDDEN: the registry refused/)]);
     // Nowhere in the data directory (the store, logs, the pull's scratch files); the images' own
     // trees are left out of the search: they are what the registries sent.
     const { stdout } = await import('execa').then(({ execa }) =>
@@ -214,6 +215,13 @@ describe('images from a registry', () => {
     await writeOciLayout(layout, 'stable', [await layerFile(DEBIAN_IMAGE, join(work, 'debian.tar'))], { Env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'] });
     await push(layout, 'stable', `${open.host}/forkpoint/debian:stable`);
     await rm(layout, { recursive: true, force: true });
+    // Pulled with its progress told as it goes (what the CLI shows), then the result.
+    const sse = await openSse(`${s.url}/images/pull`, { method: 'POST', headers: { authorization: `Bearer ${s.token}` }, body: { reference: `${open.host}/forkpoint/debian:stable` } });
+    const events = await sse.rest(120_000);
+    const progress = events.filter((e) => e.event === 'pull_progress').map((e) => e.data as { stage: string; message: string });
+    expect(progress.map((p) => p.stage)).toEqual(expect.arrayContaining(['resolve', 'fetch', 'unpack']));
+    expect(progress.some((p) => /^Copying blob/.test(p.message)), JSON.stringify(progress)).toBe(true);
+    expect(events.at(-1)).toMatchObject({ event: 'result', data: { image: { kind: 'pulled' } } });
     const inst = await s.instance({ image: `${open.host}/forkpoint/debian:stable` });
     const out = await s.exec(inst.id, { command: 'apt-get --version | head -1 | cut -d" " -f1; python3 -c "print(6*7)"; cat /etc/debian_version >/dev/null && echo debian' });
     expect(out.stdout).toBe('apt\n42\ndebian\n');

@@ -221,10 +221,28 @@ async function passwordOf(o: { username?: string; passwordStdin?: boolean }): Pr
   return password;
 }
 
-/** Pulls an image from a registry into the server, as `docker pull` does. */
+/** Pulls an image from a registry into the server, as `docker pull` does: its progress on
+ * standard error as it goes, the image on standard output. */
 export async function pull(reference: string, o: Common & { username?: string; passwordStdin?: boolean }): Promise<void> {
   const password = await passwordOf(o);
-  const r = await api(o).call<{ image: { name: string }; digest: string; fetched_bytes: number }>('POST', '/images/pull', { reference, username: o.username, password });
+  const res = await api(o).raw('POST', '/images/pull', {
+    headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+    body: JSON.stringify({ reference, username: o.username, password }),
+  });
+  if (res.status >= 400) await answer(res);
+  let r: { image: { name: string }; digest: string; fetched_bytes: number } | undefined;
+  for await (const e of sseEvents(res)) {
+    if (e.event === 'pull_progress' && !o.json) {
+      const p = JSON.parse(e.data) as { stage: string; message: string };
+      process.stderr.write(`${p.stage}: ${p.message}\n`);
+    } else if (e.event === 'result') {
+      r = JSON.parse(e.data) as typeof r;
+    } else if (e.event === 'error') {
+      const err = JSON.parse(e.data) as { error: string; code: string };
+      throw new CliError(err.error, err.code);
+    }
+  }
+  if (!r) throw new CliError('the pull\'s stream ended without its result', 'STREAM_ENDED');
   if (o.json) return printJson(r);
   process.stdout.write(`${r.image.name}  ${r.digest}  (${r.fetched_bytes === 0 ? 'nothing fetched: all here already' : `fetched ${r.fetched_bytes} bytes`})\n`);
 }

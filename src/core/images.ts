@@ -1,4 +1,4 @@
-import type { SystemImages } from '../seam/runtime.js';
+import type { PullProgress, SystemImages } from '../seam/runtime.js';
 import type { Store } from '../store/index.js';
 import { EMPTY_CONFIG, imageHolder, type BuiltImageRecord, type ImageConfig } from '../store/images.js';
 import { looksLikeReference } from '../lib/image-reference.js';
@@ -55,8 +55,8 @@ export class ImageCatalog {
 
   /** Pulls `reference` (again: a tag may have moved) and records it as the owner's image of that
    * name. Credentials are used for this pull and kept nowhere. */
-  async pull(owner: string, reference: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal): Promise<{ image: ImageView; fetchedBytes: number; digest: string }> {
-    const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal);
+  async pull(owner: string, reference: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal, onProgress?: (p: PullProgress) => void): Promise<{ image: ImageView; fetchedBytes: number; digest: string }> {
+    const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal, onProgress);
     await this.store.transaction(async (tx) => {
       await tx.images.put({ owner, name, base: pulled.base, layers: [], config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString() });
       await tx.layers.setRefs(imageHolder(owner, name), []);

@@ -1,6 +1,8 @@
 import { BadReferenceError, formatReference, parseReference, plainHttpAllowed, type ImageReference } from '../lib/image-reference.js';
 import { PullError, type PullFailure } from '../seam/errors.js';
-import type { ImagePuller, PulledImage } from '../seam/runtime.js';
+import type { ImagePuller, PulledImage, PullProgress } from '../seam/runtime.js';
+
+export type { PullProgress };
 import { ForkpointError, InvalidRequestError, PayloadTooLargeError, QuotaExceededError, UnavailableError } from './errors.js';
 
 /** Pulls one owner may have running at once on a node: each takes disk, bandwidth and CPU. */
@@ -59,7 +61,7 @@ export class ImagePulls {
     private readonly kept: KeptCredentials = async () => undefined,
   ) {}
 
-  async pull(owner: string, text: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal): Promise<{ name: string; pulled: PulledImage }> {
+  async pull(owner: string, text: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal, onProgress?: (p: PullProgress) => void): Promise<{ name: string; pulled: PulledImage }> {
     const image = checkedReference(text);
     const now = this.running.get(owner) ?? 0;
     if (now >= PULLS_PER_OWNER) throw new QuotaExceededError(`${now} pulls of yours are running on this node; wait for one to end`, { reason: 'PULLS_PER_OWNER', limit: PULLS_PER_OWNER });
@@ -67,7 +69,7 @@ export class ImagePulls {
     try {
       // Given with the pull, or kept by the owner for the registry.
       const creds = credentials ?? (await this.kept(owner, image.registry));
-      const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials: creds, maxBytes: this.settings.maxPullBytes }, signal);
+      const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials: creds, maxBytes: this.settings.maxPullBytes, onProgress }, signal);
       return { name: formatReference(image), pulled };
     } catch (err) {
       if (err instanceof PullError) throw pullFailure(err);

@@ -61,14 +61,18 @@ export class RegistryPuller implements ImagePuller {
 
   async pull(req: PullRequest, signal: AbortSignal): Promise<PulledImage> {
     const auth = await this.authFile(req);
+    const say = (stage: 'resolve' | 'fetch' | 'unpack', message: string) => req.onProgress?.({ stage, message });
     try {
       const common = ['--insecure-policy', '--command-timeout', COMMAND_TIMEOUT];
+      say('resolve', `asking ${req.image.registry} for ${req.image.repository}${req.image.digest ? `@${req.image.digest}` : `:${req.image.tag ?? 'latest'}`}`);
       const { digest, manifest } = await this.resolve(req, auth, common, signal);
       const base = pulledDirName(digest);
+      const weight = manifest.config.size + manifest.layers.reduce((n, l) => n + l.size, 0);
+      say('resolve', `${digest} for ${PLATFORM.os}/${PLATFORM.architecture}: ${manifest.layers.length} layers, ${weight} bytes`);
       if (existsSync(this.images.path(base))) {
+        say('unpack', 'already here: nothing to fetch');
         return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, fetchedBytes: 0 };
       }
-      const weight = manifest.config.size + manifest.layers.reduce((n, l) => n + l.size, 0);
       if (weight > req.maxBytes) throw new PullError('TOO_LARGE', `the image's layers weigh ${weight} bytes, more than the ${req.maxBytes} a pull may fetch`);
       // Two owners pulling one image at once: one fetch and unpack, both wait for it (each has
       // already been let in by the registry above).
@@ -98,8 +102,18 @@ export class RegistryPuller implements ImagePuller {
     return { dir, file };
   }
 
-  private async run(args: string[], signal: AbortSignal): Promise<Buffer> {
-    const r = await execa(this.skopeo, args, { reject: false, encoding: 'buffer', stripFinalNewline: false, cancelSignal: signal, maxBuffer: MAX_MANIFEST, forceKillAfterDelay: 2000 });
+  /** skopeo with `args`; each line it prints goes to `onLine` when given (its copy's progress). */
+  private async run(args: string[], signal: AbortSignal, onLine?: (line: string) => void): Promise<Buffer> {
+    const sub = execa(this.skopeo, args, { reject: false, encoding: 'buffer', stripFinalNewline: false, cancelSignal: signal, maxBuffer: MAX_MANIFEST, forceKillAfterDelay: 2000 });
+    if (onLine) {
+      let partial = '';
+      sub.stdout?.on('data', (chunk: Buffer) => {
+        const lines = (partial + chunk.toString('utf8')).split('\n');
+        partial = (lines.pop() ?? '').slice(-4096);
+        for (const l of lines) if (l.trim()) onLine(l.trim().slice(0, 500));
+      });
+    }
+    const r = await sub;
     if (signal.aborted) throw new PullError('FAILED', 'the pull was cancelled', { cause: signal.reason });
     if (r.exitCode !== 0) throw failureOf(Buffer.from(r.stderr).toString('utf8') || String(r.message ?? ''));
     return Buffer.from(r.stdout);
@@ -131,9 +145,10 @@ export class RegistryPuller implements ImagePuller {
     await mkdir(this.cacheDir, { recursive: true });
     const present = (d: string) => existsSync(join(this.cacheDir, 'blobs', 'sha256', d.slice(7)));
     const missing = [manifest.config, ...manifest.layers].reduce((n, b) => n + (present(b.digest) ? 0 : b.size), 0);
+    req.onProgress?.({ stage: 'fetch', message: `${missing} bytes to fetch` });
     const copy = async () =>
-      this.run([...common, 'copy', '--quiet', `--src-tls-verify=${!req.plainHttp}`, ...(auth ? ['--src-authfile', auth.file] : []),
-        this.source(req.image, digest), `oci:${this.cacheDir}:${base}`], signal);
+      this.run([...common, 'copy', `--src-tls-verify=${!req.plainHttp}`, ...(auth ? ['--src-authfile', auth.file] : []),
+        this.source(req.image, digest), `oci:${this.cacheDir}:${base}`], signal, (line) => req.onProgress?.({ stage: 'fetch', message: line }));
     const queued = this.copying.then(copy, copy);
     this.copying = queued.catch(() => {});
     await queued;
@@ -144,6 +159,7 @@ export class RegistryPuller implements ImagePuller {
       // Found by the name the copy gave it: a Docker manifest is stored converted to OCI's, under
       // another digest.
       const files = await ociImageFiles(this.cacheDir, await this.storedManifest(base));
+      req.onProgress?.({ stage: 'unpack', message: `unpacking ${files.layers.length} layers` });
       await unpackLayers(this.images, this.mounter, base, files, work);
     } catch (err) {
       await rm(this.images.path(base), { recursive: true, force: true });

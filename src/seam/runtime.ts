@@ -99,6 +99,13 @@ export interface PullRequest {
   credentials?: { username: string; password: string } | undefined;
   /** The most the image's layers may weigh as fetched (compressed). */
   maxBytes: number;
+  /** Told each step as it happens (for a client watching the pull). */
+  onProgress?: ((p: PullProgress) => void) | undefined;
+}
+
+export interface PullProgress {
+  stage: 'resolve' | 'fetch' | 'unpack';
+  message: string;
 }
 
 export interface PulledImage {

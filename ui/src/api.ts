@@ -133,6 +133,7 @@ export const api = {
   wake: (id: string) => json<Instance>('POST', `/instances/${enc(id)}/wake`),
   images: () => json<{ images: Image[] }>('GET', '/images'),
   templates: () => json<{ templates: Template[] }>('GET', '/templates'),
+  pull: (reference: string) => json<{ image: Image; digest: string; fetched_bytes: number }>('POST', '/images/pull', { reference }),
   checkpoints: (id: string, signal?: AbortSignal) => json<Page<Checkpoint>>('GET', `/instances/${enc(id)}/checkpoints?limit=200`, undefined, { signal }),
   checkpoint: (id: string, label: string | undefined) => json<Checkpoint>('POST', `/instances/${enc(id)}/checkpoints`, label ? { label } : {}),
   rollback: (id: string, checkpointId: string) => json<Instance>('POST', `/instances/${enc(id)}/rollback`, { checkpoint_id: checkpointId }),

@@ -8,7 +8,8 @@ import type { TemplateRecord } from '../../store/templates.js';
 import {
   Binary, BuildContextQuery, BuildImageRequest, CreateTemplateRequest, errorResponses, Image, ImageList, ImageNameParams, ImageRefParams, noContent, ok, PulledImage, PullImageRequest, Template, TemplateList,
 } from '../schemas/index.js';
-import { streamBuild, wantsEvents } from '../streams/build-sse.js';
+import { streamBuild, streamWork, wantsEvents } from '../streams/build-sse.js';
+import type { PullProgress } from '../../core/pulls.js';
 
 export const imageView = (i: ImageView) => ({
   name: i.name,
@@ -72,6 +73,7 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         description:
           'Resolves the reference for this host\'s platform (a multi-platform index is followed), fetches what is not here yet (each blob checked against its digest), applies the layers\' whiteouts, and records the image as yours under its full reference (`docker.io/library/python:3.12-slim`), the name instances and `FROM` use (`image` at create also pulls by itself). ' +
           'A pull asks the registry every time (a tag may have moved; another owner\'s pull of the same image lets you in to nothing): what is here already is not fetched again. Plain HTTP only for registries on loopback or in `FORKPOINT_INSECURE_REGISTRIES`. ' +
+          'With `Accept: text/event-stream` the pull is told as it goes: `pull_progress` events ({stage: resolve, fetch or unpack, message}), then `result` (the answer) or `error`. ' +
           'Errors carry `details.reason`: REGISTRY_DENIED (403), REGISTRY_NOT_IN_REGISTRY (404), REGISTRY_TOO_LARGE (413, FORKPOINT_MAX_PULL_MB), REGISTRY_NO_PLATFORM (400), REGISTRY_CORRUPT or REGISTRY_UNREACHABLE (503); nothing of a failed pull is kept.',
         body: PullImageRequest,
         response: { 201: ok('The image, pulled', PulledImage), ...errorResponses },
@@ -79,8 +81,10 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const b = req.body;
       const credentials = b.username !== undefined && b.password !== undefined ? { username: b.username, password: b.password } : undefined;
-      const r = await fp.catalog.pull(req.owner, b.reference, credentials, AbortSignal.any([req.clientGone, AbortSignal.timeout(PULL_DEADLINE_MS)]));
-      return reply.code(201).send({ image: imageView(r.image), digest: r.digest, fetched_bytes: r.fetchedBytes });
+      const run = (onProgress?: (p: PullProgress) => void) => fp.catalog.pull(req.owner, b.reference, credentials, AbortSignal.any([req.clientGone, AbortSignal.timeout(PULL_DEADLINE_MS)]), onProgress);
+      const answer = (r: Awaited<ReturnType<typeof run>>) => ({ image: imageView(r.image), digest: r.digest, fetched_bytes: r.fetchedBytes });
+      if (wantsEvents(req)) return streamWork(req, reply, 'pull_progress', run, answer);
+      return reply.code(201).send(answer(await run()));
     });
 
     app.post('/images', {
