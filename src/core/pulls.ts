@@ -37,14 +37,17 @@ export function canonicalImageName(text: string): string {
   return formatReference(checkedReference(text));
 }
 
-function checkedReference(text: string): ImageReference {
+/** What `parse` makes of a client's text; a text it refuses is the client's error (400, `details`). */
+export function parsedOrInvalid<T>(parse: () => T, details: Record<string, string>): T {
   try {
-    return parseReference(text);
+    return parse();
   } catch (err) {
-    if (err instanceof BadReferenceError) throw new InvalidRequestError(err.message, { image: text, reason: 'BAD_REFERENCE' });
+    if (err instanceof BadReferenceError) throw new InvalidRequestError(err.message, details);
     throw err;
   }
 }
+
+const checkedReference = (text: string): ImageReference => parsedOrInvalid(() => parseReference(text), { image: text, reason: 'BAD_REFERENCE' });
 
 /** Pulls from registries through the engine's puller, with this server's rules: which registries
  * may be plain HTTP, how much a pull may fetch, whose credentials it uses (the request's, else the

@@ -1,6 +1,7 @@
-import { BadReferenceError, parseRegistry } from '../lib/image-reference.js';
+import { parseRegistry } from '../lib/image-reference.js';
 import type { Store } from '../store/index.js';
-import { InvalidRequestError, NotFoundError } from './errors.js';
+import { NotFoundError } from './errors.js';
+import { parsedOrInvalid } from './pulls.js';
 import type { SecretsKey } from './secrets-key.js';
 
 export interface RegistryLoginView {
@@ -9,14 +10,7 @@ export interface RegistryLoginView {
   createdAt: string;
 }
 
-function registryOf(text: string): string {
-  try {
-    return parseRegistry(text);
-  } catch (err) {
-    if (err instanceof BadReferenceError) throw new InvalidRequestError(err.message, { registry: text, reason: 'BAD_REGISTRY' });
-    throw err;
-  }
-}
+const registryOf = (text: string): string => parsedOrInvalid(() => parseRegistry(text), { registry: text, reason: 'BAD_REGISTRY' });
 
 /** Each owner's credentials for private registries, kept sealed for that owner's pulls (and the
  * pulls a create or a build makes); a password is never shown back. */

@@ -1,57 +1,15 @@
+import type { components } from './openapi.js';
 /** The console's one way to the API: the same routes and token every client uses. */
 
-export interface Instance {
-  id: string;
-  name: string;
-  image: string;
-  status: string;
-  error: string | null;
-  head_checkpoint_id: string | null;
-  source_instance_id: string | null;
-  source_checkpoint_id: string | null;
-  node: string | null;
-  user_namespace: boolean;
-  created_at: string;
-  limits: { cpu_percent: number; memory_mb: number; pids: number; disk_mb: number | null };
-}
-export interface Checkpoint {
-  id: string;
-  instance_id: string;
-  label: string | null;
-  status: string;
-  memory: boolean;
-  parent_id: string | null;
-  delta_bytes: number | null;
-  memory_bytes: number | null;
-  pause_ms: number | null;
-  error: string | null;
-  created_at: string;
-}
-export interface LineageNode {
-  kind: 'instance' | 'checkpoint';
-  id: string;
-  label: string | null;
-  status: string;
-  children: LineageNode[];
-}
-export interface FileEntry {
-  name: string;
-  type: string;
-  size: number;
-}
-export interface Image {
-  name: string;
-  kind: string;
-  base: string | null;
-  layers: number;
-  created_at: string;
-}
-export interface Template {
-  name: string;
-  status: string;
-  start_command: string | null;
-  created_at: string;
-}
+// The API's own shapes, generated from its OpenAPI document (itself made from the server's zod
+// schemas) when the console is built: the page cannot drift from the server.
+type Schemas = components['schemas'];
+export type Instance = Schemas['Instance'];
+export type Checkpoint = Schemas['Checkpoint'];
+export type LineageNode = Schemas['LineageNode'];
+export type FileEntry = Schemas['FileEntry'];
+export type Image = Schemas['Image'];
+export type Template = Schemas['Template'];
 export interface Page<T> {
   items: T[];
   next_cursor: string | null;
@@ -131,19 +89,19 @@ export const api = {
   remove: (id: string) => json<void>('DELETE', `/instances/${enc(id)}`),
   hibernate: (id: string) => json<Instance>('POST', `/instances/${enc(id)}/hibernate`),
   wake: (id: string) => json<Instance>('POST', `/instances/${enc(id)}/wake`),
-  images: () => json<{ images: Image[] }>('GET', '/images'),
-  templates: () => json<{ templates: Template[] }>('GET', '/templates'),
-  pull: (reference: string) => json<{ image: Image; digest: string; fetched_bytes: number }>('POST', '/images/pull', { reference }),
+  images: () => json<Schemas['ImageList']>('GET', '/images'),
+  templates: () => json<Schemas['TemplateList']>('GET', '/templates'),
+  pull: (reference: string) => json<Schemas['PulledImage']>('POST', '/images/pull', { reference }),
   checkpoints: (id: string, signal?: AbortSignal) => json<Page<Checkpoint>>('GET', `/instances/${enc(id)}/checkpoints?limit=200`, undefined, { signal }),
   checkpoint: (id: string, label: string | undefined) => json<Checkpoint>('POST', `/instances/${enc(id)}/checkpoints`, label ? { label } : {}),
   rollback: (id: string, checkpointId: string) => json<Instance>('POST', `/instances/${enc(id)}/rollback`, { checkpoint_id: checkpointId }),
   fork: (id: string, checkpointId: string) => json<Instance>('POST', `/instances/${enc(id)}/fork`, { checkpoint_id: checkpointId }),
   lineage: (id: string, signal?: AbortSignal) => json<LineageNode>('GET', `/instances/${enc(id)}/lineage`, undefined, { signal }),
-  list: (id: string, path: string) => json<{ path: string; items: FileEntry[] }>('GET', `/instances/${enc(id)}/files/list?path=${enc(path)}`),
+  list: (id: string, path: string) => json<Schemas['FileList']>('GET', `/instances/${enc(id)}/files/list?path=${enc(path)}`),
   download: async (id: string, path: string) => (await call('GET', `/instances/${enc(id)}/files?path=${enc(path)}`)).blob(),
   upload: (id: string, path: string, data: Blob) => call('PUT', `/instances/${enc(id)}/files?path=${enc(path)}`, data),
   removeFile: (id: string, path: string) => call('DELETE', `/instances/${enc(id)}/files?path=${enc(path)}`),
-  pty: (id: string, rows: number, cols: number) => json<{ id: string }>('POST', `/instances/${enc(id)}/pty`, { rows, cols }),
+  pty: (id: string, rows: number, cols: number) => json<Schemas['Pty']>('POST', `/instances/${enc(id)}/pty`, { rows, cols }),
   resizePty: (id: string, ptyId: string, rows: number, cols: number) => call('POST', `/instances/${enc(id)}/pty/${enc(ptyId)}/resize`, { rows, cols }),
   closePty: (id: string, ptyId: string) => call('DELETE', `/instances/${enc(id)}/pty/${enc(ptyId)}`),
 };
