@@ -73,6 +73,9 @@ export const configSchema = z.object({
   secretsKeyFile: z.string().min(1).optional(),
   /** The most an image pulled from a registry may weigh as fetched (its compressed layers). */
   maxPullMb: z.coerce.number().int().positive().default(8192),
+  /** What one owner's pulled images may weigh in all, as fetched (each counted whole, even when
+   * another owner pulled it too). */
+  ownerMaxPulledMb: z.coerce.number().int().positive().default(32768),
   /** What a build context a client sends may unpack to (its tar stream decompressed) and how
    * many members it may have; checked before anything is unpacked. */
   buildContextMaxMb: z.coerce.number().int().positive().default(2048),
@@ -182,6 +185,7 @@ const envNames: Record<keyof Config, string> = {
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
   insecureRegistries: 'FORKPOINT_INSECURE_REGISTRIES',
   maxPullMb: 'FORKPOINT_MAX_PULL_MB',
+  ownerMaxPulledMb: 'FORKPOINT_OWNER_MAX_PULLED_MB',
   secretsKeyFile: 'FORKPOINT_SECRETS_KEY_FILE',
   buildContextMaxMb: 'FORKPOINT_BUILD_CONTEXT_MAX_MB',
   buildContextMaxEntries: 'FORKPOINT_BUILD_CONTEXT_MAX_ENTRIES',

@@ -237,6 +237,18 @@ describe('images from a registry', () => {
     expect([missing.status, missing.body.error.details.reason]).toEqual([404, 'REGISTRY_NOT_IN_REGISTRY']);
     const away = await s.api('POST', '/images/pull', { reference: '127.0.0.1:9/team/app:v1' });
     expect([away.status, away.body.error.details.reason]).toEqual([503, 'REGISTRY_UNREACHABLE']);
+    // An owner's pulled images weigh 1 MiB at most on this server: the 4 MB image is refused
+    // before a blob is fetched, and nothing is kept.
+    const small = await startServer({ ownerMaxPulledMb: 1 });
+    try {
+      const before = blobGets(open);
+      const over = await small.api('POST', '/images/pull', { reference: ref });
+      expect([over.status, over.body.error.details.reason], JSON.stringify(over.body)).toEqual([429, 'PULLED_PER_OWNER']);
+      expect(blobGets(open)).toBe(before);
+      expect((await small.api('GET', `/images/${encodeURIComponent(ref)}`)).status).toBe(404);
+    } finally {
+      await small.close();
+    }
   });
 
   it('a server that died in a pull leaves no credentials behind once it is back', async () => {

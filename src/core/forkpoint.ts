@@ -144,8 +144,12 @@ export class Forkpoint {
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
     this.registryLogins = new RegistryLogins(this.store, new SecretsKey(config.secretsKeyFile ?? this.layout.secretsKey));
-    const pulls = new ImagePulls(runtime.puller, { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024 }, (owner, registry) =>
-      this.registryLogins.forPull(owner, registry));
+    const pulls = new ImagePulls(
+      runtime.puller,
+      { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024, ownerMaxPulledBytes: config.ownerMaxPulledMb * 1024 * 1024 },
+      (owner, registry) => this.registryLogins.forPull(owner, registry),
+      (owner, except) => this.store.images.pulledBytes(owner, except),
+    );
     this.catalog = new ImageCatalog(this.store, this.images, pulls);
     this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId);
     this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log, (id) => this.engine.sandbox(id) !== undefined);

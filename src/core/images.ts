@@ -58,7 +58,7 @@ export class ImageCatalog {
   async pull(owner: string, reference: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal, onProgress?: (p: PullProgress) => void): Promise<{ image: ImageView; fetchedBytes: number; digest: string }> {
     const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal, onProgress);
     await this.store.transaction(async (tx) => {
-      await tx.images.put({ owner, name, base: pulled.base, layers: [], config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString() });
+      await tx.images.put({ owner, name, base: pulled.base, layers: [], config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString(), pulledBytes: pulled.bytes });
       await tx.layers.setRefs(imageHolder(owner, name), []);
     });
     return { image: await this.get(owner, name), fetchedBytes: pulled.fetchedBytes, digest: pulled.digest };

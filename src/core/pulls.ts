@@ -29,7 +29,12 @@ export interface PullSettings {
   /** Registries (host or host:port) spoken to in plain HTTP besides loopback's. */
   insecureRegistries: readonly string[];
   maxPullBytes: number;
+  /** What one owner's pulled images may weigh in all (as fetched). */
+  ownerMaxPulledBytes: number;
 }
+
+/** What an owner's pulled images weigh now, but for the one named `except` (a pull replaces it). */
+export type PulledBytes = (owner: string, except: string) => Promise<number>;
 
 /** An image reference as the catalog names what it pulled: the whole of it, so that `python:3`
  * and `docker.io/library/python:3` are one image. */
@@ -62,6 +67,7 @@ export class ImagePulls {
     private readonly puller: ImagePuller,
     private readonly settings: PullSettings,
     private readonly kept: KeptCredentials = async () => undefined,
+    private readonly pulledBytes: PulledBytes = async () => 0,
   ) {}
 
   async pull(owner: string, text: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal, onProgress?: (p: PullProgress) => void): Promise<{ name: string; pulled: PulledImage }> {
@@ -72,8 +78,19 @@ export class ImagePulls {
     try {
       // Given with the pull, or kept by the owner for the registry.
       const creds = credentials ?? (await this.kept(owner, image.registry));
-      const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials: creds, maxBytes: this.settings.maxPullBytes, onProgress }, signal);
-      return { name: formatReference(image), pulled };
+      const name = formatReference(image);
+      // The smaller of a pull's bound and what is left of the owner's.
+      const left = Math.max(0, this.settings.ownerMaxPulledBytes - (await this.pulledBytes(owner, name)));
+      const maxBytes = Math.min(this.settings.maxPullBytes, left);
+      try {
+        const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials: creds, maxBytes, onProgress }, signal);
+        return { name, pulled };
+      } catch (err) {
+        if (err instanceof PullError && err.reason === 'TOO_LARGE' && left < this.settings.maxPullBytes) {
+          throw new QuotaExceededError(`your pulled images may weigh ${this.settings.ownerMaxPulledBytes} bytes in all, and ${left} are left: ${err.message}`, { reason: 'PULLED_PER_OWNER', limit_bytes: this.settings.ownerMaxPulledBytes, left_bytes: left });
+        }
+        throw err;
+      }
     } catch (err) {
       if (err instanceof PullError) throw pullFailure(err);
       throw err;

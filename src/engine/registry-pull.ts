@@ -71,7 +71,7 @@ export class RegistryPuller implements ImagePuller {
       say('resolve', `${digest} for ${PLATFORM.os}/${PLATFORM.architecture}: ${manifest.layers.length} layers, ${weight} bytes`);
       if (existsSync(this.images.path(base))) {
         say('unpack', 'already here: nothing to fetch');
-        return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, fetchedBytes: 0 };
+        return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, bytes: weight, fetchedBytes: 0 };
       }
       if (weight > req.maxBytes) throw new PullError('TOO_LARGE', `the image's layers weigh ${weight} bytes, more than the ${req.maxBytes} a pull may fetch`);
       // Two owners pulling one image at once: one fetch and unpack, both wait for it (each has
@@ -167,7 +167,7 @@ export class RegistryPuller implements ImagePuller {
     } finally {
       await rm(work, { recursive: true, force: true });
     }
-    return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, fetchedBytes: missing };
+    return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, bytes: manifest.config.size + manifest.layers.reduce((n, l) => n + l.size, 0), fetchedBytes: missing };
   }
 
   /** The digest of the manifest the cache's index names `name`. */

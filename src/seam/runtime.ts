@@ -115,6 +115,8 @@ export interface PulledImage {
   base: string;
   config: ImageConfig;
   layers: number;
+  /** What the image weighs as a registry serves it (its layers and configuration). */
+  bytes: number;
   /** Bytes of layers and configuration this pull fetched: 0 when everything was here already. */
   fetchedBytes: number;
 }

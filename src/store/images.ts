@@ -15,6 +15,8 @@ export interface BuiltImageRecord {
   config: ImageConfig;
   buildKey: string;
   createdAt: string;
+  /** A pulled image's weight as fetched; undefined for a built one. */
+  pulledBytes?: number | undefined;
 }
 
 type ImageRow = Selectable<Tables['images']>;
@@ -27,6 +29,7 @@ const fromRow = (r: ImageRow): BuiltImageRecord => ({
   config: { ...EMPTY_CONFIG, ...(JSON.parse(r.config) as Partial<ImageConfig>) },
   buildKey: r.build_key,
   createdAt: r.created_at,
+  pulledBytes: r.pulled_bytes === null ? undefined : Number(r.pulled_bytes),
 });
 
 /** The layer holder of a built image. */
@@ -48,12 +51,20 @@ export class ImageStore {
 
   /** Records (or replaces) the image; the caller holds the transaction that moves its refs. */
   async put(rec: BuiltImageRecord): Promise<void> {
-    const row = { base: rec.base, layers: JSON.stringify(rec.layers), config: JSON.stringify(rec.config), build_key: rec.buildKey, created_at: rec.createdAt };
+    const row = { base: rec.base, layers: JSON.stringify(rec.layers), config: JSON.stringify(rec.config), build_key: rec.buildKey, created_at: rec.createdAt, pulled_bytes: rec.pulledBytes ?? null };
     await this.db
       .insertInto('images')
       .values({ owner: rec.owner, name: rec.name, ...row })
       .onConflict((oc) => oc.columns(['owner', 'name']).doUpdateSet(row))
       .execute();
+  }
+
+  /** What the owner's pulled images weighed as fetched, in all, but for the image named `except`. */
+  async pulledBytes(owner: string, except?: string): Promise<number> {
+    let q = this.db.selectFrom('images').select((eb) => eb.fn.sum<number | string | null>('pulled_bytes').as('n')).where('owner', '=', owner);
+    if (except !== undefined) q = q.where('name', '!=', except);
+    const row = await q.executeTakeFirst();
+    return Number(row?.n ?? 0);
   }
 
   async delete(owner: string, name: string): Promise<void> {

@@ -301,4 +301,12 @@ export const migrations: readonly Migration[] = [
         PRIMARY KEY (owner, registry)
       );`,
   },
+  {
+    version: 20,
+    name: 'pulled image sizes',
+    sql: `
+      -- what a pulled image weighed as fetched (its compressed layers and configuration): the
+      -- owner's pulled images are bounded by their sum (null for built images)
+      ALTER TABLE images ADD COLUMN pulled_bytes BIGINT;`,
+  },
 ];

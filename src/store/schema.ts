@@ -40,7 +40,7 @@ export interface Tables {
     label: string | null;
     created_at: string;
   };
-  images: { owner: string; name: string; base: string; layers: string; config: string; build_key: string; created_at: string };
+  images: { owner: string; name: string; base: string; layers: string; config: string; build_key: string; created_at: string; pulled_bytes: number | string | null };
   registry_credentials: { owner: string; registry: string; username: string; sealed_password: string; created_at: string };
   build_cache: { owner: string; key: string; layers: string; config: string; used_at: string };
   templates: {
