@@ -124,6 +124,41 @@ describe('exec/stream: Server-Sent Events over raw HTTP', () => {
   });
 });
 
+describe('followers that join a command as it prints', () => {
+  it('each gets every byte from the start, in order: a replay is not overtaken by the live output already on its way', async () => {
+    const inst = await s.instance();
+    // Prints numbered lines in bursts for about a second: ~40 KB, well inside the sandbox's
+    // scrollback (256 KiB per stream), so every follower can have it all from the start.
+    const sse = await stream(inst.id, { command: 'i=0; while [ $i -lt 8000 ]; do i=$((i+1)); echo $i; [ $((i % 50)) -eq 0 ] && usleep 5000; done' });
+    const { data: started } = (await sse.next())!;
+    // Followers join while it prints, each from the start, and read 200 ms of it.
+    const joined = await Promise.all(
+      Array.from({ length: 12 }, async (_, k) => {
+        await sleep(20 * k);
+        const f = await openSse(`${s.url}/instances/${inst.id}/exec/${started.exec_id}/stream`, { headers: auth() });
+        const got: SseEvent[] = [];
+        const until = Date.now() + 200;
+        while (Date.now() < until) {
+          const e = await f.next(2000).catch(() => undefined);
+          if (!e) break;
+          got.push(e);
+        }
+        f.close();
+        return outputOf(got).toString('utf8');
+      }),
+    );
+    sse.close();
+    for (const [k, text] of joined.entries()) {
+      const lines = text.split('\n').slice(0, -1);
+      expect(lines.length, `follower ${k}`).toBeGreaterThan(0);
+      // 1, 2, 3, ... with nothing missing (the last line may be cut where the reading stopped).
+      const wrong = lines.findIndex((l, i) => l !== String(i + 1));
+      expect(wrong, `follower ${k}: line ${wrong + 1} is ${lines[wrong]}`).toBe(-1);
+    }
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+});
+
 describe('what a sandbox prints cannot forge the stream', () => {
   it('output that looks like SSE events stays data: the exit event is the real one, and there is one', async () => {
     const inst = await s.instance();

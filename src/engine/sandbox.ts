@@ -19,6 +19,39 @@ interface Subscriber {
   /** Joined a process already followed and has not had its replay yet: an exit that comes
    * first (already on its way) must not end it before its replay. */
   replaying: boolean;
+  /** Output that came while replaying, held until the replay is in: the others' live frames
+   * sent before the agent took this attach run ahead of its replay, and delivered first they
+   * would make the replay's earlier bytes look seen (a command's first line lost). */
+  held?: { stream: 1 | 2; offset: number; data: Buffer }[];
+}
+
+type OutputStream = 1 | 2;
+
+/** Hands a follower the part of a frame it has not seen, and moves its offsets on. */
+function deliver(x: Subscriber, stream: OutputStream, offset: number, data: Buffer): void {
+  const seen = x.offsets[stream - 1]!;
+  if (offset + data.length <= seen) return;
+  const fresh = offset < seen ? data.subarray(seen - offset) : data;
+  x.offsets[stream - 1] = offset + data.length;
+  x.listener.onOutput(stream, offset < seen ? seen : offset, fresh);
+}
+
+/** What a replaying follower held, in each stream's offset order (the streams' interleaving as
+ * it came), delivered once its replay is in. */
+function release(x: Subscriber): void {
+  const held = x.held ?? [];
+  x.held = undefined;
+  const sorted = new Map<OutputStream, typeof held>();
+  for (const h of held) {
+    const frames = sorted.get(h.stream) ?? [];
+    frames.push(h);
+    sorted.set(h.stream, frames);
+  }
+  for (const frames of sorted.values()) frames.sort((a, b) => a.offset - b.offset);
+  for (const h of held) {
+    const next = sorted.get(h.stream)!.shift()!;
+    deliver(x, next.stream, next.offset, next.data);
+  }
 }
 
 /** A process the engine follows, for one or more subscribers: re-attached after a pause or a
@@ -304,11 +337,8 @@ export class Sandbox implements SandboxHandle {
         fan: {
           onOutput: (stream, offset, data) => {
             for (const x of [...subs]) {
-              const seen = x.offsets[stream - 1]!;
-              if (offset + data.length <= seen) continue;
-              const fresh = offset < seen ? data.subarray(seen - offset) : data;
-              x.offsets[stream - 1] = offset + data.length;
-              x.listener.onOutput(stream, offset < seen ? seen : offset, fresh);
+              if (x.replaying) (x.held ??= []).push({ stream, offset, data });
+              else deliver(x, stream, offset, data);
             }
           },
           onExit: (code, sig) => {
@@ -370,6 +400,7 @@ export class Sandbox implements SandboxHandle {
     // told so before any live output that comes after it.
     agent.barrier(() => {
       sub.replaying = false;
+      release(sub);
       opts.onReplayed?.();
     });
     return { close: () => this.remove(id, sub) };
