@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { layerFile, layerOf, push, startRegistry, writeOciLayout, type TestRegistry } from './helpers/registry.js';
+import { layerFile, layerOf, push, pushAll, startRegistry, writeOciIndex, writeOciLayout, type TestRegistry } from './helpers/registry.js';
 import { startServer, type TestServer } from './helpers/server.js';
 import { openSse } from './helpers/sse.js';
 
@@ -229,6 +229,33 @@ describe('images from a registry', () => {
     expect((await s.api('GET', `/images/${encodeURIComponent(`${open.host}/forkpoint/debian:stable`)}`)).body).toMatchObject({ kind: 'pulled', base: expect.stringMatching(/^sha256:[0-9a-f]{64}$/) });
     await s.api('DELETE', `/instances/${inst.id}`);
   }, 180_000);
+
+  it('follows a multi-platform index to this host\'s image, and says so when it has none', async () => {
+    const mark = (text: string) => join(work, `mark-${text}`);
+    const layers: Record<string, Buffer> = {};
+    for (const arch of ['amd64', 'arm64', 's390x']) {
+      await mkdir(join(mark(arch), 'etc'), { recursive: true });
+      await writeFile(join(mark(arch), 'etc/arch'), `${arch}\n`);
+      layers[arch] = await layerOf(mark(arch));
+    }
+    const base = await layerOf(DEFAULT_IMAGE);
+    const multi = await writeOciIndex(join(work, 'multi'), 'v1', [
+      { architecture: 'arm64', layers: [base, layers.arm64!], config: {} },
+      { architecture: 'amd64', layers: [base, layers.amd64!], config: {} },
+    ]);
+    await pushAll(join(work, 'multi'), 'v1', `${open.host}/team/multi:v1`);
+    const r = await s.api('POST', '/images/pull', { reference: `${open.host}/team/multi:v1` });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    expect(r.body.digest).toBe(multi.images.amd64);
+    const inst = await s.instance({ image: `${open.host}/team/multi:v1` });
+    expect((await s.exec(inst.id, { command: 'cat /etc/arch' })).stdout).toBe('amd64\n');
+    await s.api('DELETE', `/instances/${inst.id}`);
+    // An index without this host's platform.
+    await writeOciIndex(join(work, 'other'), 'v1', [{ architecture: 's390x', layers: [base, layers.s390x!], config: {} }]);
+    await pushAll(join(work, 'other'), 'v1', `${open.host}/team/other:v1`);
+    const none = await s.api('POST', '/images/pull', { reference: `${open.host}/team/other:v1` });
+    expect([none.status, none.body.error?.details?.reason]).toEqual([400, 'REGISTRY_NO_PLATFORM']);
+  });
 
   it('says what is wrong with a reference, an image the registry lacks, and a registry that is not there', async () => {
     const bad = await s.api('POST', '/images/pull', { reference: 'UPPER/case:tag' });

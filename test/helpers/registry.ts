@@ -97,7 +97,7 @@ export async function layerFile(dir: string, file: string): Promise<{ file: stri
  * oldest first) and this container configuration, written by hand as the spec says; answers the
  * manifest's digest.
  */
-export async function writeOciLayout(dir: string, tag: string, layers: (Buffer | { file: string })[], config: Record<string, unknown>): Promise<string> {
+export async function writeOciLayout(dir: string, tag: string, layers: (Buffer | { file: string })[], config: Record<string, unknown>, architecture = 'amd64'): Promise<string> {
   await mkdir(join(dir, 'blobs/sha256'), { recursive: true });
   const put = async (b: Buffer) => {
     const d = sha(b);
@@ -119,7 +119,7 @@ export async function writeOciLayout(dir: string, tag: string, layers: (Buffer |
   }
   const configBlob = Buffer.from(
     JSON.stringify({
-      architecture: 'amd64',
+      architecture,
       os: 'linux',
       config,
       rootfs: { type: 'layers', diff_ids: descriptors.map((d) => d.diffId) },
@@ -145,4 +145,30 @@ export async function writeOciLayout(dir: string, tag: string, layers: (Buffer |
 /** Pushes an OCI layout's tag to a registry with skopeo, as a user's `docker push` would. */
 export async function push(layout: string, tag: string, target: string, auth?: { username: string; password: string }): Promise<void> {
   await execa('skopeo', ['--insecure-policy', 'copy', '--quiet', '--dest-tls-verify=false', ...(auth ? ['--dest-creds', `${auth.username}:${auth.password}`] : []), `oci:${layout}:${tag}`, `docker://${target}`]);
+}
+
+/**
+ * A multi-platform image at `dir` (tag `tag`): an OCI image index over one image per
+ * architecture, as `docker buildx` pushes them; answers the index's digest and each image's.
+ */
+export async function writeOciIndex(dir: string, tag: string, images: { architecture: string; layers: Buffer[]; config: Record<string, unknown> }[]): Promise<{ index: string; images: Record<string, string> }> {
+  const { stat } = await import('node:fs/promises');
+  const entries = [];
+  const digests: Record<string, string> = {};
+  for (const i of images) {
+    const digest = await writeOciLayout(dir, `${tag}-${i.architecture}`, i.layers, i.config, i.architecture);
+    digests[i.architecture] = digest;
+    const size = (await stat(join(dir, 'blobs/sha256', digest.slice(7)))).size;
+    entries.push({ mediaType: 'application/vnd.oci.image.manifest.v1+json', digest, size, platform: { os: 'linux', architecture: i.architecture } });
+  }
+  const index = Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json', manifests: entries }));
+  const digest = sha(index);
+  await writeFile(join(dir, 'blobs/sha256', digest.slice(7)), index);
+  await writeFile(join(dir, 'index.json'), JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: 'application/vnd.oci.image.index.v1+json', digest, size: index.length, annotations: { 'org.opencontainers.image.ref.name': tag } }] }));
+  return { index: digest, images: digests };
+}
+
+/** Pushes every platform of a layout's multi-platform tag (`skopeo copy --all`). */
+export async function pushAll(layout: string, tag: string, target: string): Promise<void> {
+  await execa('skopeo', ['--insecure-policy', 'copy', '--all', '--quiet', '--dest-tls-verify=false', `oci:${layout}:${tag}`, `docker://${target}`]);
 }
