@@ -179,6 +179,13 @@ image
   .option('-f, --file <dockerfile>', 'the Dockerfile, relative to the current directory (default: CONTEXT/Dockerfile)')
   .option('--build-arg <arg...>', 'NAME=VALUE for an ARG')
   .action(async (name: string, context: string | undefined, o: { file?: string; buildArg?: string[] }) => (await server()).imageBuild(flags({}), name, context, flags(o)));
+withJson(
+  image
+    .command('pull <reference>')
+    .description('Pull an image from a registry into the running server (the same as forkpoint pull)')
+    .option('-u, --username <user>', 'for a registry that needs credentials')
+    .option('--password-stdin', 'read the password from standard input'),
+).action(async (ref: string, o: object) => (await client()).pull(ref, flags(o)));
 withJson(image.command('list').alias('ls').description('The images in this machine\'s data directory')).action(async (o: { json?: boolean }) => (await server()).imageList(flags({}), flags(o)));
 
 program
