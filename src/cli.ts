@@ -108,13 +108,16 @@ program.commandsGroup('Ports, images, templates:');
 withJson(program.command('ports <id>').description('An instance\'s port forwards')).action(async (id: string, o: object) => (await client()).ports(id, flags(o)));
 withJson(program.command('preview <id> <port>').description('A signed link that opens a port in a browser').option('--ttl <seconds>', 'how long it lives')).action(async (id: string, port: string, o: object) => (await client()).preview(id, port, flags(o)));
 withJson(program.command('images').description('The images the server has for you')).action(async (o: object) => (await client()).images(flags(o)));
-withJson(
-  program
-    .command('pull <reference>')
-    .description('Pull an image from a registry (python:3.12-slim, registry.example/team/app@sha256:...) into the server')
-    .option('-u, --username <user>', 'for a registry that needs credentials')
-    .option('--password-stdin', 'read the password from standard input'),
-).action(async (ref: string, o: object) => (await client()).pull(ref, flags(o)));
+/** `pull REF` (and `image pull REF`): a registry's image into the server. */
+const pullCommand = (parent: Command, description: string) =>
+  withJson(
+    parent
+      .command('pull <reference>')
+      .description(description)
+      .option('-u, --username <user>', 'for a registry that needs credentials')
+      .option('--password-stdin', 'read the password from standard input'),
+  ).action(async (ref: string, o: object) => (await client()).pull(ref, flags(o)));
+pullCommand(program, 'Pull an image from a registry (python:3.12-slim, registry.example/team/app@sha256:...) into the server');
 const registry = program.command('registry').description('Credentials for private registries, kept on the server for your pulls');
 withJson(
   registry
@@ -179,13 +182,7 @@ image
   .option('-f, --file <dockerfile>', 'the Dockerfile, relative to the current directory (default: CONTEXT/Dockerfile)')
   .option('--build-arg <arg...>', 'NAME=VALUE for an ARG')
   .action(async (name: string, context: string | undefined, o: { file?: string; buildArg?: string[] }) => (await server()).imageBuild(flags({}), name, context, flags(o)));
-withJson(
-  image
-    .command('pull <reference>')
-    .description('Pull an image from a registry into the running server (the same as forkpoint pull)')
-    .option('-u, --username <user>', 'for a registry that needs credentials')
-    .option('--password-stdin', 'read the password from standard input'),
-).action(async (ref: string, o: object) => (await client()).pull(ref, flags(o)));
+pullCommand(image, 'Pull an image from a registry into the running server (the same as forkpoint pull)');
 withJson(image.command('list').alias('ls').description('The images in this machine\'s data directory')).action(async (o: { json?: boolean }) => (await server()).imageList(flags({}), flags(o)));
 
 program
