@@ -279,6 +279,7 @@ describe('images from a registry', () => {
   });
 
   it('a server that died in a pull leaves no credentials behind once it is back', async () => {
+    expect((await s.api('POST', '/images/pull', { reference: ref })).status).toBe(201);
     const images = join(s.dataDir, 'images');
     // As a kill -9 in the middle of a pull leaves them: the auth file, a half-unpacked tree.
     await mkdir(join(images, '.auth-left'), { recursive: true });
