@@ -69,6 +69,17 @@ describe('images from a registry', () => {
     expect(inst.image).toBe(ref);
     const out = await s.exec(inst.id, { command: 'cat /etc/app.conf; test -e /data/old.txt && echo present || echo whited-out; echo $FROM_REGISTRY; pwd' });
     expect(out.stdout).toBe('v2\nwhited-out\nyes\n/data\n');
+    // Checkpointed, rolled back and forked as any instance: its tree is on this node.
+    await s.exec(inst.id, { command: 'echo mine > /data/mine' });
+    const ck = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {});
+    expect(ck.body.status, JSON.stringify(ck.body)).toBe('ready');
+    await s.exec(inst.id, { command: 'rm /data/mine' });
+    const back = await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.body.id });
+    expect(back.status, JSON.stringify(back.body)).toBe(200);
+    const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.body.id });
+    expect(fork.status, JSON.stringify(fork.body)).toBe(201);
+    for (const id of [inst.id, fork.body.id]) expect((await s.exec(id, { command: 'cat /data/mine /etc/app.conf' })).stdout).toBe('mine\nv2\n');
+    await s.api('DELETE', `/instances/${fork.body.id}`);
     // The image list says what it is; the pulled directory is no system image for anyone.
     const list = (await s.api('GET', '/images')).body.images as { name: string; kind: string }[];
     expect(list).toContainEqual(expect.objectContaining({ name: ref, kind: 'pulled' }));

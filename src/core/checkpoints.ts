@@ -360,7 +360,7 @@ export class CheckpointService {
    * and its memory image holds the agent build it was made with: a node without either (another
    * machine's import, another agent build) says so, instead of failing its mount or restore. */
   private requireBaseHere(c: CheckpointRecord): void {
-    if (!c.baseLayer && !this.engine.images.exists(c.image)) {
+    if (!c.baseLayer && !this.engine.images.present(c.image)) {
       throw new ConflictError(`checkpoint ${c.id} stands on image ${c.image}, which this node does not have: import it here (forkpoint image import), or fork on a node that has it`, { reason: 'IMAGE_NOT_ON_NODE', image: c.image });
     }
     if (c.memory && !this.engine.hasAgentLayer(c.agentLayer)) {

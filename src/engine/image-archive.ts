@@ -138,7 +138,7 @@ async function bounded(file: string, what: string): Promise<void> {
  */
 export async function importImageArchive(images: Images, mounter: Mounter, name: string, file: string): Promise<{ layers: number }> {
   if (!IMAGE_NAME.test(name)) throw fail(`bad image name ${name}`);
-  if (images.exists(name)) throw fail(`image ${name} exists`);
+  if (images.present(name)) throw fail(`image ${name} exists`);
   const work = join(images.path(''), `.import-${name}-${process.pid}`);
   await rm(work, { recursive: true, force: true });
   const archive = join(work, 'archive');

@@ -25,6 +25,10 @@ export class Images implements SystemImages {
     return IMAGE_NAME.test(name) && !PULLED.test(name) && existsSync(this.path(name));
   }
 
+  present(name: string): boolean {
+    return IMAGE_NAME.test(name) && existsSync(this.path(name));
+  }
+
   /** What changes when the image is rebuilt or replaced (its directory is a new one). */
   identity(name: string): string {
     const st = statSync(this.path(name));

@@ -74,7 +74,11 @@ export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 
 /** The host's system images: rootfs directories set-up made or an operator imported. */
 export interface SystemImages {
+  /** A system image: set-up's or an operator's (what owners may name). */
   exists(name: string): boolean;
+  /** The tree an instance or checkpoint stands on is on this node: a system image's, or one
+   * pulled from a registry (by digest; no owner names those directly). */
+  present(name: string): boolean;
   /** What the image is: changes when its contents are replaced. */
   identity(name: string): string;
   createdAt(name: string): string;

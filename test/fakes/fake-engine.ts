@@ -502,6 +502,9 @@ class FakeImages implements SystemImages {
   exists(name: string): boolean {
     return this.names.includes(name);
   }
+  present(name: string): boolean {
+    return this.exists(name);
+  }
   identity(name: string): string {
     return `fake-${name}`;
   }
