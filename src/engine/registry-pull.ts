@@ -17,6 +17,18 @@ const PLATFORM = { os: 'linux', architecture: arch() === 'x64' ? 'amd64' : arch(
 const COMMAND_TIMEOUT = '15m';
 /** A manifest is small; a registry that answers with more is refused. */
 const MAX_MANIFEST = 4 * 1024 * 1024;
+/** An image's configuration is read whole; Docker's own limit on layers. */
+const MAX_CONFIG = 4 * 1024 * 1024;
+const MAX_LAYERS = 127;
+
+/** A registry's answer as JSON, or a named failure (a registry's bytes are not trusted to parse). */
+function jsonOf(raw: Buffer): unknown {
+  try {
+    return JSON.parse(raw.toString('utf8')) as unknown;
+  } catch {
+    throw new PullError('FAILED', `the registry's manifest is not JSON (${raw.length} bytes)`);
+  }
+}
 
 const Descriptor = z.object({ mediaType: z.string().optional(), digest: z.string().regex(/^sha256:[0-9a-f]{64}$/), size: z.number().int().nonnegative() });
 const Index = z.object({
@@ -127,7 +139,7 @@ export class RegistryPuller implements ImagePuller {
     if (req.image.digest && digest !== req.image.digest) {
       throw new PullError('CORRUPT', `the registry's manifest has digest ${digest}, not the ${req.image.digest} asked for`);
     }
-    const parsed = JSON.parse(raw.toString('utf8')) as unknown;
+    const parsed = jsonOf(raw);
     const index = Index.safeParse(parsed);
     if (index.success && !Manifest.safeParse(parsed).success) {
       const entry = index.data.manifests.find((m) => m.platform?.os === PLATFORM.os && m.platform.architecture === PLATFORM.architecture);
@@ -136,8 +148,12 @@ export class RegistryPuller implements ImagePuller {
       digest = `sha256:${createHash('sha256').update(raw).digest('hex')}`;
       if (digest !== entry.digest) throw new PullError('CORRUPT', `the registry's manifest has digest ${digest}, not the ${entry.digest} its index says`);
     }
-    const manifest = Manifest.safeParse(JSON.parse(raw.toString('utf8')));
+    const manifest = Manifest.safeParse(jsonOf(raw));
     if (!manifest.success) throw new PullError('FAILED', `not an image manifest: ${manifest.error.issues[0]?.message ?? ''}`);
+    // What a registry says is checked before anything is fetched: a configuration is read into
+    // memory whole, and every layer is a lower of the overlay (Docker allows 127).
+    if (manifest.data.config.size > MAX_CONFIG) throw new PullError('TOO_LARGE', `the image's configuration is ${manifest.data.config.size} bytes, more than ${MAX_CONFIG}`);
+    if (manifest.data.layers.length > MAX_LAYERS) throw new PullError('TOO_LARGE', `the image has ${manifest.data.layers.length} layers, more than ${MAX_LAYERS}`);
     return { digest, manifest: manifest.data };
   }
 

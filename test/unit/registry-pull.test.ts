@@ -1,0 +1,57 @@
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Images } from '../../src/engine/images.js';
+import { Mounter } from '../../src/engine/overlay.js';
+import { RegistryPuller } from '../../src/engine/registry-pull.js';
+import { PullError } from '../../src/seam/index.js';
+
+/**
+ * A hostile registry, as skopeo would relay it: the engine's puller against a stand-in `skopeo`
+ * that answers `inspect --raw` with what the test says and records every call. What a registry
+ * says is refused by name before anything is fetched (no `copy`), never a crash.
+ */
+let dir: string;
+let answer: string;
+const skopeo = () => join(dir, 'skopeo');
+const calls = async () => (await readFile(join(dir, 'calls'), 'utf8').catch(() => '')).split('\n').filter(Boolean);
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'forkpoint-hostile-registry-'));
+  answer = join(dir, 'answer');
+  await writeFile(skopeo(), `#!/bin/sh\necho "$*" >> ${join(dir, 'calls')}\ncat ${answer}\n`);
+  await chmod(skopeo(), 0o755);
+});
+afterAll(async () => {
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+const d = (c: string) => `sha256:${c.repeat(64)}`;
+async function pullAnswering(manifest: string): Promise<unknown> {
+  await writeFile(answer, manifest);
+  await rm(join(dir, 'calls'), { force: true });
+  const puller = new RegistryPuller(new Images(join(dir, 'images')), new Mounter('/nonexistent'), join(dir, 'images/.oci-cache'), skopeo());
+  return puller.pull({ image: { registry: '127.0.0.1:5000', repository: 'evil/app', tag: 'v1', digest: undefined }, plainHttp: true, maxBytes: 1 << 30 }, new AbortController().signal).catch((e: unknown) => e);
+}
+
+describe('a hostile registry\'s manifest', () => {
+  it('that is not JSON: a named failure, not a crash', async () => {
+    const err = await pullAnswering('<html>not a manifest');
+    expect(err).toBeInstanceOf(PullError);
+    expect(err).toMatchObject({ reason: 'FAILED' });
+    expect(await calls()).toEqual([expect.stringMatching(/^--insecure-policy .* inspect --raw/)]);
+  });
+
+  it('with more layers than an overlay takes, or a configuration too large to read: refused before a fetch', async () => {
+    const layers = Array.from({ length: 500 }, () => ({ digest: d('a'), size: 10 }));
+    expect(await pullAnswering(JSON.stringify({ config: { digest: d('c'), size: 10 }, layers }))).toMatchObject({ reason: 'TOO_LARGE' });
+    expect((await calls()).some((c) => c.includes(' copy '))).toBe(false);
+    expect(await pullAnswering(JSON.stringify({ config: { digest: d('c'), size: 2 ** 40 }, layers: [] }))).toMatchObject({ reason: 'TOO_LARGE' });
+    expect((await calls()).some((c) => c.includes(' copy '))).toBe(false);
+  });
+
+  it('that names digests out of shape: refused', async () => {
+    expect(await pullAnswering(JSON.stringify({ config: { digest: '../../etc/passwd', size: 10 }, layers: [] }))).toMatchObject({ reason: 'FAILED' });
+  });
+});
