@@ -19,6 +19,7 @@ const spec = (id: string) => ({
   diskMb: null,
   network: null, // the baseline: no network link
   uidBase: null,
+  volumes: [],
 });
 const echo = { argv: ['/bin/echo', 'hi'], env: ['PATH=/bin'], cwd: '/', timeoutMs: 5000, maxOutputBytes: 1 << 20, spillDir: engine.layout.spill };
 

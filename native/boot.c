@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <linux/capability.h>
 #include <linux/mount.h>
+#include <linux/openat2.h>
 
 #include "fp.h"
 
@@ -35,6 +36,16 @@ static long userns_base = -1;
 /* --unconfined (benchmarks only: the cost of the masks and the filter, measured in one run)
  * leaves /proc unmasked and installs no seccomp filter. */
 static int confined = 1;
+
+/* --volume DIR TARGET ro|rw: a persistent volume (the engine's volumes.ts), its directory on
+ * the host and where the sandbox sees it. The trees are cloned on the host before anything is
+ * unshared (volume_tree), attached inside the new root before the sandbox runs anything. */
+#define MAX_VOLUMES 16
+static struct {
+  const char *dir, *target;
+  int read_only, tree;
+} volumes[MAX_VOLUMES];
+static int nvolumes = 0;
 
 static void fail(const char *fmt, ...) {
   char msg[512];
@@ -173,6 +184,51 @@ static void close_host_fds(void) {
   dup2(0, 2);
 }
 
+/* The directory TARGET names under ROOT (an fd of the sandbox's root), made where missing, one
+ * component at a time: a symlink, "..", or another mount on the way fails (the layers under it
+ * may come from a sandbox's own checkpoint, so nothing on the path is trusted). */
+static int volume_mountpoint(int root, const char *target) {
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof(path), "%s", target) >= (int)sizeof(path)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  struct open_how how = {
+    .flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+    .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
+  };
+  int dir = dup(root);
+  for (char *save = NULL, *name = strtok_r(path, "/", &save); dir >= 0 && name; name = strtok_r(NULL, "/", &save)) {
+    if (!strcmp(name, ".") || !strcmp(name, "..")) {
+      close(dir);
+      errno = EINVAL;
+      return -1;
+    }
+    int next = (int)syscall(SYS_openat2, dir, name, &how, sizeof(how));
+    if (next < 0 && errno == ENOENT && (mkdirat(dir, name, 0755) == 0 || errno == EEXIST))
+      next = (int)syscall(SYS_openat2, dir, name, &how, sizeof(how));
+    close(dir);
+    dir = next;
+  }
+  return dir;
+}
+
+/* Every volume on its mount point in the new root (the current directory). */
+static void attach_volumes(void) {
+  if (nvolumes == 0) return;
+  int root = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) fail("open the root");
+  for (int i = 0; i < nvolumes; i++) {
+    int at = volume_mountpoint(root, volumes[i].target);
+    if (at < 0) fail("volume mount point %s", volumes[i].target);
+    if (syscall(SYS_move_mount, volumes[i].tree, "", at, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+      fail("mount the volume on %s", volumes[i].target);
+    close(at);
+    close(volumes[i].tree);
+  }
+  close(root);
+}
+
 /* The sandbox's PID 1, in its namespaces, its cwd the root of its disk (a mount point): turns
  * that into its root and execs the agent. */
 static void sandbox_init(const char *hostname) {
@@ -185,6 +241,7 @@ static void sandbox_init(const char *hostname) {
   if (syscall(SYS_move_mount, tree, "", AT_FDCWD, ".", MOVE_MOUNT_F_EMPTY_PATH) < 0) fail("attach the root mount");
   if (fchdir(tree) < 0) fail("enter the root mount");
   close(tree);
+  attach_volumes();
   /* /proc before the old root goes: in a user namespace the kernel mounts a procfs only while
    * a fully visible one is in the mount namespace. "proc" is one name, checked to be a
    * directory of the sandbox's own (need_dir), and nothing of the sandbox runs yet. */
@@ -312,6 +369,11 @@ int boot_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--hostname")) hostname = argv[++i];
     else if (!strcmp(argv[i], "--pidfile")) pidfile = argv[++i];
     else if (!strcmp(argv[i], "--overlay") && i + 2 < argc) ov_dir = argv[i + 1], ov_options = argv[i + 2], i += 2;
+    else if (!strcmp(argv[i], "--volume") && i + 3 < argc && nvolumes < MAX_VOLUMES) {
+      volumes[nvolumes].dir = argv[i + 1], volumes[nvolumes].target = argv[i + 2];
+      volumes[nvolumes++].read_only = !strcmp(argv[i + 3], "ro");
+      i += 3;
+    }
   }
   if (!root || !pidfile) {
     fprintf(stderr, "boot: --root and --pidfile are required\n");
@@ -322,6 +384,13 @@ int boot_main(int argc, char **argv) {
   if (ov_dir && mount_disk_for(ov_dir, root, ov_options, userns_base, err, sizeof(err)) < 0) {
     fprintf(stderr, "boot: %s\n", err);
     return 1;
+  }
+  for (int i = 0; i < nvolumes; i++) {
+    volumes[i].tree = volume_tree(volumes[i].dir, userns_base, volumes[i].read_only, err, sizeof(err));
+    if (volumes[i].tree < 0) {
+      fprintf(stderr, "boot: %s\n", err);
+      return 1;
+    }
   }
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) < 0) return 1;

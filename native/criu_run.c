@@ -20,6 +20,10 @@
  *   'M' DIR\0TARGET\0OPTIONS[\0BASE]  replace_overlay, its layers idmapped to the uid range
  *                               at BASE if given (idmap.c)  -> 'K'
  *   'R' criu_req (protobuf)     passed to CRIU             -> 'R' criu_resp
+ *   'V' DIR\0TARGET\0BASE\0RO    a persistent volume's directory (volume_tree: idmapped to the
+ *                               range at BASE unless BASE is empty, read-only if RO is "1"),
+ *                               cloned in the host's mount namespace and mounted on TARGET in
+ *                               the worker's: the source of CRIU's external mount -> 'K'
  *   'H' PID\0HOSTNAME           set the hostname in PID's uts namespace (a fork's) -> 'K'
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
@@ -225,6 +229,25 @@ static int set_up_restored_netns(long pid, const struct pending_link *link, char
   return rc;
 }
 
+/* The 'V' request: DIR's volume tree, made where the engine mounted the volume (the host's
+ * namespace: the worker's own may predate the volume), attached on TARGET where CRIU binds from. */
+static int mount_volume(const char *dir, const char *target, long base, int read_only, char *err, size_t errlen) {
+  if (host_mntns >= 0 && setns(host_mntns, CLONE_NEWNS) < 0) {
+    snprintf(err, errlen, "enter the host's mount namespace: %s", strerror(errno));
+    return -1;
+  }
+  int tree = volume_tree(dir, base, read_only, err, errlen);
+  if (host_mntns >= 0 && setns(own_mntns, CLONE_NEWNS) < 0) {
+    perror("criu-run: back to the private mount namespace");
+    _exit(1);
+  }
+  if (tree < 0) return -1;
+  int rc = (int)syscall(SYS_move_mount, tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
+  if (rc < 0) snprintf(err, errlen, "attach the volume on %.300s: %s", target, strerror(errno));
+  close(tree);
+  return rc;
+}
+
 static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   static char buf[MAX_FRAME + 1];
   static char pidfile_buf[4096];
@@ -255,6 +278,15 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       if (a + 1 + b + 1 > len) snprintf(msg, sizeof(msg), "bad mount request");
       else
         rc = mount_disk(data, data + a + 1, data + a + b + 2, base, &host_old_root, &old_root, msg, sizeof(msg));
+      if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
+    } else if (kind == 'V') {
+      /* Four NUL-separated fields, each found inside the frame (buf[n] is a NUL). */
+      const char *f[4] = {data, NULL, NULL, NULL};
+      int k = 1;
+      for (; k < 4 && (size_t)(f[k - 1] - data) + strlen(f[k - 1]) < len; k++) f[k] = f[k - 1] + strlen(f[k - 1]) + 1;
+      int rc = -1;
+      if (k < 4) snprintf(msg, sizeof(msg), "bad volume request");
+      else rc = mount_volume(f[0], f[1], f[2][0] ? atol(f[2]) : -1, !strcmp(f[3], "1"), msg, sizeof(msg));
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else if (kind == 'R') {
       ssize_t got = -1;

@@ -27,6 +27,7 @@ int userns_for_range(unsigned long base, char *err, size_t errlen);
 int replace_overlay_idmapped(const char *dir, const char *target, const char *options, unsigned long base, char *err, size_t errlen);
 int userns_limits(char *err, size_t errlen);
 int userns_limits_of(pid_t pid, char *err, size_t errlen);
+int volume_tree(const char *dir, long base, int read_only, char *err, size_t errlen);
 int mount_disk_for(const char *dir, const char *target, const char *options, long base, char *err, size_t errlen);
 /* An empty directory of the agent layer, bound read-only over masked /proc directories. */
 #define CONFINE_EMPTY_DIR ".fp/empty"

@@ -55,7 +55,8 @@ withJson(
     .option('-e, --env <NAME=VALUE...>', 'environment variables')
     .addOption(new Option('--egress <policy>', 'what it may reach outside').choices(['allow', 'deny']))
     .option('--allow <dest...>', 'hosts or CIDRs it may reach')
-    .option('--deny <dest...>', 'hosts or CIDRs it may not reach'),
+    .option('--deny <dest...>', 'hosts or CIDRs it may not reach')
+    .option('-v, --volume <spec...>', 'mount a persistent volume: NAME:/PATH or NAME:/PATH:ro (forkpoint volume create)'),
 ).action(async (o: object) => (await client()).create(flags(o)));
 
 withJson(
@@ -128,6 +129,12 @@ withJson(
 ).action(async (host: string, o: object) => (await client()).registryLogin(host, flags(o)));
 withJson(registry.command('logout <registry>').description('Forget the credentials for a registry')).action(async (host: string, o: object) => (await client()).registryLogout(host, flags(o)));
 withJson(registry.command('ls').description('The registries you keep credentials for (never a password)')).action(async (o: object) => (await client()).registries(flags(o)));
+
+const volume = program.command('volume').description('Persistent volumes: filesystems that outlive instances, mounted with create --volume');
+withJson(volume.command('create <name>').description('Create a volume of --size MiB').requiredOption('-s, --size <mb>', 'what it may hold, MiB')).action(async (name: string, o: object) => (await client()).volumeCreate(name, flags(o)));
+withJson(volume.command('ls').alias('list').description('Your volumes')).action(async (o: object) => (await client()).volumes(flags(o)));
+withJson(volume.command('inspect <name>').description('A volume as JSON: size, use, node, the instances that mount it')).action(async (name: string, o: object) => (await client()).volumeInspect(name, flags(o)));
+withJson(volume.command('rm <names...>').description('Delete volumes and their files (not while an instance mounts them)')).action(async (names: string[], o: object) => (await client()).volumeRm(names, flags(o)));
 withJson(program.command('templates').description('Your templates')).action(async (o: object) => (await client()).templates(flags(o)));
 
 program

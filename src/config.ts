@@ -76,6 +76,10 @@ export const configSchema = z.object({
   /** What one owner's pulled images may weigh in all, as fetched (each counted whole, even when
    * another owner pulled it too). */
   ownerMaxPulledMb: z.coerce.number().int().positive().default(32768),
+  /** The largest persistent volume, in MiB. */
+  maxVolumeMb: z.coerce.number().int().min(64).default(16384),
+  /** All of one owner's persistent volumes together, in MiB (their declared sizes). */
+  ownerMaxVolumeMb: z.coerce.number().int().min(64).default(65536),
   /** What a build context a client sends may unpack to (its tar stream decompressed) and how
    * many members it may have; checked before anything is unpacked. */
   buildContextMaxMb: z.coerce.number().int().positive().default(2048),
@@ -186,6 +190,8 @@ const envNames: Record<keyof Config, string> = {
   insecureRegistries: 'FORKPOINT_INSECURE_REGISTRIES',
   maxPullMb: 'FORKPOINT_MAX_PULL_MB',
   ownerMaxPulledMb: 'FORKPOINT_OWNER_MAX_PULLED_MB',
+  maxVolumeMb: 'FORKPOINT_MAX_VOLUME_MB',
+  ownerMaxVolumeMb: 'FORKPOINT_OWNER_MAX_VOLUME_MB',
   secretsKeyFile: 'FORKPOINT_SECRETS_KEY_FILE',
   buildContextMaxMb: 'FORKPOINT_BUILD_CONTEXT_MAX_MB',
   buildContextMaxEntries: 'FORKPOINT_BUILD_CONTEXT_MAX_ENTRIES',

@@ -8,6 +8,7 @@ import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attac
 import { startServer, type TestServer } from './helpers/server.js';
 import { openSse, type SseClient } from './helpers/sse.js';
 import { until } from './helpers/wait.js';
+import { WATCHER } from './helpers/watcher.js';
 
 let s: TestServer;
 let kit: Promise<AttackKit>;
@@ -118,22 +119,6 @@ describe('directory watches', () => {
 });
 
 describe('a sandbox\'s own inotify watches (a dev server\'s way of watching its files)', () => {
-  const WATCHER = [
-    'import ctypes, os, struct, sys',
-    'libc = ctypes.CDLL(None, use_errno=True)',
-    'fd = libc.inotify_init1(0)',
-    'for p in sys.argv[1:]:',
-    '    if libc.inotify_add_watch(fd, p.encode(), 0x100 | 0x2 | 0x8) < 0: raise SystemExit("watch failed: " + p)',
-    'out = open("/tmp/events", "a")',
-    'print("watching", file=out, flush=True)',
-    'while True:',
-    '    buf = os.read(fd, 4096)',
-    '    i = 0',
-    '    while i < len(buf):',
-    '        wd, mask, cookie, ln = struct.unpack_from("iIII", buf, i)',
-    '        print(wd, buf[i + 16:i + 16 + ln].rstrip(b"\\0").decode(), file=out, flush=True)',
-    '        i += 16 + ln',
-  ].join('\n');
   const events = async (id: string) => (await s.exec(id, { command: 'cat /tmp/events' })).stdout as string;
   const seen = (id: string, name: string) => until(`${name} seen by the watcher`, async () => (await events(id)).includes(` ${name}\n`), 10_000);
 

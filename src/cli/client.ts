@@ -62,6 +62,17 @@ export interface CreateOptions extends Common {
   allow?: string[];
   deny?: string[];
   user?: boolean;
+  volume?: string[];
+}
+
+/** `NAME:/PATH[:ro]` (Docker's -v for a named volume). */
+export function volumeMountsOf(specs: string[] | undefined): { name: string; path: string; read_only?: boolean }[] | undefined {
+  if (!specs?.length) return undefined;
+  return specs.map((spec) => {
+    const m = /^([^:]+):(\/[^:]*)(?::(ro|rw))?$/.exec(spec);
+    if (!m) throw new CliError(`--volume: ${spec}: expected NAME:/PATH or NAME:/PATH:ro`, 'USAGE', 2);
+    return { name: m[1]!, path: m[2]!, ...(m[3] === 'ro' ? { read_only: true } : {}) };
+  });
 }
 
 const int = (v: string | undefined, flag: string) => {
@@ -90,24 +101,30 @@ export async function create(o: CreateOptions): Promise<void> {
     env: keyValues(o.env, '--env'),
     limits: Object.values(limits).some((v) => v !== undefined) ? limits : undefined,
     network,
+    volumes: volumeMountsOf(o.volume),
   });
   if (o.json) return printJson(inst);
   process.stdout.write(`${inst.id}\n`);
 }
 
 export async function rm(ids: string[], o: Common): Promise<void> {
+  await deleteEach(ids, (id) => `/instances/${enc(id)}`, o);
+}
+
+/** DELETEs each one, printing what went; one that fails is said and the rest go on. */
+async function deleteEach(names: string[], pathOf: (name: string) => string, o: Common): Promise<void> {
   const a = api(o);
   let failed = 0;
-  for (const id of ids) {
+  for (const name of names) {
     try {
-      await a.call('DELETE', `/instances/${enc(id)}`);
-      if (!o.json) process.stdout.write(`${id}\n`);
+      await a.call('DELETE', pathOf(name));
+      if (!o.json) process.stdout.write(`${name}\n`);
     } catch (err) {
       failed++;
-      process.stderr.write(`forkpoint: ${id}: ${lineOf(err)}\n`);
+      process.stderr.write(`forkpoint: ${name}: ${lineOf(err)}\n`);
     }
   }
-  if (o.json) printJson({ removed: ids.length - failed, failed });
+  if (o.json) printJson({ removed: names.length - failed, failed });
   if (failed) process.exitCode = 1;
 }
 
@@ -264,6 +281,37 @@ export async function registries(o: Common): Promise<void> {
   const r = await api(o).call<{ items: { registry: string; username: string; created_at: string }[] }>('GET', '/registries');
   if (o.json) return printJson(r.items);
   process.stdout.write(table(['REGISTRY', 'USER', 'KEPT'], r.items.map((i) => [i.registry, i.username, ago(i.created_at)])));
+}
+
+interface VolumeInfo {
+  name: string;
+  size_mb: number;
+  used_bytes: number | null;
+  node: string;
+  instances: string[];
+  created_at: string;
+}
+
+export async function volumeCreate(name: string, o: Common & { size?: string }): Promise<void> {
+  const sizeMb = int(o.size, '--size');
+  if (sizeMb === undefined) throw new CliError('volume create takes --size MB', 'USAGE', 2);
+  const v = await api(o).call<VolumeInfo>('POST', '/volumes', { name, size_mb: sizeMb });
+  if (o.json) return printJson(v);
+  process.stdout.write(`${v.name}\n`);
+}
+
+export async function volumes(o: Common): Promise<void> {
+  const r = await api(o).call<{ items: VolumeInfo[] }>('GET', '/volumes');
+  if (o.json) return printJson(r.items);
+  process.stdout.write(table(['NAME', 'SIZE', 'USED', 'INSTANCES', 'CREATED'], r.items.map((v) => [v.name, bytes(v.size_mb * 1048576), v.used_bytes === null ? '-' : bytes(v.used_bytes), String(v.instances.length), ago(v.created_at)])));
+}
+
+export async function volumeInspect(name: string, o: Common): Promise<void> {
+  printJson(await api(o).call<VolumeInfo>('GET', `/volumes/${enc(name)}`));
+}
+
+export async function volumeRm(names: string[], o: Common): Promise<void> {
+  await deleteEach(names, (name) => `/volumes/${enc(name)}`, o);
 }
 
 export async function templates(o: Common): Promise<void> {

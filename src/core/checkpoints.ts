@@ -6,6 +6,7 @@ import { newId } from '../store/ids.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord, Page } from '../store/instances.js';
 import { ConflictError, isNoSpace, NotFoundError, QuotaExceededError } from './errors.js';
+import { placeholdersFor } from './volumes.js';
 import type { EventBus } from './events.js';
 import type { ExecutionService } from './executions.js';
 import type { CreateInstance, InstanceService } from './instances.js';
@@ -29,6 +30,9 @@ export interface ForkInput {
   count?: number | undefined;
   /** Variables added to (or replacing) the source's, for the new instances' commands. */
   env?: Record<string, string> | undefined;
+  /** `same` (default): the source's volumes, shared; `none`: an empty, read-only directory in
+   * each one's place. */
+  volumes?: 'same' | 'none' | undefined;
 }
 
 /** Who follows checkpoints: told when one is ready or gone, and asked to make sure one's data
@@ -464,6 +468,7 @@ export class CheckpointService {
     if (!from) throw new ConflictError(`instance ${id} has no durable checkpoint to recover from`, { instance: id });
     const c = from;
     this.requireBaseHere(c);
+    await this.instances.volumes.requireAllHere(inst.volumes);
     await this.observer.needed(c.id);
     await requireRoom(this.engine);
     return this.locks.run(id, async () => {
@@ -519,7 +524,11 @@ export class CheckpointService {
             instead
               ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits }, ...userNamespaceOf(c) }
               : { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined, ...userNamespaceOf(c) },
-            { layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id },
+            {
+              layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id,
+              // A template's instances (`instead`, another owner's) never get the source's volumes.
+              volumes: instead || input.volumes === 'none' ? placeholdersFor(source.volumes) : source.volumes,
+            },
           );
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {

@@ -5,7 +5,7 @@ import { ENOENT, MAX_METADATA_ENTRIES, METADATA_KEY, METADATA_VALUE, type AgentP
 import { AgentError } from '../seam/errors.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import { engineFailure } from './engine-failure.js';
-import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
+import { ConflictError, ForkpointError, InsufficientStorageError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
 import type { SandboxAccess } from './access.js';
 import { DirectoryWatch } from './file-watch.js';
 import { uploadNameFor } from './upload-names.js';
@@ -18,6 +18,8 @@ const EINVAL = 22;
 const EISDIR = 21;
 const EACCES = 13;
 const EPERM = 1;
+const ENOSPC = 28;
+const EDQUOT = 122;
 
 export interface FileInfo extends FileStat {
   path: string;
@@ -84,6 +86,7 @@ export class FileService {
       if (err.errno === ENOENT) return new NotFoundError('file', path);
       if (err.errno === EACCES || err.errno === EPERM) return new PermissionDeniedError(path, err.message, err);
       if (err.errno === EISDIR) return new InvalidRequestError(`${path} is a directory`, { path });
+      if (err.errno === ENOSPC || err.errno === EDQUOT) return new InsufficientStorageError(`no space left under ${path}: its volume, or the instance's disk limit, is full`, { cause: err });
       if (err.errno === EINVAL && /unknown frame type/.test(err.message)) {
         return new ConflictError('this instance runs an agent older than this operation; stop and start the instance to update it', { path });
       }
@@ -174,8 +177,9 @@ export class FileService {
     let pendingBytes = 0;
     let written = false;
     let ids: UnixIds | undefined;
+    // Failures name the caller's path, not the temporary one.
     const flush = () =>
-      this.op(owner, id, tmp, (a) => {
+      this.op(owner, id, path, (a) => {
         const data = Buffer.concat(pending, pendingBytes);
         return a.writeAt(tmp, offset, data, { truncate: !written, mode: opts.mode ?? 0o644 }, ids).then(() => {
           offset += data.length;

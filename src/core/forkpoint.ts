@@ -32,6 +32,7 @@ import { retryUntil } from '../lib/backoff.js';
 import { isStoreAway } from './errors.js';
 import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
+import { VolumeService } from './volumes.js';
 import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
@@ -95,6 +96,7 @@ export class Forkpoint {
   readonly catalog: ImageCatalog;
   /** Owners' credentials for private registries. */
   readonly registryLogins: RegistryLogins;
+  readonly volumes: VolumeService;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
   readonly files: FileService;
@@ -151,7 +153,8 @@ export class Forkpoint {
       (owner, except) => this.store.images.pulledBytes(owner, except),
     );
     this.catalog = new ImageCatalog(this.store, this.images, pulls);
-    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId);
+    this.volumes = new VolumeService(this.store, this.engine, locks, { maxMb: config.maxVolumeMb, ownerMaxMb: config.ownerMaxVolumeMb }, nodeId, log);
+    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId, this.volumes);
     this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log, (id) => this.engine.sandbox(id) !== undefined);
     this.access = new SandboxAccess(this.instances, this.store, log, () => this.cluster.fenced);
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
@@ -424,6 +427,7 @@ export class Forkpoint {
     await this.jobs.drain();
     await this.checkpoints.idle();
     for (const rec of await this.instances.local()) await this.deleteInstance(rec.owner, rec.id);
+    for (const v of await this.store.volumes.forNode(this.instances.nodeId)) await this.volumes.delete(v.owner, v.name);
     // Nothing of this server's is left on the host's network either.
     if (this.config.networking === 'on') await this.engine.network.destroy();
   }

@@ -17,6 +17,7 @@ import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
 import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
+import type { VolumeRequest, VolumeService } from './volumes.js';
 
 /** How long CPU use is measured over for a usage reading. */
 const USAGE_WINDOW_MS = 250;
@@ -47,6 +48,8 @@ export interface CreateInstance {
   /** A user namespace of its own (default: the server's `userNamespaces`); false: the host's
    * ids, weaker, for images that need them. */
   userNamespace?: boolean | undefined;
+  /** Persistent volumes to mount (the owner's, on this node). */
+  volumes?: VolumeRequest[] | undefined;
 }
 
 const BASE_ENV: Record<string, string> = {
@@ -84,6 +87,7 @@ export class InstanceService {
     private readonly log: Logger,
     /** The node this server is: instances it makes are its, and only its are its to run. */
     readonly nodeId: string,
+    readonly volumes: VolumeService,
   ) {
     this.lifecycle = new Lifecycle(store, nodeId);
   }
@@ -186,6 +190,7 @@ export class InstanceService {
       diskMb: rec.limits.diskMb ?? null,
       network: rec.address && this.networking ? { address: rec.address, mac: macOf(rec.address) } : null,
       uidBase: rec.uidBase,
+      volumes: rec.volumes.map(({ volumeId, path, readOnly }) => ({ volumeId, path, readOnly })),
     };
   }
 
@@ -220,6 +225,8 @@ export class InstanceService {
       (from
         ? { ref: from.imageRef ?? null, base: input.image ?? this.config.defaultImage, layers: [], config: { ...this.images.emptyConfig, workdir: from.workdir ?? null }, key: '' }
         : await this.images.resolve(owner, input.image ?? this.config.defaultImage));
+    // A fork or template brings its source's (`from`): the owner's request is a new instance's.
+    const volumes = from ? [] : await this.volumes.mounts(owner, input.volumes);
     const id = newId('inst');
     const name = input.name ?? id.replace('_', '-');
     if (!INSTANCE_NAME.test(name)) {
@@ -256,6 +263,7 @@ export class InstanceService {
       createdAt: now,
       updatedAt: now,
       restoringFrom: null,
+      volumes,
       ...from,
       node: this.nodeId,
       uidBase: null,

@@ -131,6 +131,8 @@ export class TemplateService {
   async instantiate(owner: string, name: string, input: CreateInstance): Promise<InstanceRecord> {
     const t = await this.get(owner, name);
     if (t.status !== 'ready' || !t.instanceId || !t.checkpointId) throw new ConflictError(`template ${name} is ${t.status}`, { template: name });
+    // Its memory image fixes the mounts it is restored with: none can be added.
+    if (input.volumes?.length) throw new InvalidRequestError('an instance made from a template mounts no volumes (the template\'s memory image fixes its mounts); make it from an image to mount them', { template: name });
     const [rec] = await this.checkpoints.fork(templateOwner(owner), t.instanceId, { checkpointId: t.checkpointId }, { owner, create: input });
     return this.store.instances.update(rec!.id, { imageRef: name });
   }

@@ -20,6 +20,7 @@ const root = protobuf.parse(`
     optional int32 manage_cgroups_mode = 34;
     repeated string irmap_scan_paths = 36;
     optional uint32 empty_ns = 38;
+    repeated string external = 37;
     optional bool tcp_close = 52;
     optional int32 network_lock = 64;
   }
@@ -154,6 +155,12 @@ export class CriuWorker {
     await this.request('N', `${link.hostIf}\0${link.address}\0${link.gateway}\0${link.mac}${inTreeNetns ? '\x001' : ''}`);
   }
 
+  /** Mounts a volume's directory on `target` in the worker's mount namespace, as a sandbox of
+   * the range at `uidBase` sees it (criu_run.c 'V'): what CRIU binds an external mount from. */
+  async mountVolume(dir: string, target: string, uidBase: number | null, readOnly: boolean): Promise<void> {
+    await this.request('V', `${dir}\0${target}\0${uidBase ?? ''}\0${readOnly ? '1' : '0'}`);
+  }
+
   async setHostname(pid: number, hostname: string): Promise<void> {
     await this.request('H', `${pid}\0${hostname}`);
   }
@@ -173,7 +180,7 @@ export class CriuWorker {
   /** `imagesFd`: from `openDir`, which can be done ahead of the pause. `ownNetns`: the tree
    * has a network namespace of its own, outside the worker's (a tree in a user namespace),
    * dumped empty (its sockets only): the restore makes it afresh, owned by the tree. */
-  async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean; ownNetns?: boolean; watchedPaths?: string[] }): Promise<CriuResponse> {
+  async dump(opts: { pid: number; imagesFd: number; leaveRunning?: boolean; ownNetns?: boolean; watchedPaths?: string[]; externalMounts?: string[] }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.DUMP,
       opts: {
@@ -189,6 +196,10 @@ export class CriuWorker {
         ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET } : {}),
         // Where the tree's inotify watches are (watch-paths.ts): CRIU looks there first.
         ...(opts.watchedPaths?.length ? { irmap_scan_paths: opts.watchedPaths } : {}),
+        // Volumes are the host's, not the image's: recorded by where they are mounted, and
+        // restored from whatever the restore names for that place (as runc does).
+        // (volume paths hold no ']', ':' or ',': lib/volume-path.ts)
+        ...(opts.externalMounts?.length ? { external: opts.externalMounts.map((path) => `mnt[${path}]:${path}`) } : {}),
       },
     }, CRIU_DEADLINES.dumpOrRestore);
   }
@@ -196,7 +207,7 @@ export class CriuWorker {
   /** `ownNetns`: as for `dump`; the worker then answers CRIU's notifications: when CRIU has made
    * the tree's namespaces, it bounds the user namespace's per-user counters and sets up the
    * network namespace (criu_run.c, 'N' with LATER), before any task of the tree runs. */
-  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean }): Promise<CriuResponse> {
+  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean; externalMounts?: { key: string; val: string }[] }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,
       opts: {
@@ -209,6 +220,7 @@ export class CriuWorker {
         log_file: 'restore.log',
         manage_cgroups_mode: CG_IGNORE,
         ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET, notify_scripts: true } : {}),
+        ...(opts.externalMounts?.length ? { external: opts.externalMounts.map((m) => `mnt[${m.key}]:${m.val}`) } : {}),
       },
     }, CRIU_DEADLINES.dumpOrRestore);
   }

@@ -1,12 +1,15 @@
 import { readFileSync, writeFileSync } from 'node:fs';
-import { mkdir, readFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
+import { EngineError } from '../seam/errors.js';
 import { isMounted } from './overlay.js';
 import { run } from './run.js';
 
 const FORMAT_FILE = 'forkpoint-format';
 const FORMAT = 3;
+/** How many volumes a restore can mount (the core's VOLUMES_PER_INSTANCE). */
+const VOLUME_SLOTS = 16;
 
 export interface CriuVersion {
   version: string;
@@ -24,9 +27,24 @@ export class Criu {
   /** Mounts the cache tmpfs once per boot of the machine; shared by every data directory. */
   async ensureCache(): Promise<void> {
     await mkdir(this.cacheDir, { recursive: true, mode: 0o700 });
-    if (await isMounted(this.cacheDir)) return;
-    const r = await run('mount', ['-t', 'tmpfs', '-o', 'size=4m,mode=0700', 'forkpoint-criu', this.cacheDir]);
-    if (r.code !== 0 && !(await isMounted(this.cacheDir))) throw new Error(`mount criu cache: ${r.stderr.trim()}`);
+    let failed: string | undefined;
+    if (!(await isMounted(this.cacheDir))) {
+      const r = await run('mount', ['-t', 'tmpfs', '-o', 'size=4m,mode=0700', 'forkpoint-criu', this.cacheDir]);
+      if (r.code !== 0 && !(await isMounted(this.cacheDir))) failed = r.stderr.trim();
+    }
+    // The places a restore's volumes are mounted on in a worker's own namespace (volumeSlot):
+    // CRIU opens them from inside a tree's user namespace, whose root must be able to reach
+    // them (search, nothing more), unlike anything under the data directory.
+    await chmod(this.cacheDir, 0o711);
+    for (let i = 0; i < VOLUME_SLOTS; i++) await mkdir(join(this.cacheDir, 'volumes', String(i)), { recursive: true, mode: 0o711 });
+    await chmod(join(this.cacheDir, 'volumes'), 0o711);
+    if (failed !== undefined) throw new Error(`mount criu cache: ${failed}`);
+  }
+
+  /** Where a worker (whose /run is the cache) mounts a restore's `i`th volume for CRIU. */
+  volumeSlot(i: number): string {
+    if (!Number.isInteger(i) || i < 0 || i >= VOLUME_SLOTS) throw new EngineError('RESTORE_FAILED', `at most ${VOLUME_SLOTS} volumes per sandbox`);
+    return `/run/volumes/${i}`;
   }
 
   async version(): Promise<CriuVersion | undefined> {

@@ -8,7 +8,7 @@ import type { DataLayout } from '../lib/data-layout.js';
 import { packTree, unpackTree } from './pack.js';
 import { run } from './run.js';
 import type { NodeDisk } from '../seam/runtime.js';
-import type { Volumes } from './volumes.js';
+import type { LimitedDisks } from './limited-disks.js';
 
 // What the core names layers and checkpoints (store/ids.ts); anything else in their directories
 // (a half-written import, a hibernation image) is not for a sweep to touch.
@@ -24,7 +24,7 @@ const CHECKPOINT_ID = /^ckpt_[0-9a-z]{16}$/;
 export class Disk implements NodeDisk {
   constructor(
     private readonly layout: DataLayout,
-    private readonly volumes: Volumes,
+    private readonly volumes: LimitedDisks,
     private readonly agentPath: string,
   ) {}
 
@@ -67,7 +67,7 @@ export class Disk implements NodeDisk {
 
   /** The volume a path lies in, if any. */
   private volumeOf(path: string): string | undefined {
-    const prefix = this.layout.volumes + '/';
+    const prefix = this.layout.limitedDisks + '/';
     return path.startsWith(prefix) ? path.slice(prefix.length).split('/')[0] : undefined;
   }
 

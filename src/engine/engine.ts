@@ -12,7 +12,8 @@ import { DataLayout } from '../lib/data-layout.js';
 import { failpoint } from '../lib/failpoints.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
-import { Volumes } from './volumes.js';
+import { LimitedDisks } from './limited-disks.js';
+import { PersistentVolumes } from './persistent-volumes.js';
 import { Images } from './images.js';
 import { RegistryPuller } from './registry-pull.js';
 import { imagesForRange } from './userns-image.js';
@@ -25,7 +26,7 @@ import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
-import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec, SandboxUsage } from '../seam/runtime.js';
+import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec, SandboxUsage, VolumeMount } from '../seam/runtime.js';
 
 import { Network, type SandboxNetwork } from './network/index.js';
 
@@ -64,7 +65,8 @@ export class Engine implements SandboxRuntime {
   readonly network: Network;
   readonly images: Images;
   readonly puller: RegistryPuller;
-  private readonly volumes: Volumes;
+  private readonly limitedDisks: LimitedDisks;
+  readonly volumes: PersistentVolumes;
   /** Uppers, layers and memory images on this node's disk. */
   readonly disk: Disk;
   private readonly mounter: Mounter;
@@ -76,8 +78,9 @@ export class Engine implements SandboxRuntime {
     this.layout = new DataLayout(opts.dataDir);
     this.images = new Images(this.layout.images);
     this.cgroups = new Cgroups(`forkpoint/${opts.nodeId}`);
-    this.volumes = new Volumes(this.layout.volumes);
-    this.disk = new Disk(this.layout, this.volumes, opts.agentPath);
+    this.limitedDisks = new LimitedDisks(this.layout.limitedDisks);
+    this.volumes = new PersistentVolumes(this.layout.persistentVolumes);
+    this.disk = new Disk(this.layout, this.limitedDisks, opts.agentPath);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
     this.puller = new RegistryPuller(this.images, this.mounter, join(this.layout.images, '.oci-cache'));
@@ -91,11 +94,12 @@ export class Engine implements SandboxRuntime {
   async init(): Promise<void> {
     await rm(this.layout.spill, { recursive: true, force: true });
     await this.puller.sweep();
-    for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, this.layout.volumes, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
+    for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, this.layout.limitedDisks, this.layout.persistentVolumes, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
       await mkdir(d, { recursive: true });
     }
     // After a reboot the volumes are not mounted, and the layers in them not reachable.
-    await this.volumes.mountAll();
+    await this.limitedDisks.mountAll();
+    await this.volumes.init();
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
     for (const change of await raiseInotifyCeilings(this.opts.uidRanges)) this.log.info({ change }, 'raised a host-wide inotify ceiling to hold every sandbox\'s bound');
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
@@ -183,6 +187,7 @@ export class Engine implements SandboxRuntime {
         this.opts.agentPath, 'boot', '--root', l.merged(spec.id), '--hostname', spec.hostname, '--pidfile', join(run, 'pid'),
         ...(this.opts.unconfinedForBenchmarks ? ['--unconfined'] : []),
         ...(spec.uidBase !== null ? ['--userns', String(spec.uidBase)] : []),
+        ...spec.volumes.flatMap((v) => ['--volume', this.volumeSource(v), v.path, this.volumeReadOnly(v) ? 'ro' : 'rw']),
         ...this.overlay(spec, false),
       ],
       pidfile: join(run, 'pid'),
@@ -193,6 +198,25 @@ export class Engine implements SandboxRuntime {
     });
     if (spec.network) await this.network.connectBooted(launched.pid, await this.network.newLink(spec.id, spec.network));
     return launched;
+  }
+
+  /** The host directory a sandbox mounts for a volume (its placeholder for none). */
+  private volumeSource(v: VolumeMount): string {
+    return v.volumeId === null ? this.volumes.placeholder : this.volumes.dataDir(v.volumeId);
+  }
+
+  private volumeReadOnly(v: VolumeMount): boolean {
+    return v.readOnly || v.volumeId === null;
+  }
+
+  /** Each volume, made by the restorer (criu_run.c 'V') where CRIU binds it from: what its
+   * external mounts (named by their path in the sandbox, see dump) are restored from. */
+  private async volumesForRestore(r: Restorer, spec: SandboxSpec): Promise<{ key: string; val: string }[]> {
+    return Promise.all(spec.volumes.map(async (v, i) => {
+      const target = this.criu.volumeSlot(i);
+      await r.worker.mountVolume(this.volumeSource(v), target, spec.uidBase, this.volumeReadOnly(v));
+      return { key: v.path, val: target };
+    }));
   }
 
   /** A CRIU dump worker: in the sandbox's netns (CRIU then leaves it out of the image, and the
@@ -265,9 +289,9 @@ export class Engine implements SandboxRuntime {
       const [, dir, target, options] = this.overlay(spec, true);
       // The sandbox this one replaces must be gone before CRIU forks into the same cgroups
       // (their limits would count both); mounting the disk need not wait for it.
-      await Promise.all([r.worker.mountOverlay(dir!, target!, options!, spec.uidBase), oldGone]);
+      const [, externalMounts] = await Promise.all([r.worker.mountOverlay(dir!, target!, options!, spec.uidBase), this.volumesForRestore(r, spec), oldGone]);
       const t = performance.now();
-      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null });
+      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null, externalMounts });
       this.log.debug({ instance: spec.id, ms: Math.round((performance.now() - t) * 100) / 100 }, 'criu restore');
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
@@ -387,10 +411,10 @@ export class Engine implements SandboxRuntime {
   async destroy(id: string): Promise<void> {
     await this.stop(id);
     this.disk.discard(this.layout.instance(id));
-    if (this.volumes.has(id)) {
-      this.disk.discard(this.volumes.upper(id));
-      this.disk.discard(this.volumes.work(id));
-      await this.volumes.releaseIfEmpty(id);
+    if (this.limitedDisks.has(id)) {
+      this.disk.discard(this.limitedDisks.upper(id));
+      this.disk.discard(this.limitedDisks.work(id));
+      await this.limitedDisks.releaseIfEmpty(id);
     }
   }
 
@@ -451,7 +475,7 @@ export class Engine implements SandboxRuntime {
       const t0 = performance.now();
       steps.mark('close');
       failpoint('checkpoint.paused');
-      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null, watchedPaths }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null, watchedPaths, externalMounts: spec.volumes.map((v) => v.path) }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.end();
       if (!dumped.success) {
         restorer.worker.end();
@@ -519,7 +543,7 @@ export class Engine implements SandboxRuntime {
     let dumpError: EngineError | undefined;
     const t0 = performance.now();
     await sb.pause(async () => {
-      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null, watchedPaths }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+      const dumped = await dumper.dump({ pid: sb.pid, imagesFd, ownNetns: spec.uidBase !== null, watchedPaths, externalMounts: spec.volumes.map((v) => v.path) }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
       dumper.end();
       if (!dumped.success) {
         const log = await tail(join(images, 'dump.log'));

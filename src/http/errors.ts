@@ -77,6 +77,9 @@ export function sendError(reply: FastifyReply, code: ErrorCode, message: string,
 
 export function installErrorHandling(app: FastifyInstance): void {
   app.setErrorHandler((err: FastifyError, request: FastifyRequest, reply: FastifyReply) => {
+    // A body read part-way (an upload refused mid-stream) is left unread: the connection closes
+    // after the answer, or the client's next request on it would be taken for the rest of it.
+    if (!request.raw.complete && !reply.sent) reply.header('connection', 'close');
     if (err instanceof ForkpointError) return sendError(reply, err.code, err.message, err.details);
     if (hasZodFastifySchemaValidationErrors(err)) {
       const issues = err.validation.map((v) => ({

@@ -5,6 +5,7 @@ import type { JsonField, OutputEncoding } from './output-json.js';
 import type { DurableState } from '../core/durable.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord } from '../store/instances.js';
+import type { VolumeView } from '../core/volumes.js';
 
 /** Records to the snake_case wire shapes of the Firecase-style face. `net`: the instance's
  * network counters (fp.instances.networkCounters), null where this node does not have them. */
@@ -25,6 +26,7 @@ export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receiv
   error: r.error,
   node: r.node,
   user_namespace: r.uidBase !== null,
+  volumes: r.volumes.map((v) => ({ name: v.name, path: v.path, read_only: v.readOnly })),
   created_at: r.createdAt,
   updated_at: r.updatedAt,
 });
@@ -76,4 +78,14 @@ export const fileInfoView = (f: FileInfo) => ({
   mode: f.mode,
   mtime_ms: f.mtimeMs,
   target: f.target,
+});
+
+export const volumeView = (v: VolumeView) => ({
+  id: v.id,
+  name: v.name,
+  size_mb: v.sizeMb,
+  used_bytes: v.usedBytes,
+  node: v.node,
+  instances: v.instances,
+  created_at: v.createdAt,
 });

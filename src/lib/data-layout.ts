@@ -62,9 +62,14 @@ export class DataLayout {
   checkpoint(id: string): string {
     return join(this.checkpoints, id);
   }
-  /** Size-limited filesystems of instances with a disk limit (volumes.ts). */
-  get volumes(): string {
+  /** Size-limited filesystems of instances with a disk limit (limited-disks.ts); the name is
+   * from before persistent volumes. */
+  get limitedDisks(): string {
     return join(this.root, 'volumes');
+  }
+  /** Owners' persistent volumes (persistent-volumes.ts). */
+  get persistentVolumes(): string {
+    return join(this.root, 'persistent-volumes');
   }
   /** Command output past the first MiB per stream, until it is sent (lib/output.ts). */
   get spill(): string {

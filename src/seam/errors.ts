@@ -19,7 +19,9 @@ export type EngineErrorCode =
   | 'CGROUP_FAILED'
   | 'CRIU_FAILED'
   /** Setting up a sandbox's network (its link, the host's firewall) failed. */
-  | 'NETWORK_FAILED';
+  | 'NETWORK_FAILED'
+  /** A persistent volume still mounted by a sandbox (it cannot be removed). */
+  | 'VOLUME_BUSY';
 
 export class EngineError extends Error {
   override readonly name = 'EngineError';

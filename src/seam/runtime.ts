@@ -26,6 +26,15 @@ export interface ResourceLimits {
   cpuPercent: number;
 }
 
+/** A persistent volume as a sandbox sees it, at `path` (absolute, checked: lib/volume-path.ts). */
+export interface VolumeMount {
+  /** null: an empty, read-only directory in its place (a fork or template asked for none of its
+   * source's volumes; its memory image still has a mount there). */
+  volumeId: string | null;
+  path: string;
+  readOnly: boolean;
+}
+
 /** What the engine needs to know of an instance to run it. */
 export interface SandboxSpec {
   id: string;
@@ -44,6 +53,9 @@ export interface SandboxSpec {
   /** The first host uid (and gid) of its range: its ids 0..65535 are the host's
    * uidBase..uidBase+65535, in a user namespace of its own. null: none (the host's ids). */
   uidBase: number | null;
+  /** Persistent volumes it mounts: not part of its disk, so no checkpoint holds or restores
+   * their contents; a memory image records only where they were mounted. */
+  volumes: VolumeMount[];
 }
 
 export interface FreezeResult {
@@ -131,6 +143,17 @@ export interface ImagePuller {
   pull(req: PullRequest, signal: AbortSignal): Promise<PulledImage>;
 }
 
+/** Owners' persistent volumes on this node's disk: size-limited filesystems, by id. */
+export interface VolumeDisks {
+  /** Makes and mounts it; `sizeMb` bounds what it holds (ENOSPC inside). */
+  create(id: string, sizeMb: number): Promise<void>;
+  /** Unmounts and deletes it with everything in it (a sandbox that still mounts it: VOLUME_BUSY). */
+  remove(id: string): Promise<void>;
+  has(id: string): boolean;
+  /** What its files take on its filesystem. */
+  usedBytes(id: string): Promise<number>;
+}
+
 /** What the core asks of the sandboxes' network: addresses, policies, counters. */
 export interface NetworkRuntime {
   init(entries: FirewallEntry[]): Promise<void>;
@@ -170,6 +193,8 @@ export interface SandboxRuntime {
   readonly images: SystemImages;
   /** Images from OCI registries. */
   readonly puller: ImagePuller;
+  /** Owners' persistent volumes. */
+  readonly volumes: VolumeDisks;
   /** The agent layer new boots get (a fresh boot maps no file of an older agent). */
   readonly currentAgentLayer: string;
   /** Whether this machine has that agent layer (another node's agent build it may lack). */

@@ -12,6 +12,7 @@ import { PortForwardStore } from './port-forwards.js';
 import { RegistryCredentialStore } from './registry-credentials.js';
 import { TemplateStore } from './templates.js';
 import { TokenStore } from './tokens.js';
+import { VolumeStore } from './volumes.js';
 
 export interface Store {
   dialect: SqlDialect;
@@ -23,6 +24,7 @@ export interface Store {
   portForwards: PortForwardStore;
   images: ImageStore;
   registryCredentials: RegistryCredentialStore;
+  volumes: VolumeStore;
   durable: DurableStore;
   templates: TemplateStore;
   nodes: NodeStore;
@@ -55,6 +57,7 @@ function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>, fence:
     portForwards: new PortForwardStore(db),
     images: new ImageStore(db),
     registryCredentials: new RegistryCredentialStore(db),
+    volumes: new VolumeStore(db),
     durable: new DurableStore(db),
     templates: new TemplateStore(db),
     nodes: new NodeStore(db),

@@ -3,6 +3,12 @@ import { atomically, type Db } from './db.js';
 import { StaleWriteError, type WriteFence } from './fence.js';
 import type { Tables } from './schema.js';
 import type { InstancesTable } from './schema.js';
+import type { VolumeMount } from '../seam/runtime.js';
+
+/** A volume as an instance mounts it, with the volume's name (null for a placeholder). */
+export interface InstanceVolume extends VolumeMount {
+  name: string | null;
+}
 
 /** `lost`: its node stopped answering; `recover` brings it back on another from its newest
  * durable checkpoint. */
@@ -61,6 +67,9 @@ export interface InstanceRecord {
   uidBase: number | null;
   /** The checkpoint a restore under way (a rollback, a fork) brings it back from; null: none. */
   restoringFrom: string | null;
+  /** The persistent volumes it mounts, fixed when it is made (a fork's are its source's, or
+   * empty placeholders in their places). */
+  volumes: InstanceVolume[];
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;
 }
@@ -111,6 +120,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   node: r.node,
   uidBase: r.uid_base,
   restoringFrom: r.restoring_from,
+  volumes: JSON.parse(r.volumes) as InstanceVolume[],
   version: Number(r.version),
 });
 
@@ -158,6 +168,7 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   node: rec.node,
   uid_base: rec.uidBase,
   restoring_from: rec.restoringFrom,
+  volumes: JSON.stringify(rec.volumes),
 });
 
 export class InstanceStore {
@@ -261,6 +272,12 @@ export class InstanceStore {
   }
 
   /** What one owner's instances hold, whatever their state (quotas.ts). */
+  /** The instances that mount a volume (its id is random hex: a safe pattern in LIKE). */
+  async usingVolume(volumeId: string): Promise<string[]> {
+    const rows = await this.db.selectFrom('instances').select('id').where('volumes', 'like', `%"volumeId":"${volumeId}"%`).execute();
+    return rows.map((r) => r.id);
+  }
+
   async usageOf(owner: string): Promise<{ instances: number; memoryMb: number; cpuPercent: number; diskMb: number; addresses: number }> {
     const rows = await this.db.selectFrom('instances').select(['limits', 'address']).where('owner', '=', owner).execute();
     const used = { instances: rows.length, memoryMb: 0, cpuPercent: 0, diskMb: 0, addresses: 0 };

@@ -309,4 +309,23 @@ export const migrations: readonly Migration[] = [
       -- owner's pulled images are bounded by their sum (null for built images)
       ALTER TABLE images ADD COLUMN pulled_bytes BIGINT;`,
   },
+  {
+    version: 21,
+    name: 'persistent volumes',
+    sql: `
+      -- an owner's persistent volume: a size-limited filesystem on one node's disk, mounted by
+      -- that owner's instances on that node; it outlives them
+      CREATE TABLE volumes (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        size_mb INTEGER NOT NULL,
+        node TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        UNIQUE (owner, name)
+      );
+      -- where an instance mounts which volume ([{volumeId, path, readOnly}], fixed at its
+      -- creation; a null volumeId is an empty placeholder where its source had one)
+      ALTER TABLE instances ADD COLUMN volumes TEXT NOT NULL DEFAULT '[]';`,
+  },
 ];

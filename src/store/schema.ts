@@ -41,6 +41,7 @@ export interface Tables {
     created_at: string;
   };
   images: { owner: string; name: string; base: string; layers: string; config: string; build_key: string; created_at: string; pulled_bytes: number | string | null };
+  volumes: { id: string; owner: string; name: string; size_mb: number; node: string; created_at: string };
   registry_credentials: { owner: string; registry: string; username: string; sealed_password: string; created_at: string };
   build_cache: { owner: string; key: string; layers: string; config: string; used_at: string };
   templates: {
@@ -94,6 +95,7 @@ export interface InstancesTable {
   node: string | null;
   uid_base: number | null;
   restoring_from: string | null;
+  volumes: string;
   version: Generated<number>;
 }
 

@@ -30,6 +30,7 @@ import {
   type Subscription,
   type SystemImages,
   type ImagePuller,
+  type VolumeDisks,
   PullError,
 } from '../../src/seam/index.js';
 
@@ -583,6 +584,16 @@ export class FakeEngine implements SandboxRuntime {
     },
   };
   readonly disk: NodeDisk;
+  /** Volumes as sizes only: no fake sandbox sees their files (test/volumes.test.ts runs real ones). */
+  readonly volumes: VolumeDisks = (() => {
+    const made = new Map<string, number>();
+    return {
+      create: async (id: string, sizeMb: number) => void made.set(id, sizeMb),
+      remove: async (id: string) => void made.delete(id),
+      has: (id: string) => made.has(id),
+      usedBytes: async () => 0,
+    };
+  })();
   private readonly live = new Map<string, FakeSandbox>();
 
   constructor(

@@ -120,7 +120,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req, reply) => {
       const b = req.body ?? {};
-      const made = await fp.checkpoints.fork(req.owner, req.params.id, { name: b.name, checkpointId: b.checkpoint_id, count: b.count, env: b.env });
+      const made = await fp.checkpoints.fork(req.owner, req.params.id, { name: b.name, checkpointId: b.checkpoint_id, count: b.count, env: b.env, volumes: b.volumes });
       return reply.code(201).send(b.count === undefined ? instanceView(made[0]!) : { instances: made.map((r) => instanceView(r)) });
     });
 

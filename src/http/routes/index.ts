@@ -11,6 +11,7 @@ import { networkRoutes } from './network.js';
 import { proxyRoutes } from './proxy.js';
 import { registryRoutes } from './registries.js';
 import { terminalRoutes } from './terminals.js';
+import { volumeRoutes } from './volumes.js';
 
 /** The Firecase-style face: instances, commands, checkpoints, files. Registered at the root and
  * again under /v1 (Firecase's own prefix), where it is left out of the document. */
@@ -32,4 +33,5 @@ export const firecaseFace = (fp: Forkpoint, opts: { documented: boolean }): Fast
     await app.register(fileRoutes(fp));
     await app.register(imageRoutes(fp));
     await app.register(registryRoutes(fp));
+    await app.register(volumeRoutes(fp));
   };

@@ -72,6 +72,10 @@ export const ForkRequest = z
     checkpoint_id: z.string().max(64).optional().describe('without it, an implicit checkpoint of the current state is taken'),
     count: z.number().int().min(1).max(64).optional().describe('how many forks; with it the answer is {instances: [...]}'),
     env: Env.optional().describe('variables added to the source\'s'),
+    volumes: z
+      .enum(['same', 'none'])
+      .optional()
+      .describe('`same` (default): the source\'s volumes, shared with it; `none`: an empty, read-only directory in each one\'s place (a process that had a volume file open then fails the fork)'),
   })
   .strict()
   .meta({ id: 'ForkRequest', examples: [{ checkpoint_id: 'ckpt_0123456789abcdef' }, { checkpoint_id: 'ckpt_0123456789abcdef', count: 3, name: 'worker' }] });

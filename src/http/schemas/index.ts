@@ -8,3 +8,4 @@ export * from './health.js';
 export * from './executions.js';
 export * from './network.js';
 export * from './images.js';
+export * from './volumes.js';

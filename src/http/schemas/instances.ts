@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { Env, Metadata } from './common.js';
+import { InstanceVolume, VolumeMountRequest } from './volumes.js';
 
 /** Instances on the Firecase-style face: snake_case in and out. */
 
@@ -57,6 +58,11 @@ export const CreateInstanceRequest = z
       .boolean()
       .optional()
       .describe("run in a user namespace of its own, its ids 0..65535 a range of host ids no other sandbox and no host account has (default: the server's FORKPOINT_USER_NAMESPACES, on unless configured off). false: the host's ids, weaker, for images that need them"),
+    volumes: z
+      .array(VolumeMountRequest)
+      .max(16)
+      .optional()
+      .describe('persistent volumes to mount (POST /volumes makes them): shared with the other instances that mount them, never part of a checkpoint, kept when the instance is deleted'),
   })
   .strict()
   .meta({ id: 'CreateInstanceRequest', examples: [{ name: 'demo', env: { GREETING: 'hello' }, limits: { memory_mb: 512, disk_mb: 2048 } }] });
@@ -136,6 +142,7 @@ export const Instance = z
     error: z.string().nullable().describe('why the instance is in `error`'),
     node: z.string().nullable().describe('the node its disk and processes are on (any node answers calls for it)'),
     user_namespace: z.boolean().describe("its processes run in a user namespace of their own (root inside is an unprivileged range of host ids); false: as the host's ids"),
+    volumes: z.array(InstanceVolume).describe('the persistent volumes it mounts'),
     created_at: z.string(),
     updated_at: z.string(),
   })
@@ -159,6 +166,7 @@ export const Instance = z
         error: null,
         node: 'node-3f2a9c1e7b4d',
         user_namespace: true,
+        volumes: [{ name: 'workspace', path: '/workspace', read_only: false }],
         created_at: '2026-11-22T08:00:00.000Z',
         updated_at: '2026-11-22T08:00:00.000Z',
       },

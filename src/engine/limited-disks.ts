@@ -2,11 +2,11 @@ import { existsSync } from 'node:fs';
 import { mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { EngineError } from '../seam/errors.js';
+import { makeExt4Image, MIN_EXT4_MB, mountExt4Image } from './ext4-image.js';
 import { isMounted } from './overlay.js';
 
-/** The smallest disk limit: ext4's own metadata and a 4 MiB journal need a few MiB of it. */
-export const MIN_DISK_MB = 64;
+/** The smallest disk limit. */
+export const MIN_DISK_MB = MIN_EXT4_MB;
 
 /**
  * Size-limited filesystems for instances with `limits.diskMb`: a sparse ext4 image per instance,
@@ -19,7 +19,7 @@ export const MIN_DISK_MB = 64;
  * Mounted with `discard`, so that what is deleted inside goes back to the host's disk. A volume
  * stays while its instance exists or a layer in it is used (by a fork, a checkpoint).
  */
-export class Volumes {
+export class LimitedDisks {
   constructor(private readonly root: string) {}
 
   dir(id: string): string {
@@ -53,26 +53,15 @@ export class Volumes {
 
   /** Makes and mounts the volume (a no-op when it exists and is mounted). */
   async create(id: string, sizeMb: number): Promise<void> {
-    if (this.has(id)) return this.mount(id);
-    await mkdir(this.dir(id), { recursive: true });
-    const tmp = `${this.image(id)}.tmp`;
-    try {
-      await execa('truncate', ['-s', `${sizeMb}M`, tmp]);
-      // No reserved blocks (the host writes nothing of its own there); a small journal.
-      await execa('mkfs.ext4', ['-q', '-F', '-m', '0', '-J', 'size=4', '-E', 'lazy_itable_init=1,nodiscard', tmp]);
-      await execa('mv', [tmp, this.image(id)]);
-    } catch (err) {
-      await rm(tmp, { force: true });
-      throw new EngineError('MOUNT_FAILED', `disk of ${sizeMb} MiB for ${id}: ${(err as { stderr?: string }).stderr?.trim() || (err as Error).message}`, undefined, { cause: err });
+    if (!this.has(id)) {
+      await mkdir(this.dir(id), { recursive: true });
+      await makeExt4Image(this.image(id), sizeMb, `disk for ${id}`);
     }
     await this.mount(id);
   }
 
   async mount(id: string): Promise<void> {
-    if (await isMounted(this.dir(id))) return;
-    await mkdir(this.dir(id), { recursive: true });
-    const r = await execa('mount', ['-o', 'loop,discard,noatime,nodev,nosuid', this.image(id), this.dir(id)], { reject: false });
-    if (r.exitCode !== 0) throw new EngineError('MOUNT_FAILED', `mount the disk of ${id}: ${r.stderr.trim()} (disk limits need loop devices)`);
+    await mountExt4Image(this.image(id), this.dir(id), `the disk of ${id}`);
     for (const d of [this.layers(id), this.trash(id)]) await mkdir(d, { recursive: true });
   }
 
