@@ -78,6 +78,9 @@ afterAll(async () => {
     await step(async () => {
       const list = (await live[0]!.api('GET', '/instances?limit=100')).body as { items?: { id: string }[] };
       for (const i of list.items ?? []) await live[0]!.api('DELETE', `/instances/${i.id}`);
+      // Volumes too (each call goes to the volume's node): their loop mounts would outlive the test.
+      const volumes = (await live[0]!.api('GET', '/volumes')).body as { items?: { name: string }[] };
+      for (const v of volumes.items ?? []) await live[0]!.api('DELETE', `/volumes/${v.name}`);
     });
   }
   for (const n of live) await step(() => n.stop());
@@ -233,6 +236,25 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     await until('the terminal answers', () => /20 70/.test(text) && /on-node-carried/.test(text));
     ws.close();
     expect((await b.api('DELETE', `/instances/${inst.id}/pty/${pty.body.id}`)).status).toBe(204);
+  });
+
+  it('a volume lives on the node that made it: an instance that mounts it is made there whichever node is asked; its calls go there too', async () => {
+    expect((await b.api('POST', '/volumes', { name: 'on-b', size_mb: 64 })).body.node).toBe('node-b');
+    expect((await a.api('POST', '/volumes', { name: 'on-a', size_mb: 64 })).body.node).toBe('node-a');
+    const made = await a.api('POST', '/instances', { volumes: [{ name: 'on-b', path: '/v' }] });
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
+    expect(made.body.node).toBe('node-b');
+    await exec(a, made.body.id, 'echo hello > /v/f');
+    // Asked of A, answered by B, which has its disk.
+    const seen = await a.api('GET', '/volumes/on-b');
+    expect(seen.body.instances).toEqual([made.body.id]);
+    expect(seen.body.used_bytes).toBeGreaterThan(0);
+    const both = await a.api('POST', '/instances', { volumes: [{ name: 'on-b', path: '/b' }, { name: 'on-a', path: '/a' }] });
+    expect(both.status).toBe(409);
+    expect(both.body.error.details).toMatchObject({ reason: 'VOLUME_ON_OTHER_NODE' });
+    expect((await a.api('DELETE', `/instances/${made.body.id}`)).status).toBe(204);
+    for (const name of ['on-b', 'on-a']) expect((await a.api('DELETE', `/volumes/${name}`)).status).toBe(204);
+    expect((await b.api('GET', '/volumes')).body.items).toEqual([]);
   });
 
   it('the published SDKs, pointed at node B, work an instance on node A: OpenComputer and E2B', async () => {

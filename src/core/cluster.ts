@@ -265,6 +265,17 @@ export class Cluster {
     return (await this.store.checkpoints.get(checkpointId))?.instanceId;
   }
 
+  /** The node a new instance that mounts an owner's volume goes to: the volume's (instances
+   * mount volumes only where they are). Here when the volume is unknown (the create says so) or
+   * its node is not live (the create refuses it with the reason). */
+  async placeForVolume(owner: string, volume: string): Promise<{ kind: 'here' } | { kind: 'node'; node: NodeRecord }> {
+    if (!this.joined) return { kind: 'here' };
+    const v = await this.store.volumes.byName(owner, volume);
+    if (!v || v.node === this.nodeId) return { kind: 'here' };
+    const node = await this.store.nodes.get(v.node);
+    return node && this.isLive(node) ? { kind: 'node', node } : { kind: 'here' };
+  }
+
   /** The node a new instance goes to: the live one running fewest, this one on a tie. */
   async placeNew(): Promise<{ kind: 'here' } | { kind: 'node'; node: NodeRecord }> {
     if (!this.joined) return { kind: 'here' };

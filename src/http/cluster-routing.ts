@@ -14,7 +14,7 @@ declare module 'fastify' {
      * here when the body names a durable checkpoint (its data comes from the object store),
      * else on the instance's node.
      */
-    placement?: 'here' | 'new' | 'fork';
+    placement?: 'here' | 'new' | 'fork' | 'volume';
     /** The path parameter that names the instance (default `id`). */
     instanceParam?: string;
   }
@@ -58,12 +58,18 @@ export function installClusterRouting(app: FastifyInstance, fp: Forkpoint): void
     // Anyone can send the header: it only stops a second forward, never makes a node act on an
     // instance that is not its own.
     const forwarded = req.headers[FORWARDED] !== undefined;
-    if (placement === 'new') {
-      if (forwarded) return;
-      const to = await fp.cluster.placeNew();
-      return to.kind === 'node' ? forward(req, reply, fp, to.node.url) : undefined;
-    }
+    // A creation is placed once its body is read (below): it may name volumes, which decide.
+    if (placement === 'new' || placement === 'volume') return;
     return route(req, reply, fp, forwarded);
+  });
+  // A volume's own calls go to its node (its disk is there).
+  app.addHook('preHandler', async (req, reply) => {
+    const placement = req.routeOptions.config?.placement;
+    if ((placement !== 'new' && placement !== 'volume') || req.headers[FORWARDED] !== undefined) return;
+    const volume = placement === 'volume' ? (req.params as { name?: unknown }).name : (req.body as { volumes?: { name?: unknown }[] } | undefined)?.volumes?.[0]?.name;
+    if (placement === 'volume' && typeof volume !== 'string') return;
+    const to = typeof volume === 'string' ? await fp.cluster.placeForVolume(req.owner, volume) : await fp.cluster.placeNew();
+    return to.kind === 'node' ? forward(req, reply, fp, to.node.url) : undefined;
   });
   // A fork's node depends on its checkpoint (in the body, or the path's): decided once the body
   // is parsed. One with a durable copy runs here; another on the node that has it.

@@ -26,12 +26,12 @@ export const volumeRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => ({ items: (await fp.volumes.list(req.owner)).map(volumeView) }));
 
     app.get('/volumes/:name', {
-      config: { placement: 'here' },
+      config: { placement: 'volume' },
       schema: { operationId: 'getVolume', tags, summary: 'A volume', description: 'Its size, what its files take now, its node and the instances that mount it.', params: VolumeParams, response: { 200: ok('The volume', Volume), ...errorResponses } },
     }, async (req) => volumeView(await fp.volumes.get(req.owner, req.params.name)));
 
     app.delete('/volumes/:name', {
-      config: { placement: 'here' },
+      config: { placement: 'volume' },
       schema: {
         operationId: 'deleteVolume',
         tags,
