@@ -442,7 +442,8 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
     const sbx = await Sandbox.create();
     await sbx.files.write('state.txt', 'from before the snapshot');
     await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done', { background: true });
-    await until('the counter', async () => Number((await sbx.commands.run('cat /tmp/n')).stdout) >= 5);
+    // (Until the loop first writes, there is no file: 0, not a failed command.)
+    await until('the counter', async () => Number((await sbx.commands.run('cat /tmp/n 2>/dev/null || echo 0')).stdout) >= 5);
     const snap = await sbx.createSnapshot();
     const at = Number((await sbx.commands.run('cat /tmp/n')).stdout);
     const made: Sandbox[] = [sbx];
