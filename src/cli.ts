@@ -56,7 +56,8 @@ withJson(
     .addOption(new Option('--egress <policy>', 'what it may reach outside').choices(['allow', 'deny']))
     .option('--allow <dest...>', 'hosts or CIDRs it may reach')
     .option('--deny <dest...>', 'hosts or CIDRs it may not reach')
-    .option('-v, --volume <spec...>', 'mount a persistent volume: NAME:/PATH or NAME:/PATH:ro (forkpoint volume create)'),
+    .option('-v, --volume <spec...>', 'mount a persistent volume: NAME:/PATH or NAME:/PATH:ro (forkpoint volume create)')
+    .option('--secret <spec...>', 'a secret its requests to these hosts carry: NAME=HOST[,HOST...] (forkpoint secret set)'),
 ).action(async (o: object) => (await client()).create(flags(o)));
 
 withJson(
@@ -129,6 +130,11 @@ withJson(
 ).action(async (host: string, o: object) => (await client()).registryLogin(host, flags(o)));
 withJson(registry.command('logout <registry>').description('Forget the credentials for a registry')).action(async (host: string, o: object) => (await client()).registryLogout(host, flags(o)));
 withJson(registry.command('ls').description('The registries you keep credentials for (never a password)')).action(async (o: object) => (await client()).registries(flags(o)));
+
+const secret = program.command('secret').description('Secrets your instances\' requests carry to hosts you name; the sandbox sees a placeholder');
+withJson(secret.command('set <name>').description('Keep a secret, its value read from stdin (or replace it)')).action(async (name: string, o: object) => (await client()).secretSet(name, flags(o)));
+withJson(secret.command('ls').alias('list').description('Your secrets (never a value)')).action(async (o: object) => (await client()).secrets(flags(o)));
+withJson(secret.command('rm <names...>').description('Delete secrets')).action(async (names: string[], o: object) => (await client()).secretRm(names, flags(o)));
 
 const volume = program.command('volume').description('Persistent volumes: filesystems that outlive instances, mounted with create --volume');
 withJson(volume.command('create <name>').description('Create a volume of --size MiB').requiredOption('-s, --size <mb>', 'what it may hold, MiB')).action(async (name: string, o: object) => (await client()).volumeCreate(name, flags(o)));

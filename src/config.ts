@@ -76,6 +76,9 @@ export const configSchema = z.object({
   /** What one owner's pulled images may weigh in all, as fetched (each counted whole, even when
    * another owner pulled it too). */
   ownerMaxPulledMb: z.coerce.number().int().positive().default(32768),
+  /** CA certificates (a PEM file) the egress proxy also trusts when it takes a sandbox's request
+   * with a secret on to its host (beyond the system's): a private registry's or API's CA. */
+  egressCaFile: z.string().min(1).optional(),
   /** The largest persistent volume, in MiB. */
   maxVolumeMb: z.coerce.number().int().min(64).default(16384),
   /** All of one owner's persistent volumes together, in MiB (their declared sizes). */
@@ -190,6 +193,7 @@ const envNames: Record<keyof Config, string> = {
   insecureRegistries: 'FORKPOINT_INSECURE_REGISTRIES',
   maxPullMb: 'FORKPOINT_MAX_PULL_MB',
   ownerMaxPulledMb: 'FORKPOINT_OWNER_MAX_PULLED_MB',
+  egressCaFile: 'FORKPOINT_EGRESS_CA_FILE',
   maxVolumeMb: 'FORKPOINT_MAX_VOLUME_MB',
   ownerMaxVolumeMb: 'FORKPOINT_OWNER_MAX_VOLUME_MB',
   secretsKeyFile: 'FORKPOINT_SECRETS_KEY_FILE',

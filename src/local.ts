@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
 import { Forkpoint } from './core/forkpoint.js';
@@ -16,7 +17,7 @@ export function localEngine(config: Config, log: Logger, nodeId: string, overrid
     criuCacheDir: config.criuCacheDir,
     agentPath: config.agentPath,
     logger: log,
-    network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(',') },
+    network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(','), upstreamCa: config.egressCaFile ? readFileSync(config.egressCaFile, 'utf8') : undefined },
     uidRanges: config.uidRanges,
     nodeId,
     ...overrides,

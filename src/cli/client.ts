@@ -63,6 +63,17 @@ export interface CreateOptions extends Common {
   deny?: string[];
   user?: boolean;
   volume?: string[];
+  secret?: string[];
+}
+
+/** `NAME=HOST[,HOST...]`: a secret and the hosts its requests carry it to. */
+export function secretUsesOf(specs: string[] | undefined): { name: string; hosts: string[] }[] | undefined {
+  if (!specs?.length) return undefined;
+  return specs.map((spec) => {
+    const m = /^([^=]+)=(.+)$/.exec(spec);
+    if (!m) throw new CliError(`--secret: ${spec}: expected NAME=HOST[,HOST...]`, 'USAGE', 2);
+    return { name: m[1]!, hosts: m[2]!.split(',') };
+  });
 }
 
 /** `NAME:/PATH[:ro]` (Docker's -v for a named volume). */
@@ -102,6 +113,7 @@ export async function create(o: CreateOptions): Promise<void> {
     limits: Object.values(limits).some((v) => v !== undefined) ? limits : undefined,
     network,
     volumes: volumeMountsOf(o.volume),
+    secrets: secretUsesOf(o.secret),
   });
   if (o.json) return printJson(inst);
   process.stdout.write(`${inst.id}\n`);
@@ -227,13 +239,15 @@ export async function images(o: Common): Promise<void> {
 
 /** A password from standard input (never a flag: flags are in the process list and the shell's
  * history), with the user name it goes with. */
+/** What is piped in, without its last line break (a password, a secret's value). */
+async function stdinValue(): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const c of process.stdin) chunks.push(c as Buffer);
+  return Buffer.concat(chunks).toString('utf8').replace(/\r?\n$/, '');
+}
+
 async function passwordOf(o: { username?: string; passwordStdin?: boolean }): Promise<string | undefined> {
-  let password: string | undefined;
-  if (o.passwordStdin) {
-    const chunks: Buffer[] = [];
-    for await (const c of process.stdin) chunks.push(c as Buffer);
-    password = Buffer.concat(chunks).toString('utf8').replace(/\r?\n$/, '');
-  }
+  const password = o.passwordStdin ? await stdinValue() : undefined;
   if ((o.username === undefined) !== (password === undefined)) throw new CliError('--username and --password-stdin go together', 'USAGE', 2);
   return password;
 }
@@ -308,6 +322,23 @@ export async function volumes(o: Common): Promise<void> {
 
 export async function volumeInspect(name: string, o: Common): Promise<void> {
   printJson(await api(o).call<VolumeInfo>('GET', `/volumes/${enc(name)}`));
+}
+
+export async function secretSet(name: string, o: Common): Promise<void> {
+  if (process.stdin.isTTY) throw new CliError('secret set reads the value from stdin: forkpoint secret set NAME < file', 'USAGE', 2);
+  const r = await api(o).call<{ name: string }>('PUT', `/secrets/${enc(name)}`, { value: await stdinValue() });
+  if (o.json) return printJson(r);
+  process.stdout.write(`${r.name}\n`);
+}
+
+export async function secrets(o: Common): Promise<void> {
+  const r = await api(o).call<{ items: { name: string; created_at: string; updated_at: string }[] }>('GET', '/secrets');
+  if (o.json) return printJson(r.items);
+  process.stdout.write(table(['NAME', 'CREATED', 'UPDATED'], r.items.map((x) => [x.name, ago(x.created_at), ago(x.updated_at)])));
+}
+
+export async function secretRm(names: string[], o: Common): Promise<void> {
+  await deleteEach(names, (name) => `/secrets/${enc(name)}`, o);
 }
 
 export async function volumeRm(names: string[], o: Common): Promise<void> {

@@ -528,6 +528,10 @@ export class CheckpointService {
               layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id,
               // A template's instances (`instead`, another owner's) never get the source's volumes.
               volumes: instead || input.volumes === 'none' ? placeholdersFor(source.volumes) : source.volumes,
+              // Its processes hold the source's placeholders and trust its CA: a fork of the same
+              // owner keeps both; a template's instance (another owner's) gets neither rule.
+              secrets: instead ? [] : source.secrets,
+              egressCa: instead ? null : source.egressCa,
             },
           );
           made.push(rec.id);

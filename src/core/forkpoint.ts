@@ -33,6 +33,7 @@ import { isStoreAway } from './errors.js';
 import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
 import { VolumeService } from './volumes.js';
+import { EgressSecretService } from './egress-secrets.js';
 import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
@@ -97,6 +98,7 @@ export class Forkpoint {
   /** Owners' credentials for private registries. */
   readonly registryLogins: RegistryLogins;
   readonly volumes: VolumeService;
+  readonly secrets: EgressSecretService;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
   readonly files: FileService;
@@ -145,7 +147,8 @@ export class Forkpoint {
     const locks = new KeyedLock();
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
-    this.registryLogins = new RegistryLogins(this.store, new SecretsKey(config.secretsKeyFile ?? this.layout.secretsKey));
+    const secretsKey = new SecretsKey(config.secretsKeyFile ?? this.layout.secretsKey);
+    this.registryLogins = new RegistryLogins(this.store, secretsKey);
     const pulls = new ImagePulls(
       runtime.puller,
       { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024, ownerMaxPulledBytes: config.ownerMaxPulledMb * 1024 * 1024 },
@@ -154,7 +157,8 @@ export class Forkpoint {
     );
     this.catalog = new ImageCatalog(this.store, this.images, pulls);
     this.volumes = new VolumeService(this.store, this.engine, locks, { maxMb: config.maxVolumeMb, ownerMaxMb: config.ownerMaxVolumeMb }, nodeId, log);
-    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId, this.volumes);
+    this.secrets = new EgressSecretService(this.store, secretsKey, log);
+    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId, this.volumes, this.secrets);
     this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log, (id) => this.engine.sandbox(id) !== undefined);
     this.access = new SandboxAccess(this.instances, this.store, log, () => this.cluster.fenced);
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);

@@ -29,7 +29,8 @@ export class InstanceRecovery {
       used.add(address);
       await this.store.instances.update(rec.id, { address });
     }
-    await this.engine.network.init((await this.instances.local()).map((r) => ({ id: r.id, address: r.address!, policy: r.egress })));
+    const local = await this.instances.local();
+    await this.engine.network.init(await Promise.all(local.map(async (r) => ({ id: r.id, address: r.address!, policy: r.egress, secrets: await this.instances.secrets.forEngine(r) }))));
   }
 
   /** Re-adopts what still runs and marks the rest stopped. An instance cut short while it was

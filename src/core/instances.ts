@@ -18,6 +18,7 @@ import { requireRoom } from './space.js';
 import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 import type { VolumeRequest, VolumeService } from './volumes.js';
+import type { EgressSecretService, SecretRequest } from './egress-secrets.js';
 
 /** How long CPU use is measured over for a usage reading. */
 const USAGE_WINDOW_MS = 250;
@@ -50,6 +51,8 @@ export interface CreateInstance {
   userNamespace?: boolean | undefined;
   /** Persistent volumes to mount (the owner's, on this node). */
   volumes?: VolumeRequest[] | undefined;
+  /** Secrets its requests to some hosts carry (it sees placeholders). */
+  secrets?: SecretRequest[] | undefined;
 }
 
 const BASE_ENV: Record<string, string> = {
@@ -88,6 +91,7 @@ export class InstanceService {
     /** The node this server is: instances it makes are its, and only its are its to run. */
     readonly nodeId: string,
     readonly volumes: VolumeService,
+    readonly secrets: EgressSecretService,
   ) {
     this.lifecycle = new Lifecycle(store, nodeId);
   }
@@ -227,6 +231,8 @@ export class InstanceService {
         : await this.images.resolve(owner, input.image ?? this.config.defaultImage));
     // A fork or template brings its source's (`from`): the owner's request is a new instance's.
     const volumes = from ? [] : await this.volumes.mounts(owner, input.volumes);
+    if (!from && input.secrets?.length && !this.networking) throw new InvalidRequestError('secrets reach their hosts through the sandboxes\' network, which this server runs without (FORKPOINT_NETWORKING)');
+    const bound = from ? { secrets: [], env: {}, egressCa: null } : await this.secrets.bind(owner, input.secrets);
     const id = newId('inst');
     const name = input.name ?? id.replace('_', '-');
     if (!INSTANCE_NAME.test(name)) {
@@ -242,7 +248,7 @@ export class InstanceService {
       layers: resolved.layers,
       baseLayer: false,
       agentLayer: this.engine.currentAgentLayer,
-      env: { ...resolved.config.env, ...input.env },
+      env: { ...resolved.config.env, ...input.env, ...bound.env },
       limits: this.limitsFrom(input.limits),
       metadata: input.metadata ?? {},
       pid: null,
@@ -264,6 +270,8 @@ export class InstanceService {
       updatedAt: now,
       restoringFrom: null,
       volumes,
+      secrets: bound.secrets,
+      egressCa: bound.egressCa,
       ...from,
       node: this.nodeId,
       uidBase: null,
@@ -337,7 +345,15 @@ export class InstanceService {
 
   /** Puts a new instance's egress policy in force, before it boots. */
   async admit(rec: InstanceRecord): Promise<void> {
-    if (rec.address) await this.engine.network.setPolicy(rec.id, rec.address, rec.egress);
+    if (rec.address) await this.engine.network.setPolicy(rec.id, rec.address, rec.egress, await this.secrets.forEngine(rec));
+  }
+
+  /** A secret's value changed or it went: the instances here that use it get their rules again. */
+  async refreshSecret(owner: string, name: string): Promise<void> {
+    for (const rec of await this.local()) {
+      if (rec.owner !== owner || !rec.secrets.some((s) => s.name === name)) continue;
+      await this.admit(rec).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'could not renew an instance\'s secret rules'));
+    }
   }
 
   /** Replaces an instance's egress policy; in force at once, for connections opened from now on. */
@@ -362,8 +378,11 @@ export class InstanceService {
       // the new address out (no entry: dropped), so nothing escapes meanwhile.
       const admitted = this.admit(rec);
       admitted.catch(() => {});
-      const booted = await this.locks.run(rec.id, () => this.bootRecord(rec, { freshUpper: true }));
+      let booted = await this.locks.run(rec.id, () => this.bootRecord(rec, { freshUpper: true }));
       await admitted;
+      // Its tools trust its egress CA before anything of the caller's runs (forks have it already).
+      const sb = this.engine.sandbox(rec.id);
+      if (rec.egressCa && sb) booted = await this.store.instances.update(rec.id, { env: { ...booted.env, ...(await this.secrets.installCa(rec, sb)) } });
       return booted;
     } catch (err) {
       // Out of space is not the instance's fault: nothing of it stays for a retry to trip on.

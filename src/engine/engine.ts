@@ -41,7 +41,7 @@ export interface EngineOptions {
    * the seccomp filter, to measure what they cost in the same run. */
   unconfinedForBenchmarks?: boolean;
   /** The sandboxes' subnet, and the resolvers their DNS asks (default: the host's). */
-  network: { cidr: string; dnsServers?: string[] | undefined };
+  network: { cidr: string; dnsServers?: string[] | undefined; upstreamCa?: string | undefined };
   /** How many uid ranges sandboxes' user namespaces may hold at once (kernel-limits.ts). */
   uidRanges: number;
   /** The node this engine is: its sandboxes' cgroups are under `forkpoint/<node>/`. */
@@ -84,7 +84,7 @@ export class Engine implements SandboxRuntime {
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
     this.puller = new RegistryPuller(this.images, this.mounter, join(this.layout.images, '.oci-cache'));
-    this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, log: opts.logger });
+    this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, upstreamCa: opts.network.upstreamCa, log: opts.logger });
   }
 
   get log(): Logger {

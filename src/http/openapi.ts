@@ -21,6 +21,7 @@ const TAGS = [
   { name: 'processes', description: 'Background processes with a bounded scrollback.' },
   { name: 'checkpoints', description: 'Checkpoints (files, memory and processes), rollback in place, forks, lineage.' },
   { name: 'files', description: 'Files inside an instance, streamed both ways.' },
+  { name: 'secrets', description: 'Secrets your instances\' requests carry to the hosts you name, put in by the egress proxy: the sandbox sees a placeholder only.' },
   { name: 'volumes', description: 'Persistent volumes: size-limited filesystems that outlive instances, mounted by several, never part of a checkpoint.' },
   { name: 'health', description: 'Whether the server and its engine are there.' },
   { name: 'opencomputer', description: 'The OpenComputer-compatible face under /api: what `@opencomputer/sdk` calls. camelCase; errors as `{"error": "message"}`.' },

@@ -27,6 +27,7 @@ export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receiv
   node: r.node,
   user_namespace: r.uidBase !== null,
   volumes: r.volumes.map((v) => ({ name: v.name, path: v.path, read_only: v.readOnly })),
+  secrets: r.secrets.map((x) => ({ name: x.name, env: x.env, hosts: x.hosts })),
   created_at: r.createdAt,
   updated_at: r.updatedAt,
 });

@@ -1,5 +1,5 @@
 import { isIP } from 'node:net';
-import { parseCidr, toIp } from './ipv4.js';
+import { contains, parseCidr, toIp } from './ipv4.js';
 
 /** Where a sandbox may open connections to. Entries are IPv4 addresses, CIDRs or host names
  * (`example.com`, or `*.example.com` for its subdomains). A `deny` entry wins over an `allow`
@@ -43,4 +43,31 @@ export function parseEntry(raw: string): Entry | undefined {
 export function nameMatches(entry: Extract<Entry, { kind: 'host' }>, name: string): boolean {
   const n = name.toLowerCase().replace(/\.$/, '');
   return n === entry.name || (entry.subdomains && n.endsWith(`.${entry.name}`));
+}
+
+/** Whether a host name pattern (`api.example.com`, or `*.example.com` for its subdomains) names
+ * `host`. */
+export function hostMatches(pattern: string, host: string): boolean {
+  const e = parseEntry(pattern);
+  return e?.kind === 'host' && nameMatches(e, host);
+}
+
+/**
+ * What the firewall would decide for a connection to `ip` (reached as `name`) under `policy`:
+ * the egress proxy connects on a sandbox's behalf and must allow no more. Never the always-closed
+ * ranges or `sandboxes` (the sandboxes' own subnet); then deny, then allow (by address or name),
+ * then private ranges closed, then the policy's default.
+ */
+export function egressAllows(policy: EgressPolicy, name: string, ip: string, sandboxes?: string): boolean {
+  const inAny = (cidrs: string[]) => cidrs.some((c) => contains(parseCidr(c), ip));
+  if (inAny([...ALWAYS_CLOSED, ...(sandboxes ? [sandboxes] : [])])) return false;
+  const matches = (list: string[]) =>
+    list.some((raw) => {
+      const e = parseEntry(raw);
+      return e?.kind === 'cidr' ? contains(parseCidr(e.cidr), ip) : e?.kind === 'host' ? nameMatches(e, name) : false;
+    });
+  if (matches(policy.deny)) return false;
+  if (matches(policy.allow)) return true;
+  if (inAny(PRIVATE)) return false;
+  return policy.egress === 'allow';
 }

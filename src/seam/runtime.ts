@@ -8,11 +8,29 @@ export interface SandboxNetwork {
   mac: string;
 }
 
+/** One secret as the egress proxy uses it: in requests to `hosts`, `placeholder` in a header
+ * becomes `value`. Only the host's memory ever holds the value. */
+export interface SecretRule {
+  /** Host names (`*.example.com` for its subdomains). */
+  hosts: string[];
+  placeholder: string;
+  value: string;
+}
+
+/** What a sandbox's egress proxy needs: its rules, and the CA its certificates for those hosts
+ * are signed by (the sandbox trusts it). */
+export interface EgressSecrets {
+  ca: { certPem: string; keyPem: string };
+  rules: SecretRule[];
+}
+
 /** What the firewall knows of one sandbox. */
 export interface FirewallEntry {
   id: string;
   address: string;
   policy: EgressPolicy;
+  /** Secrets its requests to some hosts carry (through the egress proxy); null: none. */
+  secrets?: EgressSecrets | null | undefined;
 }
 
 export interface NetworkCounters {
@@ -159,7 +177,8 @@ export interface NetworkRuntime {
   init(entries: FirewallEntry[]): Promise<void>;
   /** A free address and its MAC, or none: the subnet is full. */
   allocate(used: Set<string>): SandboxNetwork | undefined;
-  setPolicy(id: string, address: string, policy: EgressPolicy): Promise<void>;
+  /** `secrets`: the sandbox's secret rules (undefined: those it has; null: none). */
+  setPolicy(id: string, address: string, policy: EgressPolicy, secrets?: EgressSecrets | null): Promise<void>;
   release(id: string, address: string): Promise<void>;
   /** Lets go of whatever this node's network holds for the instance (one another node runs now:
    * its record has that node's address). */

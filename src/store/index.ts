@@ -13,6 +13,7 @@ import { RegistryCredentialStore } from './registry-credentials.js';
 import { TemplateStore } from './templates.js';
 import { TokenStore } from './tokens.js';
 import { VolumeStore } from './volumes.js';
+import { OwnerSecretStore } from './owner-secrets.js';
 
 export interface Store {
   dialect: SqlDialect;
@@ -25,6 +26,7 @@ export interface Store {
   images: ImageStore;
   registryCredentials: RegistryCredentialStore;
   volumes: VolumeStore;
+  ownerSecrets: OwnerSecretStore;
   durable: DurableStore;
   templates: TemplateStore;
   nodes: NodeStore;
@@ -58,6 +60,7 @@ function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>, fence:
     images: new ImageStore(db),
     registryCredentials: new RegistryCredentialStore(db),
     volumes: new VolumeStore(db),
+    ownerSecrets: new OwnerSecretStore(db),
     durable: new DurableStore(db),
     templates: new TemplateStore(db),
     nodes: new NodeStore(db),

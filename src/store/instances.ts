@@ -5,6 +5,15 @@ import type { Tables } from './schema.js';
 import type { InstancesTable } from './schema.js';
 import type { VolumeMount } from '../seam/runtime.js';
 
+/** A secret an instance may use: its commands see `placeholder` in `env`; its requests to
+ * `hosts` carry the value in its place (the egress proxy). */
+export interface InstanceSecret {
+  name: string;
+  env: string;
+  hosts: string[];
+  placeholder: string;
+}
+
 /** A volume as an instance mounts it, with the volume's name (null for a placeholder). */
 export interface InstanceVolume extends VolumeMount {
   name: string | null;
@@ -70,6 +79,10 @@ export interface InstanceRecord {
   /** The persistent volumes it mounts, fixed when it is made (a fork's are its source's, or
    * empty placeholders in their places). */
   volumes: InstanceVolume[];
+  /** The secrets it may use, and where (a fork's are its source's). */
+  secrets: InstanceSecret[];
+  /** Its egress CA, sealed (core/egress-secrets.ts); null: none (no secrets). */
+  egressCa: string | null;
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;
 }
@@ -121,6 +134,8 @@ const fromRow = (r: Row): InstanceRecord => ({
   uidBase: r.uid_base,
   restoringFrom: r.restoring_from,
   volumes: JSON.parse(r.volumes) as InstanceVolume[],
+  secrets: JSON.parse(r.secrets) as InstanceSecret[],
+  egressCa: r.egress_ca,
   version: Number(r.version),
 });
 
@@ -169,6 +184,8 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   uid_base: rec.uidBase,
   restoring_from: rec.restoringFrom,
   volumes: JSON.stringify(rec.volumes),
+  secrets: JSON.stringify(rec.secrets),
+  egress_ca: rec.egressCa,
 });
 
 export class InstanceStore {

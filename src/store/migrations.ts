@@ -328,4 +328,23 @@ export const migrations: readonly Migration[] = [
       -- creation; a null volumeId is an empty placeholder where its source had one)
       ALTER TABLE instances ADD COLUMN volumes TEXT NOT NULL DEFAULT '[]';`,
   },
+  {
+    version: 22,
+    name: 'owner secrets',
+    sql: `
+      -- an owner's secret, sealed with the server's secrets key; instances name the secrets
+      -- their requests to some hosts carry (the egress proxy puts the value in), never the value
+      CREATE TABLE owner_secrets (
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed_value TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (owner, name)
+      );
+      -- [{name, env, hosts, placeholder}]: what the sandbox sees is the placeholder
+      ALTER TABLE instances ADD COLUMN secrets TEXT NOT NULL DEFAULT '[]';
+      -- the instance's egress CA (certificate and key, sealed): forks keep their source's
+      ALTER TABLE instances ADD COLUMN egress_ca TEXT;`,
+  },
 ];

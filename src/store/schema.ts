@@ -42,6 +42,7 @@ export interface Tables {
   };
   images: { owner: string; name: string; base: string; layers: string; config: string; build_key: string; created_at: string; pulled_bytes: number | string | null };
   volumes: { id: string; owner: string; name: string; size_mb: number; node: string; created_at: string };
+  owner_secrets: { owner: string; name: string; sealed_value: string; created_at: string; updated_at: string };
   registry_credentials: { owner: string; registry: string; username: string; sealed_password: string; created_at: string };
   build_cache: { owner: string; key: string; layers: string; config: string; used_at: string };
   templates: {
@@ -96,6 +97,8 @@ export interface InstancesTable {
   uid_base: number | null;
   restoring_from: string | null;
   volumes: string;
+  secrets: string;
+  egress_ca: string | null;
   version: Generated<number>;
 }
 

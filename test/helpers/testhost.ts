@@ -23,10 +23,10 @@ const run = (cmd: string, args: string[]) => execa(cmd, args, { timeout: 10_000 
 /**
  * "The internet" for the network tests: a network namespace of the test's own, linked to the
  * host by a veth pair on 172.31.<n>.0/30, running test/fixtures/testhost.mjs (HTTP on :80, DNS on
- * :53). It also holds 169.254.169.254, routed to it from the host, so that a sandbox that could
+ * :53; HTTPS on :443 with `tlsDir`'s cert.pem and key.pem). It also holds 169.254.169.254, routed to it from the host, so that a sandbox that could
  * reach the metadata address would find a server there.
  */
-export async function startTestHost(): Promise<TestHost> {
+export async function startTestHost(opts: { tlsDir?: string } = {}): Promise<TestHost> {
   const tag = randomBytes(3).toString('hex');
   const ns = `fpt-${tag}`;
   const hostIf = `fpt${tag}h`;
@@ -52,7 +52,7 @@ export async function startTestHost(): Promise<TestHost> {
     await run('ip', ['-n', ns, 'link', 'set', 'lo', 'up']);
     await run('ip', ['-n', ns, 'route', 'add', 'default', 'via', hostSide]);
     await run('ip', ['route', 'replace', `${metadata}/32`, 'via', address]);
-    child = spawn('ip', ['netns', 'exec', ns, process.execPath, SCRIPT, address], { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] });
+    child = spawn('ip', ['netns', 'exec', ns, process.execPath, SCRIPT, address, ...(opts.tlsDir ? [opts.tlsDir] : [])], { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] });
     const ready = new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error('the test host did not start')), 10_000);
       createInterface({ input: child!.stdout! }).on('line', (l) => l === 'ready' && (clearTimeout(timer), resolve()));

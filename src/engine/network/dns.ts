@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import dnsPacket from 'dns-packet';
 import type { Logger } from 'pino';
-import { nameMatches, parseEntry, type EgressPolicy } from '../../lib/egress-policy.js';
+import { hostMatches, nameMatches, parseEntry, type EgressPolicy } from '../../lib/egress-policy.js';
 
 /** How long an upstream has to answer before the next one is asked. */
 const UPSTREAM_TIMEOUT_MS = 2000;
@@ -14,8 +14,9 @@ const MAX_IN_FLIGHT = 512;
 export const MAX_IN_FLIGHT_PER_SANDBOX = 16;
 
 export interface DnsLookup {
-  /** The sandbox at a source address, and its policy. */
-  policyOf(address: string): { id: string; policy: EgressPolicy } | undefined;
+  /** The sandbox at a source address, its policy, and the hosts of its secret rules (reached
+   * through the egress proxy, on the gateway). */
+  policyOf(address: string): { id: string; policy: EgressPolicy; proxiedHosts: string[] } | undefined;
   /** Addresses an answer gave for a name the policy allows: opened before the answer reaches
    * the sandbox, so that the connection that follows finds them. */
   learn(id: string, ips: string[], ttlS: number): Promise<void>;
@@ -72,6 +73,13 @@ export class DnsForwarder {
     this.socket?.send(answer, port, to);
   }
 
+  private answerProxied(query: dnsPacket.Packet, to: string, port: number): void {
+    const q = query.questions![0]!;
+    const answers: dnsPacket.Answer[] = q.type === 'A' ? [{ type: 'A', name: q.name, ttl: 5, data: this.gateway }] : [];
+    const answer = dnsPacket.encode({ id: query.id, type: 'response', flags: dnsPacket.RECURSION_DESIRED | dnsPacket.RECURSION_AVAILABLE, rcode: 'NOERROR', questions: query.questions, answers } as dnsPacket.Packet);
+    this.socket?.send(answer, port, to);
+  }
+
   private async answer(msg: Buffer, from: string, port: number): Promise<void> {
     const who = this.lookup.policyOf(from);
     if (!who || msg.length > MAX_QUERY || this.inFlight >= MAX_IN_FLIGHT) return;
@@ -84,6 +92,8 @@ export class DnsForwarder {
     }
     const name = query.questions?.[0]?.name;
     if (query.type !== 'query' || query.questions?.length !== 1 || !name) return this.reply(query, 'FORMERR', from, port);
+    // A host of a secret rule is the egress proxy's, on the gateway: its own address, A only.
+    if (who.proxiedHosts.some((h) => hostMatches(h, name))) return this.answerProxied(query, from, port);
     const entries = (list: string[]) => list.map(parseEntry).flatMap((e) => (e?.kind === 'host' && nameMatches(e, name) ? [e] : []));
     const denied = entries(who.policy.deny).length > 0;
     const allowed = entries(who.policy.allow).length > 0;

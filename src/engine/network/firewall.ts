@@ -44,15 +44,24 @@ export class Firewall {
     if (r.exitCode !== 0) throw new EngineError('NETWORK_FAILED', `nft: ${(r.stderr || r.stdout).trim().split('\n').slice(0, 3).join(' / ')}`);
   }
 
-  /** The whole table, from scratch, with these sandboxes in it. */
-  async init(entries: FirewallEntry[]): Promise<void> {
+  /** The whole table, from scratch, with these sandboxes in it. `proxy`: the egress proxy's
+   * ports on the gateway, where sandboxes with secret rules reach ports 80 and 443. */
+  async init(entries: FirewallEntry[], proxy: { http: number; https: number }): Promise<void> {
     const fp = `"${this.linkPrefix}*"`;
     const base = `
 add table ${this.table}
 delete table ${this.table}
 table ${this.table} {
   set sandboxes { type ipv4_addr; }
+  set proxied { type ipv4_addr; }
   map egress { type ipv4_addr : verdict; }
+  chain proxy_redirect {
+    type nat hook prerouting priority dstnat; policy accept;
+    # A sandbox with secret rules reaches the hosts of its rules at the gateway (its DNS says so):
+    # ports 80 and 443 there are the egress proxy's.
+    iifname ${fp} ip saddr @proxied ip daddr ${this.gateway} tcp dport 80 dnat ip to ${this.gateway}:${proxy.http}
+    iifname ${fp} ip saddr @proxied ip daddr ${this.gateway} tcp dport 443 dnat ip to ${this.gateway}:${proxy.https}
+  }
   chain prerouting {
     type filter hook prerouting priority raw; policy accept;
     # A sandbox sends only as itself: the source must route back out of the link it came in
@@ -66,6 +75,7 @@ table ${this.table} {
     # The resolver is UDP only: TCP 53 of the gateway would be whatever host service binds it.
     iifname ${fp} ip daddr ${this.gateway} udp dport 53 accept
     iifname ${fp} ip daddr ${this.gateway} icmp type echo-request accept
+    iifname ${fp} ip saddr @proxied ip daddr ${this.gateway} tcp dport { ${proxy.http}, ${proxy.https} } ct status dnat accept
     iifname ${fp} ${REJECT}
     ip daddr ${this.cidr} iifname != "lo" drop
   }
@@ -116,8 +126,10 @@ add chain ${this.table} ${chain}
 flush chain ${this.table} ${chain}
 ${rules.map((r) => `add rule ${this.table} ${chain} ${r}`).join('\n')}
 ${present ? `delete element ${this.table} egress { ${ip} }\ndelete element ${this.table} sandboxes { ${ip} }` : ''}
+${this.unproxy(ip)}
 add element ${this.table} sandboxes { ${ip} }
 add element ${this.table} egress { ${ip} : jump ${chain} }
+${e.secrets?.rules.length ? `add element ${this.table} proxied { ${ip} }` : ''}
 `;
   }
 
@@ -130,11 +142,18 @@ add element ${this.table} egress { ${ip} : jump ${chain} }
     this.present.set(e.address, chainOf(e.id));
   }
 
+  /** Takes the address out of the proxied set whether or not it is in it (added first: nft 1.0
+   * refuses to delete what is not there). */
+  private unproxy(address: string): string {
+    return `add element ${this.table} proxied { ${address} }\ndelete element ${this.table} proxied { ${address} }`;
+  }
+
   private removeScript(address: string, chain: string): string {
     const id = chain.slice('egress_'.length);
     return `
 delete element ${this.table} egress { ${address} }
 delete element ${this.table} sandboxes { ${address} }
+${this.unproxy(address)}
 delete chain ${this.table} ${chain}
 delete set ${this.table} ${learnedOf(id)}
 `;

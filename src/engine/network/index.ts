@@ -3,9 +3,10 @@ import { writeFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { EngineError } from '../../seam/errors.js';
-import type { NetworkCounters } from '../../seam/runtime.js';
+import type { EgressSecrets, NetworkCounters } from '../../seam/runtime.js';
 import { gatewayOf, macOf, nextFree, parseCidr, toIp, type Subnet } from '../../lib/ipv4.js';
 import { DnsForwarder, hostResolvers } from './dns.js';
+import { EgressProxy } from './egress-proxy.js';
 import { Firewall, type FirewallEntry } from './firewall.js';
 import { linkCounters, newHostIf, setUpLink, type LinkRequest, type SandboxNetwork } from './link.js';
 import type { EgressPolicy } from '../../lib/egress-policy.js';
@@ -21,6 +22,8 @@ export interface NetworkOptions {
   cidr: string;
   /** Resolvers the sandboxes' DNS asks; default: the host's resolv.conf. */
   dnsServers?: string[] | undefined;
+  /** CA certificates (PEM) the egress proxy also trusts for upstream hosts. */
+  upstreamCa?: string | undefined;
   log: Logger;
 }
 
@@ -39,7 +42,8 @@ export class Network {
   readonly linkPrefix: string;
   private readonly firewall: Firewall;
   private readonly dns: DnsForwarder;
-  private readonly byAddress = new Map<string, { id: string; policy: EgressPolicy }>();
+  private readonly proxy: EgressProxy;
+  private readonly byAddress = new Map<string, { id: string; policy: EgressPolicy; secrets: EgressSecrets | null }>();
   /** The current host-side link of each sandbox, and the bytes of the links it had before. */
   private readonly links = new Map<string, { hostIf: string; before: NetworkCounters }>();
 
@@ -49,10 +53,15 @@ export class Network {
     const cidr = `${toIp(this.subnet.base)}/${this.subnet.prefix}`;
     this.linkPrefix = `fp${createHash('sha256').update(cidr).digest('hex').slice(0, 3)}`;
     this.firewall = new Firewall(cidr, this.gateway, this.linkPrefix, `forkpoint_${this.linkPrefix}`);
-    this.dns = new DnsForwarder(this.gateway, async () => opts.dnsServers ?? (await hostResolvers()), {
-      policyOf: (address) => this.byAddress.get(address),
+    const upstreams = async () => opts.dnsServers ?? (await hostResolvers());
+    this.dns = new DnsForwarder(this.gateway, upstreams, {
+      policyOf: (address) => {
+        const e = this.byAddress.get(address);
+        return e && { id: e.id, policy: e.policy, proxiedHosts: e.secrets?.rules.flatMap((r) => r.hosts) ?? [] };
+      },
       learn: (id, ips, ttl) => this.firewall.learn(id, ips, ttl),
     }, opts.log);
+    this.proxy = new EgressProxy(this.gateway, (address) => this.byAddress.get(address), upstreams, opts.upstreamCa, cidr, opts.log);
   }
 
   /** Readies the host: the gateway address, forwarding, the firewall with these sandboxes in it,
@@ -63,8 +72,10 @@ export class Network {
     // Routing between the sandboxes' links and the host's: the firewall decides what passes.
     await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
     try {
-      await this.firewall.init(entries);
-      for (const e of entries) this.byAddress.set(e.address, { id: e.id, policy: e.policy });
+      // Listening first: the firewall redirects sandboxes' ports 80 and 443 to its ports.
+      await this.proxy.start();
+      await this.firewall.init(entries, this.proxy.ports());
+      for (const e of entries) this.byAddress.set(e.address, { id: e.id, policy: e.policy, secrets: e.secrets ?? null });
       await this.dns.start();
     } catch (err) {
       // A start that fails here leaves nothing on the host's network, unless sandboxes left
@@ -81,10 +92,14 @@ export class Network {
     return address ? { address, mac: macOf(address) } : undefined;
   }
 
-  /** Puts a sandbox's policy in force (a new one, or a change). */
-  async setPolicy(id: string, address: string, policy: EgressPolicy): Promise<void> {
-    await this.firewall.set({ id, address, policy });
-    this.byAddress.set(address, { id, policy });
+  /** Puts a sandbox's policy in force (a new one, or a change), and its secret rules
+   * (undefined: those it has). */
+  async setPolicy(id: string, address: string, policy: EgressPolicy, secrets?: EgressSecrets | null): Promise<void> {
+    const prev = this.byAddress.get(address);
+    const kept = secrets === undefined ? (prev?.id === id ? prev.secrets : null) : secrets;
+    await this.firewall.set({ id, address, policy, secrets: kept });
+    this.byAddress.set(address, { id, policy, secrets: kept });
+    if (secrets !== undefined) this.proxy.forget(id);
   }
 
   /** A deleted instance's rules go; its address is free again. */
@@ -94,6 +109,7 @@ export class Network {
 
   async release(id: string, address: string): Promise<void> {
     this.byAddress.delete(address);
+    this.proxy.forget(id);
     this.links.delete(id);
     await this.firewall.remove(id, address);
   }
@@ -131,11 +147,13 @@ export class Network {
 
   close(): void {
     this.dns.close();
+    this.proxy.close();
   }
 
   /** Removes the firewall table and the gateway address: no sandbox of this server is left. */
   async destroy(): Promise<void> {
     this.dns.close();
+    this.proxy.close();
     try {
       await this.firewall.destroy();
     } finally {

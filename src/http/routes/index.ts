@@ -12,6 +12,7 @@ import { proxyRoutes } from './proxy.js';
 import { registryRoutes } from './registries.js';
 import { terminalRoutes } from './terminals.js';
 import { volumeRoutes } from './volumes.js';
+import { secretRoutes } from './secrets.js';
 
 /** The Firecase-style face: instances, commands, checkpoints, files. Registered at the root and
  * again under /v1 (Firecase's own prefix), where it is left out of the document. */
@@ -34,4 +35,5 @@ export const firecaseFace = (fp: Forkpoint, opts: { documented: boolean }): Fast
     await app.register(imageRoutes(fp));
     await app.register(registryRoutes(fp));
     await app.register(volumeRoutes(fp));
+    await app.register(secretRoutes(fp));
   };

@@ -30,7 +30,7 @@ export const instanceRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const b = req.body ?? {};
       const input = {
         name: b.name, image: b.image, env: b.env, limits: limitsIn(b.limits), metadata: b.metadata, maxCheckpoints: b.max_checkpoints, idleTimeoutS: b.idle_timeout_s,
-        egress: b.network, userNamespace: b.user_namespace, volumes: b.volumes?.map((v) => ({ name: v.name, path: v.path, readOnly: v.read_only })),
+        egress: b.network, userNamespace: b.user_namespace, volumes: b.volumes?.map((v) => ({ name: v.name, path: v.path, readOnly: v.read_only })), secrets: b.secrets,
       };
       if (b.template && b.image) throw new InvalidRequestError('give `image` or `template`, not both');
       const rec = b.template ? await fp.templates.instantiate(req.owner, b.template, input) : await fp.instances.create(req.owner, input);

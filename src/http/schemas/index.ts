@@ -9,3 +9,4 @@ export * from './executions.js';
 export * from './network.js';
 export * from './images.js';
 export * from './volumes.js';
+export * from './secrets.js';

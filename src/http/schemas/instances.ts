@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { Env, Metadata } from './common.js';
 import { InstanceVolume, VolumeMountRequest } from './volumes.js';
+import { InstanceSecret, SecretUseRequest } from './secrets.js';
 
 /** Instances on the Firecase-style face: snake_case in and out. */
 
@@ -63,6 +64,11 @@ export const CreateInstanceRequest = z
       .max(16)
       .optional()
       .describe('persistent volumes to mount (POST /volumes makes them): shared with the other instances that mount them, never part of a checkpoint, kept when the instance is deleted'),
+    secrets: z
+      .array(SecretUseRequest)
+      .max(16)
+      .optional()
+      .describe('secrets (PUT /secrets/{name} keeps them) its requests to the named hosts carry: its commands see a placeholder in the variable, and the egress proxy puts the value in its place in those requests\' headers (HTTPS through a CA of the instance\'s own, which its image\'s trust store is given)'),
   })
   .strict()
   .meta({ id: 'CreateInstanceRequest', examples: [{ name: 'demo', env: { GREETING: 'hello' }, limits: { memory_mb: 512, disk_mb: 2048 } }] });
@@ -143,6 +149,7 @@ export const Instance = z
     node: z.string().nullable().describe('the node its disk and processes are on (any node answers calls for it)'),
     user_namespace: z.boolean().describe("its processes run in a user namespace of their own (root inside is an unprivileged range of host ids); false: as the host's ids"),
     volumes: z.array(InstanceVolume).describe('the persistent volumes it mounts'),
+    secrets: z.array(InstanceSecret).describe('the secrets its requests to those hosts carry (their values never reach the sandbox)'),
     created_at: z.string(),
     updated_at: z.string(),
   })
@@ -167,6 +174,7 @@ export const Instance = z
         node: 'node-3f2a9c1e7b4d',
         user_namespace: true,
         volumes: [{ name: 'workspace', path: '/workspace', read_only: false }],
+        secrets: [{ name: 'OPENAI_API_KEY', env: 'OPENAI_API_KEY', hosts: ['api.openai.com'] }],
         created_at: '2026-11-22T08:00:00.000Z',
         updated_at: '2026-11-22T08:00:00.000Z',
       },
