@@ -73,6 +73,25 @@ describe('the published e2b SDK, unchanged', () => {
   });
 });
 
+describe('volumes through the e2b SDK', () => {
+  it('Sandbox.create({volumeMounts}) mounts a forkpoint volume by name; a second sandbox sees what the first wrote; getInfo says where', async () => {
+    expect((await s.api('POST', '/volumes', { name: 'e2b-shared', size_mb: 64 })).status).toBe(201);
+    const a = await Sandbox.create({ volumeMounts: { '/mnt/shared': 'e2b-shared' } });
+    const b = await Sandbox.create({ volumeMounts: { '/mnt/shared': 'e2b-shared' } });
+    try {
+      await a.files.write('/mnt/shared/note.txt', 'written by a');
+      expect(await b.files.read('/mnt/shared/note.txt')).toBe('written by a');
+      expect((await b.getInfo()).volumeMounts).toEqual([{ name: 'e2b-shared', path: '/mnt/shared' }]);
+      // A volume that is not there: the SDK's not-found error, no sandbox made.
+      await expect(Sandbox.create({ volumeMounts: { '/x': 'no-such-volume' } })).rejects.toThrow(/volume no-such-volume not found/);
+    } finally {
+      await a.kill();
+      await b.kill();
+      expect((await s.api('DELETE', '/volumes/e2b-shared')).status).toBe(204);
+    }
+  });
+});
+
 describe('what E2B\'s own SDK tests found (issue 23)', () => {
   it('a multi-file write puts each file at its own path, directories made; a gzip upload is stored as its content', async () => {
     const sbx = await Sandbox.create();

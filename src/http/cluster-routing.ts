@@ -66,7 +66,8 @@ export function installClusterRouting(app: FastifyInstance, fp: Forkpoint): void
   app.addHook('preHandler', async (req, reply) => {
     const placement = req.routeOptions.config?.placement;
     if ((placement !== 'new' && placement !== 'volume') || req.headers[FORWARDED] !== undefined) return;
-    const volume = placement === 'volume' ? (req.params as { name?: unknown }).name : (req.body as { volumes?: { name?: unknown }[] } | undefined)?.volumes?.[0]?.name;
+    const body = req.body as { volumes?: { name?: unknown }[]; volumeMounts?: { name?: unknown }[] } | undefined;
+    const volume = placement === 'volume' ? (req.params as { name?: unknown }).name : (body?.volumes ?? body?.volumeMounts)?.[0]?.name;
     if (placement === 'volume' && typeof volume !== 'string') return;
     const to = typeof volume === 'string' ? await fp.cluster.placeForVolume(req.owner, volume) : await fp.cluster.placeNew();
     return to.kind === 'node' ? forward(req, reply, fp, to.node.url) : undefined;

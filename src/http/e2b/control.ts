@@ -21,6 +21,8 @@ const NewSandbox = z
     envVars: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).optional(),
     allow_internet_access: z.boolean().optional(),
     network: z.object({ allowOut: z.array(z.string()).optional(), denyOut: z.array(z.string()).optional() }).passthrough().optional(),
+    // E2B's volume mounts, by the volume's name: forkpoint's volumes (POST /volumes).
+    volumeMounts: z.array(z.object({ name: z.string().min(1).max(63), path: z.string().min(1).max(255) })).max(16).optional(),
   })
   .passthrough();
 const IdParams = z.object({ sandboxID: z.string().min(1).max(64) });
@@ -106,6 +108,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       metadata: r.metadata,
       // E2B has no stopped sandboxes: a files-only pause (or a stop on another face) is a pause.
       state: r.status === 'hibernated' || r.status === 'stopped' ? 'paused' : 'running',
+      volumeMounts: r.volumes.flatMap((v) => (v.name === null ? [] : [{ name: v.name, path: v.path }])),
     });
     const lifetime = async (owner: string, id: string, seconds: number | undefined, autoPause: boolean | undefined) =>
       await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), autoPause ? 'hibernate' : 'delete');
@@ -120,6 +123,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         env: b.envVars,
         metadata: b.metadata,
         egress: egressOf(b.allow_internet_access, b.network?.allowOut, b.network?.denyOut),
+        volumes: b.volumeMounts?.map((m) => ({ name: m.name, path: m.path })),
       };
       // A template forkpoint ships is made for the owner the first time one is asked for.
       if (fp.bundled.has(name)) await fp.bundled.ensure(owner, name);
