@@ -194,12 +194,16 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     const parked = (await a.api('POST', '/instances', { name: 'parked' })).body.id as string;
     await exec(a, parked, 'echo kept > /root/parked');
     expect((await a.api('POST', `/instances/${parked}/stop`)).status).toBe(200);
-    const onA = ((await a.api('GET', '/instances?limit=100')).body.items as { id: string; node: string }[]).filter((i) => i.node === 'node-a').map((i) => i.id);
+    // And one that mounts a volume of A's disk: no other node could mount it, so it stays.
+    expect((await a.api('POST', '/volumes', { name: 'a-disk', size_mb: 64 })).body.node).toBe('node-a');
+    const pinned = await a.api('POST', '/instances', { name: 'pinned', volumes: [{ name: 'a-disk', path: '/d' }] });
+    expect(pinned.body.node).toBe('node-a');
+    const onA = ((await a.api('GET', '/instances?limit=100')).body.items as { id: string; node: string }[]).filter((i) => i.node === 'node-a' && i.id !== pinned.body.id).map((i) => i.id);
     const before = await counter(a, id);
     const drained = await execa(process.execPath, [CLI, 'drain', '--url', a.url, '--token', a.token], { reject: false, timeout: 120_000 });
     expect(drained.exitCode, drained.stderr).toBe(0);
     const report = JSON.parse(drained.stdout) as { handed_over: string[]; kept: string[] };
-    expect([report.handed_over.sort(), report.kept]).toEqual([onA.sort(), []]);
+    expect([report.handed_over.sort(), report.kept]).toEqual([onA.sort(), [pinned.body.id]]);
     const ready = await a.api('GET', '/readyz');
     expect([ready.status, ready.body.checks.draining]).toEqual([503, true]);
     // B takes it over by itself, from the checkpoint the drain took: its processes go on.
@@ -221,6 +225,9 @@ describe('a node cut off from the database (a partition longer than dead-after)'
     // Nothing new lands on the draining node, even when asked of it.
     const placed = await a.api('POST', '/instances', { name: 'after-drain' });
     expect([placed.status, placed.body.node]).toEqual([201, 'node-b']);
+    expect((await exec(a, pinned.body.id, 'echo still here > /d/f && cat /d/f')).stdout).toBe('still here\n');
+    expect((await a.api('DELETE', `/instances/${pinned.body.id}`)).status).toBe(204);
+    expect((await a.api('DELETE', '/volumes/a-disk')).status).toBe(204);
   }, 120_000);
 
   it('a node alone on its database does not freeze while it cannot reach it, and serves its own sandboxes meanwhile; a token revoked before is refused within the grace', async () => {

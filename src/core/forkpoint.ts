@@ -348,6 +348,8 @@ export class Forkpoint {
   private async handOver(rec: InstanceRecord): Promise<void> {
     // The state it is in goes with it, in its checkpoint's label (see takeOver).
     const was = rec.status;
+    // Its volumes are this node's disk: no other node could mount them.
+    if (rec.volumes.some((v) => v.volumeId !== null)) throw new Error(`instance ${rec.id} mounts volumes of this node`);
     if (rec.status === 'hibernated') rec = await this.instances.wake(rec.owner, rec.id);
     if (rec.status !== 'running' && rec.status !== 'stopped') throw new Error(`instance ${rec.id} is ${rec.status}`);
     const { checkpoint } = await this.checkpoints.create(rec.owner, rec.id, { label: `${HANDOVER}${was}`, memory: rec.status === 'running', retention: { mode: 'delete_oldest' } });
