@@ -27,6 +27,9 @@ let net: TestHost;
 let s3: S3rver;
 let s3dir: string;
 let s: TestServer;
+let config: Parameters<typeof startServer>[0];
+/** The server's whole log (debug), searched for the secret too. */
+const LOG = () => join(work, 'server.log');
 
 beforeAll(async () => {
   work = await mkdtemp(join(tmpdir(), 'forkpoint-secrets-test-'));
@@ -40,14 +43,15 @@ beforeAll(async () => {
   s3dir = join(work, 's3');
   s3 = new S3rver({ address: '127.0.0.1', port: 0, directory: s3dir, silent: true, configureBuckets: [{ name: 'checkpoints', configs: [] }] });
   const { port } = (await s3.run()) as { port: number };
-  s = await startServer({
+  config = {
     dnsServers: net.address,
     egressCaFile: join(work, 'host-ca.pem'),
     s3Endpoint: `http://127.0.0.1:${port}`,
     s3Bucket: 'checkpoints',
     s3AccessKeyId: 'S3RVER',
     s3SecretAccessKey: 'S3RVER',
-  });
+  };
+  s = await startServer(config, undefined, { logFile: LOG() });
 }, 120_000);
 
 afterAll(async () => {
@@ -130,6 +134,9 @@ describe('secrets', () => {
     expect(await filesHolding(s3dir, Buffer.from(placeholder))).not.toEqual([]);
     const view = await s.api('GET', `/instances/${inst.id}`);
     expect(JSON.stringify(view.body)).not.toContain(SECRET);
+    const log = await readFile(LOG(), 'utf8');
+    expect(log).toContain(inst.id);
+    expect(log).not.toContain(SECRET);
     expect(JSON.stringify((await s.api('GET', '/secrets')).body)).not.toContain(SECRET);
 
     // After a rollback, and in a fork (which keeps the rules and the CA), requests carry it still.
@@ -145,6 +152,13 @@ describe('secrets', () => {
     }
     expect((await seenByHost()).slice(-2).map((x) => x.headers['x-key'])).toEqual([SECRET, SECRET]);
 
+    // A server restart: the rules come back from the store (sealed there) with the sandboxes.
+    const dataDir = s.dataDir;
+    await s.close({ keepSandboxes: true });
+    s = await startServer(config, dataDir, { logFile: LOG() });
+    await sh(inst.id, 'curl -sS --max-time 20 -H "X-Key: $API_KEY" https://testhost.internal/record');
+    expect((await seenByHost()).at(-1)!.headers['x-key']).toBe(SECRET);
+
     // A new value is in force at once.
     const next = `${SECRET}-2`;
     await s.api('PUT', '/secrets/API_KEY', { value: next });
@@ -153,6 +167,8 @@ describe('secrets', () => {
     await s.api('DELETE', `/instances/${fork.body.id}`);
     await s.api('DELETE', `/instances/${inst.id}`);
     await s.api('DELETE', '/secrets/API_KEY');
+    const logAfter = await readFile(LOG(), 'utf8');
+    for (const value of [SECRET, next]) expect(logAfter).not.toContain(value);
   }, 240_000);
 
   it('attack: the proxy takes nothing else: another Host, another TLS name, a host its policy closes, a sandbox with no rules', async () => {

@@ -35,10 +35,11 @@ export interface TestServer {
 }
 
 /** A real server on loopback over a fresh data directory, as root, with the real engine. */
-export async function startServer(config: Partial<ConfigInput> = {}, existingDataDir?: string): Promise<TestServer> {
+export async function startServer(config: Partial<ConfigInput> = {}, existingDataDir?: string, opts: { logFile?: string } = {}): Promise<TestServer> {
   const dataDir = existingDataDir ?? (await mkdtemp(join(tmpdir(), 'forkpoint-test-')));
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', ...config } });
-  const log = pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' });
+  // `logFile`: everything the server logs, at debug, for a test that reads its log.
+  const log = opts.logFile ? pino({ level: 'debug' }, pino.destination({ dest: opts.logFile, sync: true })) : pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' });
   let engine!: Engine;
   const fp = await Forkpoint.open(cfg, log, VERSION, (nodeId) => (engine = localEngine(cfg, log, nodeId)));
   await fp.start().catch(async (err: unknown) => {
