@@ -179,6 +179,9 @@ describe('secrets', () => {
     const before = (await seenByHost()).length;
     const otherHost = await sh(inst.id, `curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -H "Host: 172.16.0.1" -H "X-Key: $TOKEN" http://testhost.internal/record`);
     expect(otherHost.stdout).toBe('403');
+    // A proxy-style absolute URL (another host in the request line, the rule's in Host): refused.
+    const absolute = await sh(inst.id, `curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -x http://testhost.internal:80 -H "Host: testhost.internal" -H "X-Key: $TOKEN" http://172.16.0.1/record`);
+    expect(absolute.stdout).toBe('400');
     // A TLS name with no rule: the handshake fails (no certificate is made for it).
     const otherName = await sh(inst.id, `curl -sS --max-time 20 --resolve evil.example:443:${gateway} https://evil.example/record 2>&1; echo "exit=$?"`);
     expect(otherName.stdout).not.toContain('exit=0');

@@ -154,6 +154,8 @@ export class EgressProxy {
       res.end(`forkpoint egress proxy: ${why}\n`);
     };
     if (!caller) return refuse(403, 'not a sandbox with secret rules');
+    // Origin-form only: a proxy-style absolute URL would name its own host past the checks below.
+    if (!req.url?.startsWith('/')) return refuse(400, 'a request to the proxy names a path, not a URL');
     const host = (caller.servername ?? hostOf(req.headers.host)).toLowerCase();
     const rules = rulesFor(caller.secrets.rules, host);
     if (!host || !rules.length) return refuse(403, `no secret rule for ${host || 'this request'}`);

@@ -20,7 +20,7 @@ export const SecretList = z.object({ items: z.array(Secret) }).meta({ id: 'Secre
 export const SecretUseRequest = z
   .object({
     name: SecretName.describe('one of your secrets'),
-    hosts: z.array(z.string().min(1).max(253)).min(1).max(16).describe('the hosts whose requests carry it (`*.example.com` for its subdomains)'),
+    hosts: z.array(z.string().min(1).max(253)).min(1).max(16).describe('the hosts whose requests carry it (`*.example.com` for the domain and its subdomains)'),
     env: z.string().min(1).max(128).optional().describe('the variable the sandbox finds its placeholder in (default: the secret\'s name)'),
   })
   .strict()
