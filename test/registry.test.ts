@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { layerFile, layerOf, push, pushAll, startRegistry, writeOciIndex, writeOciLayout, type TestRegistry } from './helpers/registry.js';
 import { startServer, type TestServer } from './helpers/server.js';
+import { pulledDirName } from '../src/engine/registry-pull.js';
 import { openSse } from './helpers/sse.js';
 
 /**
@@ -240,6 +241,44 @@ describe('images from a registry', () => {
     expect((await s.api('GET', `/images/${encodeURIComponent(`${open.host}/forkpoint/debian:stable`)}`)).body).toMatchObject({ kind: 'pulled', base: expect.stringMatching(/^sha256:[0-9a-f]{64}$/) });
     await s.api('DELETE', `/instances/${inst.id}`);
   }, 180_000);
+
+  it('a pulled image\'s tree goes from the disk once nothing stands on it, and a pull brings it back', async () => {
+    const marker = join(work, 'gc-marker');
+    await mkdir(join(marker, 'etc'), { recursive: true });
+    await writeFile(join(marker, 'etc/gc.conf'), 'collected\n');
+    const layout = join(work, 'gc-layout');
+    await writeOciLayout(layout, 'v1', [await layerOf(DEFAULT_IMAGE), await layerOf(marker)], {});
+    const gcRef = `${open.host}/team/gc:v1`;
+    await push(layout, 'v1', gcRef);
+    const pulled = await s.api('POST', '/images/pull', { reference: gcRef });
+    expect(pulled.status).toBe(201);
+    const tree = join(s.dataDir, 'images', pulledDirName(pulled.body.digest));
+    expect(existsSync(tree)).toBe(true);
+    const inst = await s.instance({ image: gcRef });
+    expect((await s.api('DELETE', `/images/${encodeURIComponent(gcRef)}`)).status).toBe(409);
+    expect(existsSync(tree)).toBe(true);
+    await s.api('DELETE', `/instances/${inst.id}`);
+    expect((await s.api('DELETE', `/images/${encodeURIComponent(gcRef)}`)).status).toBe(204);
+    expect(existsSync(tree)).toBe(false);
+    // The registry's blobs are still in the node's cache: the tree comes back with nothing fetched.
+    const again = await s.api('POST', '/images/pull', { reference: gcRef });
+    expect([again.status, again.body.fetched_bytes]).toEqual([201, 0]);
+    const back = await s.instance({ image: gcRef });
+    expect((await s.exec(back.id, { command: 'cat /etc/gc.conf' })).stdout).toBe('collected\n');
+    await s.api('DELETE', `/instances/${back.id}`);
+    expect((await s.api('DELETE', `/images/${encodeURIComponent(gcRef)}`)).status).toBe(204);
+    expect(existsSync(tree)).toBe(false);
+    // A tree whose last user went while no server ran here (its record deleted by another node,
+    // say) goes at the next start.
+    await s.api('POST', '/images/pull', { reference: gcRef });
+    expect(existsSync(tree)).toBe(true);
+    const owner = (await s.fp.store.tokens.list())[0]!.owner;
+    await s.fp.store.images.delete(owner, gcRef);
+    const dataDir = s.dataDir;
+    await s.close({ keepData: true });
+    s = await startServer({}, dataDir);
+    expect(existsSync(tree)).toBe(false);
+  });
 
   it('follows a multi-platform index to this host\'s image, and says so when it has none', async () => {
     const mark = (text: string) => join(work, `mark-${text}`);

@@ -254,6 +254,9 @@ export class Forkpoint {
     // Build steps nobody built again for a week: their layers are kept for nothing.
     await this.builds.prune(new Date(Date.now() - BUILD_CACHE_DAYS * 86400_000));
     await this.templates.recover();
+    // Pulled trees whose last user went while this node was down (or on another node).
+    const collected = await this.catalog.collectPulled();
+    if (collected.length) this.log.info({ trees: collected }, 'removed pulled images nothing stands on any more');
     await this.durable.recover(this.config.startupWaitS);
     this.previewLinks = await PreviewLinks.open(this.layout.previewSecretFile, (proposed) => this.store.nodes.sharedSecret('preview', proposed));
     await this.ports.restore();

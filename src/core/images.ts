@@ -56,12 +56,47 @@ export class ImageCatalog {
   /** Pulls `reference` (again: a tag may have moved) and records it as the owner's image of that
    * name. Credentials are used for this pull and kept nowhere. */
   async pull(owner: string, reference: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal, onProgress?: (p: PullProgress) => void): Promise<{ image: ImageView; fetchedBytes: number; digest: string }> {
-    const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal, onProgress);
-    await this.store.transaction(async (tx) => {
-      await tx.images.put({ owner, name, base: pulled.base, layers: [], config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString(), pulledBytes: pulled.bytes });
-      await tx.layers.setRefs(imageHolder(owner, name), []);
-    });
-    return { image: await this.get(owner, name), fetchedBytes: pulled.fetchedBytes, digest: pulled.digest };
+    // A collection of unused trees under way ends first: it might take the tree this pull finds.
+    while (this.collecting) await this.collecting.catch(() => {});
+    this.pullsUnderWay++;
+    try {
+      const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal, onProgress);
+      await this.store.transaction(async (tx) => {
+        await tx.images.put({ owner, name, base: pulled.base, layers: [], config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString(), pulledBytes: pulled.bytes });
+        await tx.layers.setRefs(imageHolder(owner, name), []);
+      });
+      return { image: await this.get(owner, name), fetchedBytes: pulled.fetchedBytes, digest: pulled.digest };
+    } finally {
+      this.pullsUnderWay--;
+    }
+  }
+
+  private pullsUnderWay = 0;
+  private collecting: Promise<string[]> | undefined;
+
+  /**
+   * Removes the pulled trees on this node nothing stands on any more: no owner's image (pulled,
+   * or built FROM it), no instance, no checkpoint. Not while a pull runs here (its tree is not
+   * recorded yet); pulls wait for it. Answers what went.
+   */
+  async collectPulled(): Promise<string[]> {
+    if (this.pullsUnderWay > 0 || this.collecting) return [];
+    const run = (async () => {
+      const removed: string[] = [];
+      for (const tree of await this.dirs.pulled()) {
+        const used = (await this.store.images.anyOnBase(tree)) || (await this.store.instances.countOnImage(null, tree)) > 0 || (await this.store.checkpoints.anyOnImage(tree));
+        if (used) continue;
+        await this.dirs.removePulled(tree);
+        removed.push(tree);
+      }
+      return removed;
+    })();
+    this.collecting = run;
+    try {
+      return await run;
+    } finally {
+      this.collecting = undefined;
+    }
   }
 
   readonly emptyConfig: ImageConfig = EMPTY_CONFIG;
@@ -106,6 +141,7 @@ export class ImageCatalog {
       await tx.layers.dropHolder(imageHolder(owner, name));
       await tx.images.delete(owner, name);
     });
+    await this.collectPulled();
   }
 }
 

@@ -66,6 +66,20 @@ export class Images implements SystemImages {
     );
   }
 
+  async pulled(): Promise<string[]> {
+    if (!existsSync(this.dir)) return [];
+    return (await readdir(this.dir)).filter((n) => PULLED.test(n));
+  }
+
+  /** Out of sight at once (renamed into the images' own trash, one filesystem), deleted behind. */
+  async removePulled(name: string): Promise<void> {
+    if (!PULLED.test(name) || !existsSync(this.path(name))) return;
+    const trash = join(this.dir, `.trash-${name}-${Date.now()}`);
+    await rename(this.path(name), trash);
+    await rm(this.configFile(name), { force: true });
+    void rm(trash, { recursive: true, force: true }).catch(() => {});
+  }
+
   /** Copies images from a seed directory (built at set-up) that this data directory lacks.
    * Hard links where the filesystems allow it: images are immutable, so sharing is safe. One
    * that does not fit (a small data disk) is left out, and said so: the others still come. */

@@ -199,7 +199,7 @@ export class RegistryPuller implements ImagePuller {
     const dir = this.images.path('');
     if (!existsSync(dir)) return;
     for (const name of await readdir(dir)) {
-      if (name.startsWith('.auth-') || name.startsWith('.pull-')) await rm(join(dir, name), { recursive: true, force: true });
+      if (name.startsWith('.auth-') || name.startsWith('.pull-') || name.startsWith('.trash-')) await rm(join(dir, name), { recursive: true, force: true });
     }
   }
 }

@@ -114,6 +114,10 @@ export interface SystemImages {
   createdAt(name: string): string;
   config(name: string): ImageConfig | undefined;
   list(): Promise<{ name: string; createdAt: string }[]>;
+  /** The trees of images pulled from registries on this node (by digest). */
+  pulled(): Promise<string[]>;
+  /** Removes a pulled tree nothing stands on any more (the core decides that). */
+  removePulled(name: string): Promise<void>;
   /** Copies set-up's images into the data directory; the ones that could not be, with why. */
   seedFrom(seedDir: string): Promise<{ name: string; error: string }[]>;
 }

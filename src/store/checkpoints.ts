@@ -134,6 +134,11 @@ export class CheckpointStore {
 
   /** Deletes a checkpoint; its children and the instances whose head it was point at its
    * own parent instead (the nearest ancestor that still exists, or none). */
+  /** Whether any checkpoint stands on the image (its chain's base). */
+  async anyOnImage(image: string): Promise<boolean> {
+    return (await this.db.selectFrom('checkpoints').select('id').where('image', '=', image).limit(1).executeTakeFirst()) !== undefined;
+  }
+
   async delete(id: string): Promise<void> {
     await atomically(this.db, async (trx) => {
       const parent = (await trx.selectFrom('checkpoints').select('parent_id').where('id', '=', id).executeTakeFirst())?.parent_id ?? null;

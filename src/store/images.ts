@@ -67,6 +67,11 @@ export class ImageStore {
     return Number(row?.n ?? 0);
   }
 
+  /** Whether any owner's image stands on `base` (a pulled tree, or a built image's FROM). */
+  async anyOnBase(base: string): Promise<boolean> {
+    return (await this.db.selectFrom('images').select('name').where('base', '=', base).limit(1).executeTakeFirst()) !== undefined;
+  }
+
   async delete(owner: string, name: string): Promise<void> {
     await this.db.deleteFrom('images').where('owner', '=', owner).where('name', '=', name).execute();
   }

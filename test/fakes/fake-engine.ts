@@ -521,6 +521,11 @@ class FakeImages implements SystemImages {
   async seedFrom(): Promise<{ name: string; error: string }[]> {
     return [];
   }
+  /** No registry here: nothing is ever pulled. */
+  async pulled(): Promise<string[]> {
+    return [];
+  }
+  async removePulled(): Promise<void> {}
 }
 
 class FakeDisk implements NodeDisk {
