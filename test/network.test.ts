@@ -79,6 +79,16 @@ describe('a sandbox on the network', () => {
     expect(bad.status).toBe(400);
   });
 
+  it('a fork keeps its source\'s policy: a denied instance\'s fork is denied, a private host it allowed stays allowed', async () => {
+    const src = await s.instance({ network: { egress: 'deny', allow: [`${net.address}/32`] } });
+    const fork = await s.api('POST', `/instances/${src.id}/fork`, {});
+    expect(fork.status).toBe(201);
+    expect(fork.body.network).toMatchObject({ egress: 'deny', allow: [`${net.address}/32`], deny: [] });
+    expect(await fetchIn(fork.body.id, `http://${net.address}/`)).toContain('hello');
+    expect((await sh(fork.body.id, `nslookup ${net.name}`)).stdout).not.toContain(net.address);
+    for (const id of [fork.body.id, src.id]) await s.api('DELETE', `/instances/${id}`);
+  });
+
   it('never reaches the host, the API, the metadata address or another sandbox, whatever its policy allows', async () => {
     // A service on every host address, reachable from the host itself.
     const hostService: Server = createServer((c) => c.end('host service\n'));

@@ -532,6 +532,9 @@ export class CheckpointService {
               // owner keeps both; a template's instance (another owner's) gets neither rule.
               secrets: instead ? [] : source.secrets,
               egressCa: instead ? null : source.egressCa,
+              // The same machine on the same leash: a fork of a denied instance must not get the
+              // default (open) policy. A template's instance takes its create's.
+              ...(instead ? {} : { egress: source.egress }),
             },
           );
           made.push(rec.id);
