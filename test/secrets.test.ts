@@ -180,6 +180,9 @@ describe('secrets', () => {
     // A proxy-style absolute URL (another host in the request line, the rule's in Host): refused.
     const absolute = await sh(inst.id, `curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -x http://testhost.internal:80 -H "Host: testhost.internal" -H "X-Key: $TOKEN" http://172.16.0.1/record`);
     expect(absolute.stdout).toBe('400');
+    // A TLS handshake started and never ended: the proxy closes the connection (HANDSHAKE_TIMEOUT_MS).
+    const stalled = await s.exec(inst.id, { command: ['bash', '-c', 'exec 3<>/dev/tcp/testhost.internal/443 && timeout 30 cat <&3; echo "exit=$?"'], timeout_ms: 40_000 });
+    expect(stalled.stdout).toContain('exit=0');
     // A TLS name with no rule: the handshake fails (no certificate is made for it).
     const otherName = await sh(inst.id, `curl -sS --max-time 20 --resolve evil.example:443:${gateway} https://evil.example/record 2>&1; echo "exit=$?"`);
     expect(otherName.stdout).not.toContain('exit=0');

@@ -14,6 +14,11 @@ export const PROXY_CONNECTIONS_PER_SANDBOX = 64;
 /** Server certificates kept (one per sandbox and host): issuing one costs a key generation. */
 const MAX_CERTIFICATES = 1024;
 const HEADERS_TIMEOUT_MS = 30_000;
+/** A TLS handshake the sandbox starts and never ends holds one of its connections: not for long. */
+const HANDSHAKE_TIMEOUT_MS = 10_000;
+/** Server certificates kept for one sandbox (a `*.domain` rule lets it ask for any number of
+ * names; each costs a key generation, and the cache is every sandbox's). */
+const CERTIFICATES_PER_SANDBOX = 64;
 /** A request the sandbox sends, whole, and an upstream's answer: bounded, like every wait. */
 const REQUEST_TIMEOUT_MS = 10 * 60_000;
 const UPSTREAM_CONNECT_MS = 10_000;
@@ -124,7 +129,10 @@ export class EgressProxy {
       },
     });
     secure.on('error', () => socket.destroy());
+    const handshake = setTimeout(() => secure.destroy(), HANDSHAKE_TIMEOUT_MS);
+    secure.once('close', () => clearTimeout(handshake));
     secure.once('secure', () => {
+      clearTimeout(handshake);
       this.callers.set(secure, { id, policy, secrets, servername: (secure as TLSSocket & { servername?: string }).servername?.toLowerCase() ?? null });
       this.http.emit('connection', secure);
     });
@@ -134,7 +142,10 @@ export class EgressProxy {
     const key = `${id} ${host}`;
     let ctx = this.certificates.get(key);
     if (!ctx) {
-      if (this.certificates.size >= MAX_CERTIFICATES) this.certificates.delete(this.certificates.keys().next().value!);
+      // The sandbox's own oldest goes first when it has its share; the oldest of all at the cap.
+      const own = [...this.certificates.keys()].filter((k) => k.startsWith(`${id} `));
+      if (own.length >= CERTIFICATES_PER_SANDBOX) this.certificates.delete(own[0]!);
+      else if (this.certificates.size >= MAX_CERTIFICATES) this.certificates.delete(this.certificates.keys().next().value!);
       ctx = issueServerCertificate(secrets.ca, host).then((c) => createSecureContext({ cert: c.certPem + secrets.ca.certPem, key: c.keyPem }));
       ctx.catch(() => this.certificates.delete(key));
       this.certificates.set(key, ctx);
