@@ -48,6 +48,33 @@ describe('the project\'s CRIU', () => {
     }
   });
 
+  it('restores with no network lock when the restore asks for none, whatever lock the dump took (deploy/criu/0002)', async () => {
+    const criu = loadConfig({ env: {} }).criuPath;
+    const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
+    // What the restored namespace holds just before CRIU would unlock it: an unpatched CRIU
+    // takes the dump's nftables lock from the inventory image and makes its table there.
+    const script = join(dir, 'tables.sh');
+    await writeFile(script, `#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = post-restore ] || exit 0\nnsenter -t "$CRTOOLS_INIT_PID" -n nft list tables > ${join(dir, 'tables.txt')} 2>&1\n`);
+    await chmod(script, 0o755);
+    const tree = execa('setsid', ['unshare', '-n', 'sleep', '60'], { stdio: 'ignore', reject: false });
+    let restored: number | undefined;
+    try {
+      await new Promise((r) => setTimeout(r, 200));
+      const dumped = await execa(criu, ['dump', '-t', String(tree.pid), '-D', dir, '--empty-ns', 'net', '--network-lock', 'nftables', '-o', 'dump.log'], { reject: false, timeout: 30_000 });
+      expect(dumped.exitCode, await readFile(join(dir, 'dump.log'), 'utf8').catch(() => '')).toBe(0);
+      const pidfile = join(dir, 'restored.pid');
+      const r = await execa(criu, ['restore', '-D', dir, '--empty-ns', 'net', '--network-lock', 'skip', '-d', '--pidfile', pidfile, '--action-script', script, '-o', 'restore.log'], { reject: false, timeout: 30_000 });
+      expect(r.exitCode, await readFile(join(dir, 'restore.log'), 'utf8').catch(() => '')).toBe(0);
+      restored = Number(await readFile(pidfile, 'utf8'));
+      expect(await readFile(join(dir, 'tables.txt'), 'utf8')).toBe('');
+    } finally {
+      if (restored) process.kill(restored, 'SIGKILL');
+      tree.kill('SIGKILL');
+      await tree;
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('dumps and restores a process holding a listening TCP socket', async () => {
     const inst = await s.instance({ name: 'listener' });
     await s.api('POST', `/instances/${inst.id}/processes`, { command: ['nc', '-ll', '-p', '8080', '-e', 'echo', 'pong'] });
