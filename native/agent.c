@@ -58,6 +58,8 @@ struct proc {
 static struct conn conns[MAX_CONNS];
 static struct proc procs[MAX_PROCS];
 static int listen_fd = -1;
+/* Serving one connection's file operations only (volume_files.c): no processes, no watches. */
+static int files_only;
 static long exit_seq;
 static volatile sig_atomic_t got_sigchld;
 
@@ -90,6 +92,7 @@ static uint64_t ring_start(const struct ring *r) {
 /* ---------- connections ---------- */
 
 static void conn_close(struct conn *c) {
+  if (files_only) _exit(0); /* its one connection is gone: so is its reason to be */
   watches_end(c);
   for (int i = 0; i < MAX_PROCS; i++)
     for (int s = 0; s < MAX_SUBS; s++)
@@ -415,6 +418,7 @@ static void handle_as_user(struct conn *c, struct fp_header *h, char *pl) {
 }
 
 static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
+  if (files_only && h->type != FP_T_PING && (!is_file_op(h->type) || h->type == FP_T_WATCH)) return send_error(c, h->id, EPERM, "file operations only");
   if (h->flags & FP_AS_USER) return handle_as_user(c, h, pl);
   switch (h->type) {
     case FP_T_SPAWN: return do_spawn(c, h, pl, NULL);
@@ -526,7 +530,17 @@ static int open_listener(void) {
   return fd;
 }
 
-int agent_main(void) {
+static int agent_run(int conn_fd);
+
+int agent_main(void) { return agent_run(-1); }
+
+/* The file operations of the one connection on CONN_FD (volume_files.c), until it closes. */
+int agent_serve_files(int conn_fd) {
+  files_only = 1;
+  return agent_run(conn_fd);
+}
+
+static int agent_run(int conn_fd) {
   /* Not dumpable: a process of the sandbox, root or not, cannot ptrace the agent, read its
    * memory or take its file descriptors (that needs CAP_SYS_PTRACE, which no sandbox has).
    * CRIU saves and restores the flag; what the agent starts is dumpable again after exec. */
@@ -543,8 +557,13 @@ int agent_main(void) {
   sigaction(SIGCHLD, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  listen_fd = open_listener();
-  if (listen_fd < 0) return 1;
+  if (conn_fd >= 0) {
+    if (fcntl(conn_fd, F_SETFL, fcntl(conn_fd, F_GETFL) | O_NONBLOCK) < 0 || fcntl(conn_fd, F_SETFD, FD_CLOEXEC) < 0) return 1;
+    conns[0].fd = conn_fd;
+  } else {
+    listen_fd = open_listener();
+    if (listen_fd < 0) return 1;
+  }
 
   enum { MAX_POLLED = 1 + MAX_CONNS + MAX_PROCS * 3 + MAX_WATCH_FDS };
   struct pollfd pfds[MAX_POLLED];
@@ -556,8 +575,10 @@ int agent_main(void) {
       reap();
     }
     int n = 0;
-    pfds[n] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
-    kinds[n++] = 0;
+    if (listen_fd >= 0) {
+      pfds[n] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+      kinds[n++] = 0;
+    }
     for (int i = 0; i < MAX_CONNS; i++) {
       if (conns[i].fd < 0) continue;
       short ev = POLLIN;

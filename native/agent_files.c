@@ -74,7 +74,8 @@ void do_read_file(struct conn *c, struct fp_header *h, char *pl) {
   if (at) memcpy(&offset, pl + 4, 8);
   if (max > FP_MAX_FRAME - 64) max = FP_MAX_FRAME - 64;
   if (offset > (uint64_t)INT64_MAX) return send_error(c, h->id, EINVAL, "bad offset");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO is opened (and refused by pread: ESPIPE), not waited on for a writer. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {

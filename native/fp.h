@@ -2,6 +2,8 @@
 #define FP_H
 #include <stddef.h>
 int agent_main(void);
+int agent_serve_files(int conn_fd);
+int volume_files_main(int argc, char **argv);
 int boot_main(int argc, char **argv);
 int shim_main(int argc, char **argv);
 int criu_run_main(int argc, char **argv);

@@ -19,6 +19,7 @@ int main(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "criu-run")) return criu_run_main(argc - 1, argv + 1);
   if (argc >= 2 && (!strcmp(argv[1], "mount-overlay") || !strcmp(argv[1], "umount")))
     return overlay_main(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "volume-files")) return volume_files_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "syncfs")) return syncfs_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "fhpath")) return fhpath_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "mkdev")) return mkdev_main(argc - 1, argv + 1);

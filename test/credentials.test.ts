@@ -26,6 +26,14 @@ const E2B_CONTROL: [string, string][] = [
   ['GET', '/snapshots'],
   ['POST', '/sandboxes/{id}/fork'],
   ['GET', '/sandboxes/{id}/metrics'],
+  // E2B's volumes (its SDKs' /volumes: `publisher: e2b`) and its volume content API.
+  ['GET', '/volumes/{volumeID}'],
+  ['GET', '/volumecontent/{volumeID}/path?path=/'],
+  ['DELETE', '/volumecontent/{volumeID}/path?path=/f'],
+  ['GET', '/volumecontent/{volumeID}/dir?path=/'],
+  ['POST', '/volumecontent/{volumeID}/dir?path=/d'],
+  ['GET', '/volumecontent/{volumeID}/file?path=/f'],
+  ['PUT', '/volumecontent/{volumeID}/file?path=/f'],
 ];
 
 /** Every owner's route: the documented ones (both faces), the Firecase face again under /v1,
@@ -121,6 +129,32 @@ describe('credentials × routes', () => {
       expect((await call('GET', `/instances/${B}/ports/8080/`, { ...traffic, 'e2b-sandbox-id': B })).status).toBe(401);
     } finally {
       for (const id of [A, B]) await s.api('DELETE', `/instances/${id}`);
+    }
+  });
+
+  it('a volume\'s content token (E2B\'s volume token) opens that volume\'s files and nothing else, on every route', async () => {
+    const e2b = { publisher: 'e2b', 'x-api-key': s.token };
+    const a = await s.api('POST', '/volumes', { name: 'cred-a' }, e2b);
+    const b = await s.api('POST', '/volumes', { name: 'cred-b' }, e2b);
+    expect([a.status, b.status]).toEqual([201, 201]);
+    const token = { authorization: `Bearer ${a.body.token as string}` };
+    try {
+      const opened: string[] = [];
+      for (const [method, path] of await ownerRoutes()) {
+        for (const id of [a.body.volumeID as string, b.body.volumeID as string]) {
+          const filled = fill(path.replace('{volumeID}', id), id);
+          const r = await call(method, filled, token);
+          const own = id === a.body.volumeID && filled.startsWith('/volumecontent/');
+          if (!own && r.status !== 401 && r.status !== 403) opened.push(`${method} ${filled} → ${r.status} ${r.text.slice(0, 120)}`);
+        }
+      }
+      expect(opened).toEqual([]);
+      expect((await call('GET', `/volumecontent/${a.body.volumeID}/dir?path=/`, token)).status).toBe(200);
+      expect((await call('GET', `/volumecontent/${b.body.volumeID}/dir?path=/`, token)).status).toBe(401);
+      // An API token opens the content of its owner's volumes too; a sandbox's access token none.
+      expect((await call('GET', `/volumecontent/${b.body.volumeID}/dir?path=/`, { 'x-api-key': s.token })).status).toBe(200);
+    } finally {
+      for (const v of [a, b]) await s.api('DELETE', `/volumes/${v.body.volumeID}`, undefined, e2b);
     }
   });
 

@@ -1,5 +1,6 @@
 import { execa } from 'execa';
-import { CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError, TimeoutError } from 'e2b';
+import { readFileSync } from 'node:fs';
+import { CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError, TimeoutError, Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
 import { until } from './helpers/wait.js';
@@ -11,11 +12,13 @@ beforeAll(async () => {
   process.env.E2B_API_URL = s.url;
   process.env.E2B_SANDBOX_URL = s.url;
   process.env.E2B_API_KEY = s.token;
+  process.env.E2B_VOLUME_API_URL = s.url;
 });
 afterAll(async () => {
   delete process.env.E2B_API_URL;
   delete process.env.E2B_SANDBOX_URL;
   delete process.env.E2B_API_KEY;
+  delete process.env.E2B_VOLUME_API_URL;
   await s?.close();
 });
 
@@ -88,6 +91,86 @@ describe('volumes through the e2b SDK', () => {
       await a.kill();
       await b.kill();
       expect((await s.api('DELETE', '/volumes/e2b-shared')).status).toBe(204);
+    }
+  });
+});
+
+describe('E2B\'s Volume class (its /volumes and its volume content API)', () => {
+  it('creates, lists and finds a volume; writes, reads, lists and removes its files with no sandbox; a sandbox mounting it sees them', async () => {
+    const vol = await Volume.create('e2b-Content');
+    expect(vol.volumeId).toMatch(/^vol_/);
+    expect(vol.token).toMatch(/\./);
+    expect((await Volume.list()).map((v) => v.name)).toContain('e2b-Content');
+    expect(await Volume.getInfo(vol.volumeId)).toMatchObject({ volumeId: vol.volumeId, name: 'e2b-Content', token: vol.token });
+    // forkpoint's own clients (no E2B SDK) still get forkpoint's answer on the same path.
+    expect((await s.api('GET', '/volumes')).body.items.map((v: { name: string }) => v.name)).toContain('e2b-Content');
+    let sbx: Sandbox | undefined;
+    try {
+      const written = await vol.writeFile('/dir/a.txt', 'hello volume');
+      expect(written).toMatchObject({ name: 'a.txt', path: '/dir/a.txt', type: 'file', size: 12, uid: 0 });
+      expect(await vol.readFile('/dir/a.txt')).toBe('hello volume');
+      expect(await vol.readFile('dir/a.txt', { format: 'bytes' })).toEqual(new TextEncoder().encode('hello volume'));
+      await vol.writeFile('/dir/a.txt', 'replaced');
+      await expect(vol.writeFile('/dir/a.txt', 'not again', { force: false })).rejects.toThrow(VolumeError);
+      expect(await vol.readFile('/dir/a.txt')).toBe('replaced');
+      const owned = await vol.writeFile('/dir/user.txt', 'x', { uid: 1000, gid: 1000, mode: 0o600 });
+      expect([owned.uid, owned.gid, owned.mode & 0o777]).toEqual([1000, 1000, 0o600]);
+      expect((await vol.makeDir('/made/deep', { force: true })).type).toBe('directory');
+      expect((await vol.getInfo('/made')).type).toBe('directory');
+      expect(await vol.exists('/nope')).toBe(false);
+      await expect(vol.readFile('/nope')).rejects.toThrow(VolumePathNotFoundError);
+      expect((await vol.list('/')).map((e) => e.path).sort()).toEqual(['/dir', '/made']);
+      expect((await vol.list('/', { depth: 3 })).map((e) => e.path).sort()).toEqual(['/dir', '/dir/a.txt', '/dir/user.txt', '/made', '/made/deep']);
+
+      sbx = await Sandbox.create({ volumeMounts: { '/mnt/v': vol } });
+      expect((await sbx.commands.run('cat /mnt/v/dir/a.txt; stat -c %u /mnt/v/dir/user.txt')).stdout).toBe('replaced1000\n');
+      await sbx.commands.run('echo from the sandbox > /mnt/v/back.txt', { user: 'root' });
+      expect(await vol.readFile('/back.txt')).toBe('from the sandbox\n');
+      // A volume in use is not destroyed.
+      await expect(Volume.destroy(vol.volumeId)).rejects.toThrow(VolumeError);
+      await vol.remove('/made');
+      expect(await vol.exists('/made')).toBe(false);
+    } finally {
+      await sbx?.kill();
+    }
+    expect(await Volume.destroy(vol.volumeId)).toBe(true);
+    await expect(Volume.getInfo(vol.volumeId)).rejects.toThrow(VolumeNotFoundError);
+  });
+
+  it('attack: what a sandbox leaves in a volume (symlinks to host paths, .. chains, a FIFO) reaches nothing of the host through the content API; one volume\'s token opens no other, another owner finds none', async () => {
+    const vol = await Volume.create('e2b-hostile');
+    const other = await Volume.create('e2b-other');
+    const sbx = await Sandbox.create({ volumeMounts: { '/mnt/h': vol } });
+    try {
+      await sbx.commands.run('cd /mnt/h && ln -s /etc/hostname abs && ln -s ../../../../../../etc/hostname rel && ln -s / root && mkfifo fifo && mkdir d && ln -s /etc d/etc', { user: 'root' });
+      const host = readFileSync('/etc/hostname', 'utf8');
+      for (const path of ['/abs', '/rel', '/root/etc/hostname', '/d/etc/hostname', '/../../../etc/hostname', '/etc/hostname']) {
+        const got = await vol.readFile(path).then((t) => t, (e: unknown) => e);
+        expect(got, path).toBeInstanceOf(VolumeError);
+        expect(String(got)).not.toContain(host.trim());
+      }
+      // A FIFO is refused at once, not waited on for a writer.
+      await expect(vol.readFile('/fifo')).rejects.toThrow(VolumeError);
+      expect((await vol.getInfo('/abs')).type).toBe('symlink');
+      // Writing through a symlink stays in the volume too: the host's file is untouched.
+      await vol.writeFile('/root/etc/forkpoint-volume-escape', 'x').catch(() => {});
+      expect(() => readFileSync('/etc/forkpoint-volume-escape')).toThrow();
+      // One volume's token opens that volume only (it is no credential for another); a made-up
+      // token nothing.
+      expect((await fetch(`${s.url}/volumecontent/${vol.volumeId}/path?path=/`, { headers: { authorization: `Bearer ${vol.token}` } })).status).toBe(200);
+      const crossed = await fetch(`${s.url}/volumecontent/${other.volumeId}/path?path=/`, { headers: { authorization: `Bearer ${vol.token}` } });
+      expect(crossed.status).toBe(401);
+      const forged = await fetch(`${s.url}/volumecontent/${vol.volumeId}/path?path=/`, { headers: { authorization: `Bearer ${vol.token.slice(0, -2)}xx` } });
+      expect(forged.status).toBe(401);
+      // Another owner's API token: no such volume.
+      const stranger = await s.fp.store.tokens.create('stranger', 'e2b volumes');
+      await expect(Volume.getInfo(vol.volumeId, { apiKey: stranger.token })).rejects.toThrow(VolumeNotFoundError);
+      const theirs = await fetch(`${s.url}/volumecontent/${vol.volumeId}/file?path=/abs`, { headers: { authorization: `Bearer ${stranger.token}` } });
+      expect(theirs.status).toBe(404);
+    } finally {
+      await sbx.kill();
+      await Volume.destroy(vol.volumeId);
+      await Volume.destroy(other.volumeId);
     }
   });
 });

@@ -268,10 +268,10 @@ export class Cluster {
   /** The node a new instance that mounts an owner's volume goes to: the volume's (instances
    * mount volumes only where they are). Here when the volume is unknown (the create says so) or
    * its node is not live (the create refuses it with the reason). */
-  async placeForVolume(owner: string, volume: string): Promise<{ kind: 'here' } | { kind: 'node'; node: NodeRecord }> {
+  async placeForVolume(owner: string, volume: { name: string } | { id: string }): Promise<{ kind: 'here' } | { kind: 'node'; node: NodeRecord }> {
     if (!this.joined) return { kind: 'here' };
-    const v = await this.store.volumes.byName(owner, volume);
-    if (!v || v.node === this.nodeId) return { kind: 'here' };
+    const v = 'id' in volume ? await this.store.volumes.get(volume.id) : await this.store.volumes.byName(owner, volume.name);
+    if (!v || v.owner !== owner || v.node === this.nodeId) return { kind: 'here' };
     const node = await this.store.nodes.get(v.node);
     return node && this.isLive(node) ? { kind: 'node', node } : { kind: 'here' };
   }

@@ -48,8 +48,16 @@ export interface FileLinkCredential {
   direction: FileLinkDirection;
 }
 
+/** A volume's content token (E2B's volume token): that volume's files, nothing else, until the
+ * API token that asked for it is revoked. */
+export interface VolumeCredential {
+  kind: 'volume';
+  owner: string;
+  volumeId: string;
+}
+
 /** Every credential forkpoint accepts; what each may open is the HTTP edge's one table. */
-export type Credential = OwnerCredential | SandboxCredential | TrafficCredential | PreviewCredential | FileLinkCredential;
+export type Credential = OwnerCredential | SandboxCredential | TrafficCredential | PreviewCredential | FileLinkCredential | VolumeCredential;
 
 /**
  * Turns what a client presents into a credential, or nothing: API tokens (the store's),
@@ -98,6 +106,19 @@ export class Credentials {
   /** The traffic token of a sandbox, for the API token that asks. */
   trafficTokenFor(by: OwnerCredential, sandboxId: string): string {
     return this.links().sandboxToken('traffic', by.owner, sandboxId, by.tokenId);
+  }
+
+  /** The content token of a volume, for the API token that asks (derived, not stored: the same
+   * each time it is asked for). */
+  volumeTokenFor(by: OwnerCredential, volumeId: string): string {
+    return this.links().sandboxToken('volume', by.owner, volumeId, by.tokenId);
+  }
+
+  async volumeToken(volumeId: string, token: string): Promise<VolumeCredential | undefined> {
+    const rec = await this.store.volumes.get(volumeId);
+    const madeBy = rec && this.links().verifySandboxToken('volume', token, rec.owner, volumeId);
+    if (!rec || !madeBy || !(await this.lives(madeBy, rec.owner))) return undefined;
+    return { kind: 'volume', owner: rec.owner, volumeId };
   }
 
   async accessToken(sandboxId: string, token: string): Promise<SandboxCredential | undefined> {

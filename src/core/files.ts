@@ -7,6 +7,7 @@ import type { SandboxHandle } from '../seam/sandbox.js';
 import { engineFailure } from './engine-failure.js';
 import { ConflictError, ForkpointError, InsufficientStorageError, InvalidRequestError, NotFoundError, PayloadTooLargeError } from './errors.js';
 import type { SandboxAccess } from './access.js';
+import type { FileHosts } from './file-hosts.js';
 import { DirectoryWatch } from './file-watch.js';
 import { uploadNameFor } from './upload-names.js';
 import { idNames, isRoot, lookupUser, UnknownUserError, type IdNames, type SandboxUser } from './users.js';
@@ -32,13 +33,18 @@ export interface AsUser {
   user?: string | SandboxUser | undefined;
 }
 
-/** Files inside an instance. Every operation is done by the agent, inside the sandbox's own
- * root: the host never opens a path a sandbox could have redirected with a symlink. Large files
- * go both ways in pieces, so that no file is ever whole in the server's memory. */
+/** An instance's files: its sandbox's agent, in the sandbox's own root. */
+export const instanceFileHosts = (access: SandboxAccess): FileHosts => ({ host: async (owner, id) => (await access.sandbox(owner, id)).sb });
+
+/** Files inside an instance (or a volume). Every operation is done by an agent inside the
+ * sandbox's own root (or the volume's): the host never opens a path a sandbox could have
+ * redirected with a symlink. Large files go both ways in pieces, so that no file is ever whole
+ * in the server's memory. `access`, for instances, is what watches need. */
 export class FileService {
   constructor(
-    private readonly access: SandboxAccess,
+    private readonly hosts: FileHosts,
     private readonly log: Logger,
+    private readonly access?: SandboxAccess,
   ) {}
 
   private path(p: string): string {
@@ -48,11 +54,11 @@ export class FileService {
 
   /** Runs one file operation on the instance's agent, with agent errors as API errors; `as`,
    * a user's name, becomes its ids (read in the same call) for `fn` to hand the agent. */
-  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentPort, path: string, as: UnixIds | undefined, sb: SandboxHandle) => Promise<T>, as?: AsUser): Promise<T> {
+  private async op<T>(owner: string, id: string, path: string, fn: (agent: AgentPort, path: string, as: UnixIds | undefined) => Promise<T>, as?: AsUser): Promise<T> {
     const p = this.path(path);
     try {
-      const { sb } = await this.access.sandbox(owner, id);
-      return await sb.call(async (agent) => fn(agent, p, await this.idsOf(agent, as?.user), sb));
+      const host = await this.hosts.host(owner, id);
+      return await host.call(async (agent) => fn(agent, p, await this.idsOf(agent, as?.user)));
     } catch (err) {
       throw this.failed(err, path);
     }
@@ -123,7 +129,7 @@ export class FileService {
     if (!first) throw new NotFoundError('file', path);
     if (!first.truncated) return { size: first.data.length, stream: Readable.from([first.data], { objectMode: false }) };
     const size = info?.type === 'file' && info.size >= first.data.length ? info.size : undefined;
-    const { sb } = await this.access.sandbox(owner, id);
+    const host = await this.hosts.host(owner, id);
     const p = this.path(path);
     const fail = (err: unknown) => this.failed(err, path);
     async function* pieces(): AsyncGenerator<Buffer> {
@@ -132,7 +138,7 @@ export class FileService {
       let offset = first!.data.length;
       for (let truncated = true; truncated && offset < limit; ) {
         const want = Math.min(PIECE, limit - offset);
-        const piece = await sb.call((a) => a.readFile(p, want, offset, ids)).catch((err: unknown) => {
+        const piece = await host.call((a) => a.readFile(p, want, offset, ids)).catch((err: unknown) => {
           throw fail(err);
         });
         if (!piece || piece.data.length === 0) break;
@@ -219,6 +225,23 @@ export class FileService {
     await this.op(owner, id, path, (a, p, ids) => a.removeFile(p, ids), as);
   }
 
+  /**
+   * Removes a path and, for a directory, everything under it, by the agent's own operations one
+   * entry at a time (for a host with no processes to run `rm -rf`: a volume's). A link is
+   * removed, never followed; at most `limit` entries.
+   */
+  async removeAll(owner: string, id: string, path: string, limit = 100_000): Promise<void> {
+    let left = limit;
+    const walk = async (p: string): Promise<void> => {
+      if (--left < 0) throw new InvalidRequestError(`more than ${limit} entries under ${path}: remove them in parts`, { path });
+      const st = await this.op(owner, id, p, (a, q) => a.stat(q));
+      if (!st) return;
+      if (st.type === 'dir') for (const e of await this.list(owner, id, p)) await walk(p === '/' ? `/${e.name}` : `${p}/${e.name}`);
+      await this.remove(owner, id, p);
+    };
+    await walk(this.path(path));
+  }
+
   async list(owner: string, id: string, path: string, as?: AsUser): Promise<DirEntry[]> {
     return this.op(owner, id, path, (a, p, ids) => a.listDir(p, ids), as);
   }
@@ -227,13 +250,15 @@ export class FileService {
    * place; close it, or abort `signal`, to end it. */
   async watch(owner: string, id: string, path: string, opts: { recursive: boolean; signal?: AbortSignal }): Promise<DirectoryWatch> {
     const p = this.path(path);
+    const access = this.access;
+    if (!access) throw new InvalidRequestError('only an instance\'s directories are watched', { path });
     let sb: SandboxHandle;
     try {
-      ({ sb } = await this.access.sandbox(owner, id));
+      ({ sb } = await access.sandbox(owner, id));
     } catch (err) {
       throw this.failed(err, path);
     }
-    return DirectoryWatch.open({ sb, stillLive: () => this.access.stillLive(id, sb), failed: (err) => this.failed(err, path) }, p, opts);
+    return DirectoryWatch.open({ sb, stillLive: () => access.stillLive(id, sb), failed: (err) => this.failed(err, path) }, p, opts);
   }
 
   /** Renames a file or directory inside the instance (the agent does it, in its own root). */

@@ -12,7 +12,7 @@ import { CheckpointService } from './checkpoints.js';
 import { CommandService } from './commands.js';
 import { EventBus } from './events.js';
 import { ExecutionService } from './executions.js';
-import { FileService } from './files.js';
+import { FileService, instanceFileHosts } from './files.js';
 import { ImageCatalog } from './images.js';
 import { ImagePulls } from './pulls.js';
 import { RegistryLogins } from './registry-logins.js';
@@ -102,6 +102,8 @@ export class Forkpoint {
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
   readonly files: FileService;
+  /** Persistent volumes' own files, with no instance (E2B's volume content API). */
+  readonly volumeFiles: FileService;
   /** Commands run and waited for, shell sessions, background processes. */
   readonly commands: CommandService;
   /** Commands streamed and attached to: exec sessions, async runs, terminals. */
@@ -163,7 +165,8 @@ export class Forkpoint {
     this.access = new SandboxAccess(this.instances, this.store, log, () => this.cluster.fenced);
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
     this.executions = new ExecutionService(this.store, this.instances, this.access, this.layout.spill, this.events, log);
-    this.files = new FileService(this.access, log);
+    this.files = new FileService(instanceFileHosts(this.access), log, this.access);
+    this.volumeFiles = new FileService(this.volumes.fileHosts, log);
     this.credentials = new Credentials(this.store, () => this.previews, new Set(config.operators.split(',').map((o) => o.trim()).filter(Boolean)), config.tokenGraceS * 1000);
     this.ports = new PortService(this.store, this.instances, this.access, config.host, parseHostPortRange(config.hostPortRange), log);
     const squasher = new ChainSquasher(this.store, this.engine, this.instances, locks, {

@@ -3,7 +3,8 @@ import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 
 /** What a sandbox token opens: its envd and ports (`access`), or its ports (`traffic`). */
-export type SandboxTokenKind = 'access' | 'traffic';
+/** `volume`: a persistent volume's content token (E2B's volume JWT), `id` the volume's. */
+export type SandboxTokenKind = 'access' | 'traffic' | 'volume';
 
 /** Which way a signed file link goes: a read (`download`) or a write (`upload`). */
 export type FileLinkDirection = 'download' | 'upload';

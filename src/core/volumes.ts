@@ -5,10 +5,12 @@ import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
 import type { VolumeRecord } from '../store/volumes.js';
 import type { InstanceVolume } from '../store/instances.js';
+import type { FileHosts } from './file-hosts.js';
 import { ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError, QuotaExceededError } from './errors.js';
 import type { KeyedLock } from './jobs.js';
 
-export const VOLUME_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+/** Docker's named volumes' pattern (E2B's names fit it too). */
+export const VOLUME_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 /** The smallest volume (an ext4 filesystem's own metadata and journal take a few MiB). */
 export const MIN_VOLUME_MB = 64;
 /** How many volumes one owner may have, and one instance mount. */
@@ -53,7 +55,7 @@ export class VolumeService {
 
   async create(owner: string, input: { name: string; sizeMb: number }): Promise<VolumeView> {
     const { name, sizeMb } = input;
-    if (!VOLUME_NAME.test(name)) throw new InvalidRequestError('a volume name is 1-63 lowercase letters, digits, ., _ or -, starting with a letter or digit', { name });
+    if (!VOLUME_NAME.test(name)) throw new InvalidRequestError('a volume name is 1-63 letters, digits, ., _ or -, starting with a letter or digit', { name });
     if (!Number.isInteger(sizeMb) || sizeMb < MIN_VOLUME_MB || sizeMb > this.limits.maxMb) {
       throw new InvalidRequestError(`size_mb must be a whole number from ${MIN_VOLUME_MB} to ${this.limits.maxMb}`, { size_mb: sizeMb });
     }
@@ -86,6 +88,32 @@ export class VolumeService {
     if (!v) throw new NotFoundError('volume', name);
     return v;
   }
+
+  /** By its id (E2B's `volumeID`): the owner's, or not found. */
+  private async recordById(owner: string, id: string): Promise<VolumeRecord> {
+    const v = /^vol_[a-z0-9]{1,32}$/.test(id) ? await this.store.volumes.get(id) : undefined;
+    if (!v || v.owner !== owner) throw new NotFoundError('volume', id);
+    return v;
+  }
+
+  async getById(owner: string, id: string): Promise<VolumeView> {
+    return this.view(await this.recordById(owner, id));
+  }
+
+  async deleteById(owner: string, id: string): Promise<void> {
+    await this.delete(owner, (await this.recordById(owner, id)).name);
+  }
+
+  /** A volume's own files (by id), with no instance: served by the engine's file agent rooted in
+   * it, on the node that holds it. */
+  readonly fileHosts: FileHosts = {
+    host: async (owner, id) => {
+      const v = await this.recordById(owner, id);
+      this.requireHere(v);
+      if (!this.engine.volumes.has(v.id)) throw new ConflictError(`volume ${v.name} is missing from this node's disk`, { reason: 'VOLUME_MISSING', volume: v.name });
+      return { call: (request) => this.engine.volumes.withFiles(v.id, request) };
+    },
+  };
 
   private async view(v: VolumeRecord): Promise<VolumeView> {
     const here = v.node === this.nodeId && this.engine.volumes.has(v.id);

@@ -14,6 +14,7 @@ import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { LimitedDisks } from './limited-disks.js';
 import { PersistentVolumes } from './persistent-volumes.js';
+import { VolumeFileAgents } from './volume-file-agents.js';
 import { Images } from './images.js';
 import { RegistryPuller } from './registry-pull.js';
 import { imagesForRange } from './userns-image.js';
@@ -73,13 +74,15 @@ export class Engine implements SandboxRuntime {
   private readonly live = new Map<string, Sandbox>();
   private readonly restorers = new RestorerPool(() => this.startRestorer());
   private agentLayerId = '';
+  private readonly volumeFileAgents: VolumeFileAgents;
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
     this.images = new Images(this.layout.images);
     this.cgroups = new Cgroups(`forkpoint/${opts.nodeId}`);
     this.limitedDisks = new LimitedDisks(this.layout.limitedDisks);
-    this.volumes = new PersistentVolumes(this.layout.persistentVolumes);
+    this.volumeFileAgents = new VolumeFileAgents(opts.agentPath, opts.logger);
+    this.volumes = new PersistentVolumes(this.layout.persistentVolumes, this.volumeFileAgents);
     this.disk = new Disk(this.layout, this.limitedDisks, opts.agentPath);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
@@ -661,6 +664,7 @@ export class Engine implements SandboxRuntime {
 
   async shutdown(): Promise<void> {
     this.network.close();
+    await this.volumeFileAgents.endAll();
     this.restorers.close();
     for (const sb of this.live.values()) await sb.close();
     this.live.clear();

@@ -3,9 +3,11 @@ import { chmod, mkdir, readdir, rm, rmdir, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { EngineError } from '../seam/errors.js';
+import type { AgentPort } from '../seam/agent.js';
 import type { VolumeDisks } from '../seam/runtime.js';
 import { makeExt4Image, mountExt4Image } from './ext4-image.js';
 import { isMounted } from './overlay.js';
+import type { VolumeFileAgents } from './volume-file-agents.js';
 
 /**
  * Owners' persistent volumes: a sparse ext4 image each (its size is the volume's limit: ENOSPC
@@ -15,7 +17,10 @@ import { isMounted } from './overlay.js';
  * like layers, and sandboxes of different ranges share them.
  */
 export class PersistentVolumes implements VolumeDisks {
-  constructor(private readonly root: string) {}
+  constructor(
+    private readonly root: string,
+    private readonly fileAgents: VolumeFileAgents,
+  ) {}
 
   private image(id: string): string {
     return join(this.root, `${id}.img`);
@@ -62,7 +67,14 @@ export class PersistentVolumes implements VolumeDisks {
     });
   }
 
+  withFiles<T>(id: string, request: (agent: AgentPort) => Promise<T>): Promise<T> {
+    if (!this.has(id)) throw new EngineError('VOLUME_NOT_HERE', `volume ${id} is not on this node`);
+    return this.fileAgents.call(id, this.dataDir(id), request);
+  }
+
   async remove(id: string): Promise<void> {
+    // Its file agent holds a mount of it.
+    await this.fileAgents.end(id);
     const dir = this.mountpoint(id);
     if (await isMounted(dir)) {
       // Not lazily: a file held open on the host's mount fails this, rather than leaving it half-gone.

@@ -11,6 +11,7 @@ import websocket from '@fastify/websocket';
 import replyFrom from '@fastify/reply-from';
 import { installAuth, redactUrl } from './auth.js';
 import { installClusterRouting } from './cluster-routing.js';
+import { e2bSdkConstraint } from './e2b/sdk-constraint.js';
 import { e2bFace, e2bPortRoute } from './e2b/index.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installClientGone } from './client-gone.js';
@@ -58,7 +59,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   const base = {
     bodyLimit: opts.bodyLimitBytes,
     http: httpServerOptions(limits),
-    routerOptions: { ignoreTrailingSlash: true },
+    routerOptions: { ignoreTrailingSlash: true, constraints: { e2bSdk: e2bSdkConstraint } },
     // A preview host name (<port>-<instance>.<domain>) is that port's proxy, at its root.
     rewriteUrl: (req: { url?: string; headers: Record<string, string | string[] | undefined> }) => {
       const to = hostRoute(domain, req.headers.host as string | undefined) ?? e2bPortRoute(req.headers);

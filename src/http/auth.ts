@@ -12,8 +12,10 @@ import { sendError } from './errors.js';
  *   instance's access token, or a preview link of that port;
  * - `file`: one file of an instance, by a signed file link of that path and direction (its
  *   `?signature=`), or an API token.
+ * - `volume`: one persistent volume's files (`:volumeID`), by its content token (E2B's volume
+ *   token, `Authorization: Bearer`), or an API token.
  */
-export type Scope = 'public' | 'owner' | 'operator' | 'sandbox' | 'port' | 'file';
+export type Scope = 'public' | 'owner' | 'operator' | 'sandbox' | 'port' | 'file' | 'volume';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -37,10 +39,14 @@ const OPENS: Record<Exclude<Scope, 'public'>, readonly Credential['kind'][]> = {
   sandbox: ['sandbox'],
   port: ['owner', 'sandbox', 'traffic', 'preview'],
   file: ['owner', 'file'],
+  volume: ['owner', 'volume'],
 };
 
-function admits(scope: Exclude<Scope, 'public'>, c: Credential, params: { id?: string; port?: string }): boolean {
+type ScopeParams = { id?: string; port?: string; volumeID?: string };
+
+function admits(scope: Exclude<Scope, 'public'>, c: Credential, params: ScopeParams): boolean {
   if (c.kind === 'file') return scope === 'file' && c.sandboxId === params.id;
+  if (c.kind === 'volume') return scope === 'volume' && c.volumeId === params.volumeID;
   if (!OPENS[scope].includes(c.kind)) return false;
   if (scope === 'operator') return c.kind === 'owner' && c.operator;
   if (scope === 'port' && c.kind !== 'owner') return c.sandboxId === params.id && (c.kind !== 'preview' || String(c.port) === params.port);
@@ -53,6 +59,7 @@ const WHAT_OPENS: Record<Exclude<Scope, 'public'>, string> = {
   sandbox: "the sandbox's E2b-Sandbox-Id and X-Access-Token",
   port: "an API token, the instance's access or traffic token, or a valid preview link",
   file: 'an API token, or a signed link of this file made for this method',
+  volume: "an API token, or this volume's content token",
 };
 
 /** Query parameters a WebSocket upgrade may carry its token in (browsers' WebSocket cannot
@@ -90,7 +97,7 @@ async function credentialOf(request: FastifyRequest, scope: Exclude<Scope, 'publ
   const sandbox = request.headers['e2b-sandbox-id'];
   const access = request.headers['x-access-token'];
   const token = tokenOf(request);
-  const params = (request.params ?? {}) as { id?: string; port?: string };
+  const params = (request.params ?? {}) as ScopeParams;
   const tries: (() => Promise<Credential | undefined> | Credential | undefined)[] = [
     () => (token ? credentials.apiToken(token) : undefined),
     () => (typeof sandbox === 'string' && typeof access === 'string' ? credentials.accessToken(sandbox, access) : undefined),
@@ -103,6 +110,9 @@ async function credentialOf(request: FastifyRequest, scope: Exclude<Scope, 'publ
     const path = query.get('path');
     const direction = request.method === 'GET' ? 'download' : request.method === 'PUT' ? 'upload' : undefined;
     tries.push(() => (signed && path && direction && params.id ? credentials.fileLink(signed, params.id, path, direction) : undefined));
+  }
+  if (scope === 'volume') {
+    tries.push(() => (token && params.volumeID ? credentials.volumeToken(params.volumeID, token) : undefined));
   }
   if (scope === 'port') {
     const traffic = request.headers['e2b-traffic-access-token'];
@@ -140,7 +150,7 @@ export function installAuth(app: FastifyInstance, credentials: Credentials, prev
       const presented = tokenOf(request) !== undefined || request.headers['x-access-token'] !== undefined;
       return sendError(reply, 'UNAUTHENTICATED', presented ? `the credential is not valid: this route needs ${WHAT_OPENS[scope]}` : `this route needs ${WHAT_OPENS[scope]}`);
     }
-    if (!admits(scope, c, (request.params ?? {}) as { id?: string; port?: string })) {
+    if (!admits(scope, c, (request.params ?? {}) as ScopeParams)) {
       return sendError(reply, 'FORBIDDEN', `${describe(c)} does not open this route: it needs ${WHAT_OPENS[scope]}`, { credential: c.kind, scope });
     }
     request.credential = c;
@@ -161,5 +171,7 @@ function describe(c: Credential): string {
       return `a signed ${c.direction} link of ${c.path} in ${c.sandboxId}`;
     case 'preview':
       return `a preview link of port ${c.port} of ${c.sandboxId}`;
+    case 'volume':
+      return `the content token of volume ${c.volumeId}`;
   }
 }

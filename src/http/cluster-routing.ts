@@ -67,9 +67,12 @@ export function installClusterRouting(app: FastifyInstance, fp: Forkpoint): void
     const placement = req.routeOptions.config?.placement;
     if ((placement !== 'new' && placement !== 'volume') || req.headers[FORWARDED] !== undefined) return;
     const body = req.body as { volumes?: { name?: unknown }[]; volumeMounts?: { name?: unknown }[] } | undefined;
-    const volume = placement === 'volume' ? (req.params as { name?: unknown }).name : (body?.volumes ?? body?.volumeMounts)?.[0]?.name;
-    if (placement === 'volume' && typeof volume !== 'string') return;
-    const to = typeof volume === 'string' ? await fp.cluster.placeForVolume(req.owner, volume) : await fp.cluster.placeNew();
+    // A volume's calls name it by `name` (forkpoint's) or `volumeID` (E2B's); a creation by name.
+    const params = req.params as { name?: unknown; volumeID?: unknown };
+    const named = placement === 'volume' ? params.name : (body?.volumes ?? body?.volumeMounts)?.[0]?.name;
+    const volume = typeof params.volumeID === 'string' && placement === 'volume' ? { id: params.volumeID } : typeof named === 'string' ? { name: named } : undefined;
+    if (placement === 'volume' && !volume) return;
+    const to = volume ? await fp.cluster.placeForVolume(req.owner, volume) : await fp.cluster.placeNew();
     return to.kind === 'node' ? forward(req, reply, fp, to.node.url) : undefined;
   });
   // A fork's node depends on its checkpoint (in the body, or the path's): decided once the body

@@ -21,7 +21,9 @@ export type EngineErrorCode =
   /** Setting up a sandbox's network (its link, the host's firewall) failed. */
   | 'NETWORK_FAILED'
   /** A persistent volume still mounted by a sandbox (it cannot be removed). */
-  | 'VOLUME_BUSY';
+  | 'VOLUME_BUSY'
+  /** A persistent volume this node does not hold. */
+  | 'VOLUME_NOT_HERE';
 
 export class EngineError extends Error {
   override readonly name = 'EngineError';

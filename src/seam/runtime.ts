@@ -1,6 +1,7 @@
 import type { Readable } from 'node:stream';
 import type { EgressPolicy } from '../lib/egress-policy.js';
 import type { SandboxHandle } from './sandbox.js';
+import type { AgentPort } from './agent.js';
 
 /** A sandbox's place on the network: its address and MAC (derived from the address). */
 export interface SandboxNetwork {
@@ -174,6 +175,9 @@ export interface VolumeDisks {
   has(id: string): boolean;
   /** What its files take on its filesystem. */
   usedBytes(id: string): Promise<number>;
+  /** Runs file operations on the volume itself, with no sandbox involved: by an agent rooted in
+   * it that serves nothing else (the paths are the volume's own, `/` its top). */
+  withFiles<T>(id: string, request: (agent: AgentPort) => Promise<T>): Promise<T>;
 }
 
 /** What the core asks of the sandboxes' network: addresses, policies, counters. */

@@ -597,6 +597,9 @@ export class FakeEngine implements SandboxRuntime {
       remove: async (id: string) => void made.delete(id),
       has: (id: string) => made.has(id),
       usedBytes: async () => 0,
+      withFiles: async (id: string) => {
+        throw new EngineError('VOLUME_NOT_HERE', `the fake engine serves no volume's files (${id})`);
+      },
     };
   })();
   private readonly live = new Map<string, FakeSandbox>();

@@ -21,7 +21,9 @@ let tenant: string;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'fp-unit-'));
-  fp = await Forkpoint.open(loadConfig({ env: {}, flags: { dataDir: dir, bodyLimitBytes: 4096 } }), pino({ level: 'silent' }), VERSION, () => new FakeEngine());
+  fp = await Forkpoint.open(loadConfig({ env: {}, flags: { dataDir: dir, bodyLimitBytes: 4096, networking: 'off' } }), pino({ level: 'silent' }), VERSION, () => new FakeEngine());
+  // Started (no network: a fake engine's): E2B's volume tokens are signed with the server's key.
+  await fp.start();
   owner = (await fp.store.tokens.create('default', 'unit')).token;
   tenant = (await fp.store.tokens.create('tenant', 'unit')).token;
   app = await buildApp({ forkpoint: fp, logger: false, bodyLimitBytes: 4096 });
@@ -29,7 +31,7 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await app?.close();
-  await fp?.store.close();
+  await fp?.close();
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -107,12 +109,34 @@ describe('the E2B face: {"code": status, "message"}', () => {
     const n = await startFakeNode();
     try {
       const made = await n.call('POST', '/sandboxes', { templateID: 'default' }, { 'x-api-key': n.token });
-      expect(made.status).toBe(201);
+      expect(made.status, made.raw).toBe(201);
       const forged = await n.call('GET', '/files?path=/etc/passwd', undefined, { authorization: '', 'e2b-sandbox-id': made.body.sandboxID, 'x-access-token': 'tok_x.y' });
       expect([forged.status, forged.body?.code]).toEqual([401, 401]);
     } finally {
       await n.close();
     }
+  });
+});
+
+describe('one path, two faces: /volumes', () => {
+  it('answers E2B\'s SDKs (`publisher: e2b`) in E2B\'s shapes and everyone else in forkpoint\'s, whichever token header', async () => {
+    const e2b = { publisher: 'e2b', 'x-api-key': owner };
+    const made = await call('POST', '/volumes', e2b, { name: 'Shared_1' });
+    expect(made.status, made.raw).toBe(201);
+    expect(Object.keys(made.body!).sort()).toEqual(['name', 'token', 'volumeID']);
+    expect((await call('GET', '/volumes', e2b)).body).toEqual([{ volumeID: made.body!.volumeID, name: 'Shared_1' }]);
+    expect((await call('GET', `/volumes/${made.body!.volumeID}`, e2b)).body).toEqual(made.body);
+    // forkpoint's own, with either header: by name, its envelope.
+    for (const headers of [bearer(owner), { 'x-api-key': owner }]) {
+      const mine = await call('GET', '/volumes', headers);
+      expect(mine.body!.items.map((v: { name: string }) => v.name)).toEqual(['Shared_1']);
+      expect((await call('GET', '/volumes/Shared_1', headers)).body!.id).toBe(made.body!.volumeID);
+    }
+    // Another owner's SDK: E2B's not-found, in E2B's envelope.
+    const theirs = await call('GET', `/volumes/${made.body!.volumeID}`, { publisher: 'e2b', 'x-api-key': tenant });
+    expect([theirs.status, theirs.body]).toEqual([404, { code: 404, message: `volume ${made.body!.volumeID} not found` }]);
+    expect((await call('DELETE', `/volumes/${made.body!.volumeID}`, e2b)).status).toBe(204);
+    expect((await call('GET', '/volumes', e2b)).body).toEqual([]);
   });
 });
 

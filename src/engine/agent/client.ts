@@ -67,6 +67,13 @@ export class AgentClient implements AgentPort {
     });
   }
 
+  /** Over a socket already connected to an agent (one the engine started with it: a volume's
+   * file agent). */
+  static over(socket: Socket, events: ClientEvents = {}): AgentClient {
+    socket.setNoDelay?.(true);
+    return new AgentClient(socket, events);
+  }
+
   get isOpen(): boolean {
     return !this.closed;
   }

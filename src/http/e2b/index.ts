@@ -10,6 +10,7 @@ import { filesystemService } from './filesystem.js';
 import { Filesystem } from './gen/filesystem/filesystem_pb.js';
 import { Process } from './gen/process/process_pb.js';
 import { processService } from './process.js';
+import { e2bVolumeRoutes } from './volumes.js';
 
 /**
  * The E2B-compatible face: its control plane, and the in-sandbox API (envd: Connect RPC for
@@ -27,6 +28,7 @@ export const e2bFace = (fp: Forkpoint): FastifyPluginAsync =>
     });
     await app.register(e2bControlRoutes(fp));
     await app.register(envdFileRoutes(fp));
+    await app.register(e2bVolumeRoutes(fp));
     await app.register(async (rpc) => {
       // The plugin brings its own parsers (it reads Connect's bodies itself), JSON's included.
       rpc.removeContentTypeParser('application/json');
