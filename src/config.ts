@@ -76,6 +76,9 @@ export const configSchema = z.object({
   /** What one owner's pulled images may weigh in all, as fetched (each counted whole, even when
    * another owner pulled it too). */
   ownerMaxPulledMb: z.coerce.number().int().positive().default(32768),
+  /** The node's cache of registry blobs beyond what its pulled images are made of (those of
+   * images deleted since, kept so that a pull again fetches nothing): the oldest used go first. */
+  imageCacheMb: z.coerce.number().int().min(0).default(4096),
   /** CA certificates (a PEM file) the egress proxy also trusts when it takes a sandbox's request
    * with a secret on to its host (beyond the system's): a private registry's or API's CA. */
   egressCaFile: z.string().min(1).optional(),
@@ -192,6 +195,7 @@ const envNames: Record<keyof Config, string> = {
   bodyLimitBytes: 'FORKPOINT_BODY_LIMIT_BYTES',
   insecureRegistries: 'FORKPOINT_INSECURE_REGISTRIES',
   maxPullMb: 'FORKPOINT_MAX_PULL_MB',
+  imageCacheMb: 'FORKPOINT_IMAGE_CACHE_MB',
   ownerMaxPulledMb: 'FORKPOINT_OWNER_MAX_PULLED_MB',
   egressCaFile: 'FORKPOINT_EGRESS_CA_FILE',
   maxVolumeMb: 'FORKPOINT_MAX_VOLUME_MB',

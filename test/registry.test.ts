@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -278,6 +278,41 @@ describe('images from a registry', () => {
     await s.close({ keepData: true });
     s = await startServer({}, dataDir);
     expect(existsSync(tree)).toBe(false);
+  });
+
+  it('bounds the node\'s blob cache (FORKPOINT_IMAGE_CACHE_MB): with none to spare, a deleted image\'s own blobs go, those an image still here shares stay', async () => {
+    const base = await layerOf(DEFAULT_IMAGE);
+    const refs: string[] = [];
+    for (const which of ['a', 'b']) {
+      const marker = join(work, `cache-${which}`);
+      await mkdir(join(marker, 'etc'), { recursive: true });
+      await writeFile(join(marker, 'etc/which'), `${which}\n`);
+      const layout = join(work, `cache-${which}-layout`);
+      await writeOciLayout(layout, 'v1', [base, await layerOf(marker)], {});
+      refs.push(`${open.host}/team/cache-${which}:v1`);
+      await push(layout, 'v1', refs.at(-1)!);
+    }
+    const node = await startServer({ imageCacheMb: 0 });
+    try {
+      const a = await node.api('POST', '/images/pull', { reference: refs[0] });
+      const b = await node.api('POST', '/images/pull', { reference: refs[1] });
+      expect([a.status, b.status]).toEqual([201, 201]);
+      // b shares a's root filesystem layer: it fetched only its own blobs.
+      expect(b.body.fetched_bytes).toBeGreaterThan(0);
+      expect(b.body.fetched_bytes).toBeLessThan(a.body.fetched_bytes / 10);
+      const index = () => readFile(join(node.dataDir, 'images', '.oci-cache', 'index.json'), 'utf8');
+      expect(await index()).toContain(pulledDirName(b.body.digest));
+      expect((await node.api('DELETE', `/images/${encodeURIComponent(refs[1]!)}`)).status).toBe(204);
+      // b's tree, its manifest and its own blobs are gone; a's are all there.
+      expect(await index()).not.toContain(pulledDirName(b.body.digest));
+      expect(await index()).toContain(pulledDirName(a.body.digest));
+      const again = await node.api('POST', '/images/pull', { reference: refs[1] });
+      expect([again.status, again.body.fetched_bytes]).toEqual([201, b.body.fetched_bytes]);
+      const inst = await node.instance({ image: refs[1] });
+      expect((await node.exec(inst.id, { command: 'cat /etc/which' })).stdout).toBe('b\n');
+    } finally {
+      await node.close();
+    }
   });
 
   it('follows a multi-platform index to this host\'s image, and says so when it has none', async () => {

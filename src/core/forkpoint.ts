@@ -153,7 +153,7 @@ export class Forkpoint {
     this.registryLogins = new RegistryLogins(this.store, secretsKey);
     const pulls = new ImagePulls(
       runtime.puller,
-      { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024, ownerMaxPulledBytes: config.ownerMaxPulledMb * 1024 * 1024 },
+      { insecureRegistries: config.insecureRegistries.split(',').filter(Boolean), maxPullBytes: config.maxPullMb * 1024 * 1024, ownerMaxPulledBytes: config.ownerMaxPulledMb * 1024 * 1024, cacheBytes: config.imageCacheMb * 1024 * 1024 },
       (owner, registry) => this.registryLogins.forPull(owner, registry),
       (owner, except) => this.store.images.pulledBytes(owner, except),
     );

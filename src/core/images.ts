@@ -89,6 +89,8 @@ export class ImageCatalog {
         await this.dirs.removePulled(tree);
         removed.push(tree);
       }
+      // Their blobs stay in the node's cache (a pull again fetches nothing) within its bound.
+      await this.pulls.trimCache(await this.dirs.pulled());
       return removed;
     })();
     this.collecting = run;

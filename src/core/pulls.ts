@@ -31,6 +31,8 @@ export interface PullSettings {
   maxPullBytes: number;
   /** What one owner's pulled images may weigh in all (as fetched). */
   ownerMaxPulledBytes: number;
+  /** The blob cache beyond the blobs of the pulled trees on this node. */
+  cacheBytes: number;
 }
 
 /** What an owner's pulled images weigh now, but for the one named `except` (a pull replaces it). */
@@ -99,5 +101,10 @@ export class ImagePulls {
       if (left > 0) this.running.set(owner, left);
       else this.running.delete(owner);
     }
+  }
+
+  /** The node's blob cache back within its bound, keeping what the trees in `keep` came from. */
+  trimCache(keep: readonly string[]): Promise<{ removedBytes: number }> {
+    return this.puller.trimCache(keep, this.settings.cacheBytes);
   }
 }

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, readFile, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import { arch } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -174,7 +174,11 @@ export class RegistryPuller implements ImagePuller {
     try {
       // Found by the name the copy gave it: a Docker manifest is stored converted to OCI's, under
       // another digest.
-      const files = await ociImageFiles(this.cacheDir, await this.storedManifest(base));
+      const stored = await this.storedManifest(base);
+      // Used now: the cache keeps what was used last (trimCache).
+      const now = new Date();
+      await utimes(this.blob(stored), now, now).catch(() => {});
+      const files = await ociImageFiles(this.cacheDir, stored);
       req.onProgress?.({ stage: 'unpack', message: `unpacking ${files.layers.length} layers` });
       await unpackLayers(this.images, this.mounter, base, files, work);
     } catch (err) {
@@ -184,6 +188,62 @@ export class RegistryPuller implements ImagePuller {
       await rm(work, { recursive: true, force: true });
     }
     return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, bytes: manifest.config.size + manifest.layers.reduce((n, l) => n + l.size, 0), fetchedBytes: missing };
+  }
+
+  trimCache(keep: readonly string[], budgetBytes: number): Promise<{ removedBytes: number }> {
+    // Never beside a copy: skopeo writes the layout's index.
+    const run = this.copying.then(() => this.trim(new Set(keep), budgetBytes));
+    this.copying = run.catch(() => {});
+    return run;
+  }
+
+  private blob(digest: string): string {
+    return join(this.cacheDir, 'blobs', 'sha256', digest.slice('sha256:'.length));
+  }
+
+  private async trim(keep: ReadonlySet<string>, budget: number): Promise<{ removedBytes: number }> {
+    const indexFile = join(this.cacheDir, 'index.json');
+    if (!existsSync(indexFile)) return { removedBytes: 0 };
+    const raw = JSON.parse(await readFile(indexFile, 'utf8')) as { manifests: unknown[] };
+    const index = CacheIndex.parse(raw);
+    const sizeOf = async (digest: string) => (await stat(this.blob(digest)).catch(() => undefined))?.size ?? 0;
+    // Each image of the cache: its blobs (manifest, configuration, layers) and when last used
+    // (its manifest's time: a pull from the cache touches it).
+    const images = await Promise.all(
+      index.manifests.map(async (m, i) => {
+        const blobs = new Set([m.digest]);
+        const manifest = Manifest.safeParse(await readFile(this.blob(m.digest), 'utf8').then(JSON.parse, () => undefined));
+        if (manifest.success) for (const b of [manifest.data.config, ...manifest.data.layers]) blobs.add(b.digest);
+        const name = m.annotations?.['org.opencontainers.image.ref.name'];
+        return { i, blobs, kept: name !== undefined && keep.has(name), usedAt: (await stat(this.blob(m.digest)).catch(() => undefined))?.mtimeMs ?? 0 };
+      }),
+    );
+    const stays = new Set(images.filter((im) => im.kept).flatMap((im) => [...im.blobs]));
+    const dropped = new Set<number>();
+    let extra = 0;
+    for (const im of images.filter((x) => !x.kept).sort((a, b) => b.usedAt - a.usedAt)) {
+      const own = [...im.blobs].filter((d) => !stays.has(d));
+      const bytes = (await Promise.all(own.map(sizeOf))).reduce((n, b) => n + b, 0);
+      if (extra + bytes <= budget) {
+        extra += bytes;
+        for (const d of own) stays.add(d);
+      } else dropped.add(im.i);
+    }
+    if (dropped.size) {
+      raw.manifests = raw.manifests.filter((_, i) => !dropped.has(i));
+      const tmp = `${indexFile}.tmp`;
+      await writeFile(tmp, JSON.stringify(raw));
+      await rename(tmp, indexFile);
+    }
+    // Every blob nothing left names goes (a failed copy's too).
+    let removedBytes = 0;
+    const dir = join(this.cacheDir, 'blobs', 'sha256');
+    for (const hex of existsSync(dir) ? await readdir(dir) : []) {
+      if (stays.has(`sha256:${hex}`)) continue;
+      removedBytes += await sizeOf(`sha256:${hex}`);
+      await rm(join(dir, hex), { force: true });
+    }
+    return { removedBytes };
   }
 
   /** The digest of the manifest the cache's index names `name`. */

@@ -164,6 +164,9 @@ export interface PulledImage {
  * can reach them (each owner's pull asks the registry itself, with its own credentials). */
 export interface ImagePuller {
   pull(req: PullRequest, signal: AbortSignal): Promise<PulledImage>;
+  /** Bounds the node's blob cache: what the pulled trees in `keep` were made of stays; of the
+   * rest, the images used longest ago go until it takes at most `budgetBytes`. */
+  trimCache(keep: readonly string[], budgetBytes: number): Promise<{ removedBytes: number }>;
 }
 
 /** Owners' persistent volumes on this node's disk: size-limited filesystems, by id. */

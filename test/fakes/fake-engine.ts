@@ -587,6 +587,7 @@ export class FakeEngine implements SandboxRuntime {
     pull: async (req) => {
       throw new PullError('UNREACHABLE', `the fake engine reaches no registry (${req.image.registry})`);
     },
+    trimCache: async () => ({ removedBytes: 0 }),
   };
   readonly disk: NodeDisk;
   /** Volumes as sizes only: no fake sandbox sees their files (test/volumes.test.ts runs real ones). */

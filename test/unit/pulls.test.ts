@@ -13,6 +13,7 @@ function heldPuller() {
       asked.push(req);
       return new Promise((resolve) => waiting.push(() => resolve(pulled)));
     },
+    trimCache: async () => ({ removedBytes: 0 }),
   };
   // The pulls under way reach the puller after the core's own awaits: one turn of the loop first.
   const release = async () => {
@@ -25,7 +26,7 @@ function heldPuller() {
 describe('pulls from registries, the core\'s rules', () => {
   it('bounds the pulls one owner runs at once (429 PULLS_PER_OWNER), not another owner\'s', async () => {
     const h = heldPuller();
-    const pulls = new ImagePulls(h.puller, { insecureRegistries: [], maxPullBytes: 1 << 30, ownerMaxPulledBytes: 2 ** 40 });
+    const pulls = new ImagePulls(h.puller, { insecureRegistries: [], maxPullBytes: 1 << 30, ownerMaxPulledBytes: 2 ** 40, cacheBytes: 0 });
     const signal = new AbortController().signal;
     const first = [pulls.pull('a', 'app:1', undefined, signal), pulls.pull('a', 'app:2', undefined, signal)];
     await expect(pulls.pull('a', 'app:3', undefined, signal)).rejects.toMatchObject({ code: 'QUOTA_EXCEEDED', details: { reason: 'PULLS_PER_OWNER' } });
@@ -40,7 +41,7 @@ describe('pulls from registries, the core\'s rules', () => {
 
   it('asks plain HTTP for loopback and listed registries only, and passes the pull bound', async () => {
     const h = heldPuller();
-    const pulls = new ImagePulls(h.puller, { insecureRegistries: ['registry.lan:5000'], maxPullBytes: 1234, ownerMaxPulledBytes: 2 ** 40 });
+    const pulls = new ImagePulls(h.puller, { insecureRegistries: ['registry.lan:5000'], maxPullBytes: 1234, ownerMaxPulledBytes: 2 ** 40, cacheBytes: 0 });
     const signal = new AbortController().signal;
     const all = ['127.0.0.1:5000/a', 'registry.lan:5000/b', 'ghcr.io/c/d'].map((r) => pulls.pull(`o-${r}`, r, undefined, signal));
     await h.release();
@@ -51,10 +52,10 @@ describe('pulls from registries, the core\'s rules', () => {
   it('names each refusal: the reason in details, the status by what went wrong', async () => {
     const cases: [PullError['reason'], string][] = [['DENIED', 'FORBIDDEN'], ['NOT_IN_REGISTRY', 'NOT_FOUND'], ['TOO_LARGE', 'PAYLOAD_TOO_LARGE'], ['NO_PLATFORM', 'INVALID_REQUEST'], ['CORRUPT', 'UNAVAILABLE'], ['UNREACHABLE', 'UNAVAILABLE']];
     for (const [reason, code] of cases) {
-      const pulls = new ImagePulls({ pull: async () => Promise.reject(new PullError(reason, 'no')) }, { insecureRegistries: [], maxPullBytes: 1, ownerMaxPulledBytes: 2 ** 40 });
+      const pulls = new ImagePulls({ pull: async () => Promise.reject(new PullError(reason, "no")), trimCache: async () => ({ removedBytes: 0 }) }, { insecureRegistries: [], maxPullBytes: 1, ownerMaxPulledBytes: 2 ** 40, cacheBytes: 0 });
       await expect(pulls.pull('o', 'app', undefined, new AbortController().signal)).rejects.toMatchObject({ code, details: { reason: `REGISTRY_${reason}` } });
     }
-    const pulls = new ImagePulls(heldPuller().puller, { insecureRegistries: [], maxPullBytes: 1, ownerMaxPulledBytes: 2 ** 40 });
+    const pulls = new ImagePulls(heldPuller().puller, { insecureRegistries: [], maxPullBytes: 1, ownerMaxPulledBytes: 2 ** 40, cacheBytes: 0 });
     await expect(pulls.pull('o', 'Bad/Ref', undefined, new AbortController().signal)).rejects.toMatchObject({ code: 'INVALID_REQUEST', details: { reason: 'BAD_REFERENCE' } });
   });
 
@@ -67,9 +68,10 @@ describe('pulls from registries, the core\'s rules', () => {
         if (600 > req.maxBytes) throw new PullError('TOO_LARGE', `600 bytes, more than ${req.maxBytes}`);
         return { ...pulled, bytes: 600 };
       },
+      trimCache: async () => ({ removedBytes: 0 }),
     };
     const used: Record<string, number> = { a: 500, b: 0 };
-    const pulls = new ImagePulls(puller, { insecureRegistries: [], maxPullBytes: 10_000, ownerMaxPulledBytes: 1000 }, undefined, async (owner, except) => {
+    const pulls = new ImagePulls(puller, { insecureRegistries: [], maxPullBytes: 10_000, ownerMaxPulledBytes: 1000, cacheBytes: 0 }, undefined, async (owner, except) => {
       expect(except).toBe('docker.io/library/app:1');
       return used[owner]!;
     });
@@ -78,7 +80,7 @@ describe('pulls from registries, the core\'s rules', () => {
     await expect(pulls.pull('b', 'app:1', undefined, signal)).resolves.toMatchObject({ pulled: { bytes: 600 } });
     expect(asked).toEqual([500, 1000]);
     // The pull's own bound, smaller than what is left, is the pull's: 413 as before.
-    const small = new ImagePulls(puller, { insecureRegistries: [], maxPullBytes: 100, ownerMaxPulledBytes: 1000 });
+    const small = new ImagePulls(puller, { insecureRegistries: [], maxPullBytes: 100, ownerMaxPulledBytes: 1000, cacheBytes: 0 });
     await expect(small.pull('b', 'app:1', undefined, signal)).rejects.toMatchObject({ code: 'PAYLOAD_TOO_LARGE', details: { reason: 'REGISTRY_TOO_LARGE' } });
   });
 });
