@@ -1,5 +1,5 @@
 import { readdirSync, readFileSync } from 'node:fs';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Sandbox as OpenComputer } from '@opencomputer/sdk';
@@ -12,6 +12,7 @@ import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ObjectStore } from '../src/store/object-store.js';
 import { ChildServer } from './helpers/child-server.js';
+import { layerOf, push, startRegistry, writeOciLayout } from './helpers/registry.js';
 import { TestPostgres } from './helpers/postgres.js';
 import { openSse } from './helpers/sse.js';
 import { sleep, until } from './helpers/wait.js';
@@ -181,6 +182,40 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect(oc.status, JSON.stringify(oc.body)).toBe(201);
     expect((await b.api('GET', `/instances/${oc.body.sandboxID}`)).body.node).toBe('node-b');
     expect((await a.api('DELETE', `/api/sandboxes/${oc.body.sandboxID}`)).status).toBeLessThan(300);
+  });
+
+  it('an image pulled on A serves on B too: B pulls its tree by digest, as its owner, for a create placed there or a fork made there', async () => {
+    const registry = await startRegistry();
+    try {
+      const work = await tmp('forkpoint-cluster-image-');
+      await mkdir(join(work, 'marker', 'etc'), { recursive: true });
+      await writeFile(join(work, 'marker', 'etc', 'pulled'), 'from the registry\n');
+      await writeOciLayout(join(work, 'layout'), 'v1', [await layerOf('/opt/forkpoint/images/default'), await layerOf(join(work, 'marker'))], {});
+      const ref = `${registry.host}/team/spread:v1`;
+      await push(join(work, 'layout'), 'v1', ref);
+      const pulled = await a.api('POST', '/images/pull', { reference: ref });
+      expect(pulled.status, JSON.stringify(pulled.body)).toBe(201);
+      const tree = `sha256-${(pulled.body.digest as string).slice(7, 63)}`;
+      expect(await entries(join(dirB, 'images'))).not.toContain(tree);
+      // Made wherever placement puts it, then forked from a durable checkpoint on the other node:
+      // B makes one of the two, with no pull of its own asked for.
+      const made = await a.api('POST', '/instances', { image: ref });
+      expect(made.status, JSON.stringify(made.body)).toBe(201);
+      const here = made.body.node === 'node-a' ? a : b;
+      const there = made.body.node === 'node-a' ? b : a;
+      expect((await exec(here, made.body.id, 'cat /etc/pulled')).stdout).toBe('from the registry\n');
+      const c = await here.api('POST', `/instances/${made.body.id}/checkpoints?wait=true`, { memory: false });
+      expect(c.body.status).toBe('ready');
+      await durable(here, made.body.id, c.body.id);
+      const fork = await there.api('POST', `/instances/${made.body.id}/fork`, { checkpoint_id: c.body.id });
+      expect(fork.status, JSON.stringify(fork.body)).toBe(201);
+      expect(fork.body.node).toBe(there === a ? 'node-a' : 'node-b');
+      expect((await exec(there, fork.body.id, 'cat /etc/pulled')).stdout).toBe('from the registry\n');
+      expect(await entries(join(dirB, 'images'))).toContain(tree);
+      for (const id of [fork.body.id, made.body.id]) expect((await a.api('DELETE', `/instances/${id}`)).status).toBe(204);
+    } finally {
+      await registry.close();
+    }
   });
 
   it('every call works from either node: views, lists, exec, checkpoints, E2B access tokens, event streams and WebSocket terminals', async () => {

@@ -467,9 +467,9 @@ export class CheckpointService {
     }
     if (!from) throw new ConflictError(`instance ${id} has no durable checkpoint to recover from`, { instance: id });
     const c = from;
-    this.requireBaseHere(c);
     await this.instances.volumes.requireAllHere(inst.volumes);
     await this.observer.needed(c.id);
+    this.requireBaseHere(c);
     await requireRoom(this.engine);
     return this.locks.run(id, async () => {
       const rec = await this.instances.claimLost(id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), headCheckpointId: c.id });
@@ -511,8 +511,8 @@ export class CheckpointService {
     }
     try {
       c = await this.ready(c);
-      this.requireBaseHere(c);
       await this.observer.needed(c.id);
+      this.requireBaseHere(c);
       await requireRoom(this.engine);
       const images = c.memory ? c.id : undefined;
       const made: string[] = [];

@@ -190,7 +190,13 @@ export class Forkpoint {
     this.checkpoints.observe({
       ready: (id) => this.durable.schedule(id),
       removed: (id) => void this.durable.forget(id).catch((err: unknown) => log.warn({ err, checkpoint: id }, 'could not forget a durable checkpoint')),
-      needed: (id) => this.durable.ensureLocal(id),
+      // What a checkpoint stands on, here: its layers and memory (the object store's), and the
+      // tree of the image its owner pulled on another node (the registry's, by digest).
+      needed: async (id) => {
+        await this.durable.ensureLocal(id);
+        const c = await this.store.checkpoints.get(id);
+        if (c && !c.baseLayer) await this.catalog.ensurePulledTree(c.owner, c.image);
+      },
       durable: async (id) => (await this.durable.state(id)).durable,
     });
     this.expiry = new ExpiryService(this.store, (rec) => this.expire(rec), log);

@@ -1,7 +1,7 @@
 import type { PullProgress, SystemImages } from '../seam/runtime.js';
 import type { Store } from '../store/index.js';
 import { EMPTY_CONFIG, imageHolder, type BuiltImageRecord, type ImageConfig } from '../store/images.js';
-import { looksLikeReference } from '../lib/image-reference.js';
+import { formatReference, looksLikeReference, parseReference } from '../lib/image-reference.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from './errors.js';
 import { canonicalImageName, type ImagePulls } from './pulls.js';
 
@@ -27,6 +27,8 @@ export interface ImageView {
 
 /** The build key of a pulled image: the digest it was pulled at. */
 const PULLED_KEY = 'pull:';
+/** The directory of a pulled image's tree (engine/registry-pull.ts pulledDirName). */
+const PULLED_TREE = /^sha256-[0-9a-f]{56}$/;
 
 /** Images an owner can use: the system's rootfs directories (set-up's and imported ones, shared),
  * the owner's own built images (layers on one of those), and the images the owner pulled from
@@ -44,7 +46,10 @@ export class ImageCatalog {
   async resolve(owner: string, name: string, signal: AbortSignal = AbortSignal.timeout(PULL_DEADLINE_MS)): Promise<ResolvedImage> {
     const key = looksLikeReference(name) ? canonicalImageName(name) : name;
     const built = await this.store.images.get(owner, key);
-    if (built) return { ref: built.name, base: built.base, layers: built.layers, config: built.config, key: built.buildKey };
+    if (built) {
+      await this.ensurePulledTree(owner, built.base, signal);
+      return { ref: built.name, base: built.base, layers: built.layers, config: built.config, key: built.buildKey };
+    }
     if (this.dirs.exists(name)) return { ref: null, base: name, layers: [], config: this.dirs.config(name) ?? EMPTY_CONFIG, key: `image:${name}:${this.dirs.identity(name)}` };
     if (looksLikeReference(name)) {
       await this.pull(owner, name, undefined, signal);
@@ -72,6 +77,27 @@ export class ImageCatalog {
   }
 
   private pullsUnderWay = 0;
+
+  /**
+   * The tree of an image `owner` pulled, made here again when this node lacks it (it was pulled
+   * on another node: a create placed here, a fork or recovery of an instance from there): pulled
+   * by its digest, as its owner (with the owner's kept credentials), so that it is the same image
+   * whatever its tag says now. Nothing for a tree that is here, or that no image of the owner's
+   * names (the caller says what is missing).
+   */
+  async ensurePulledTree(owner: string, base: string, signal: AbortSignal = AbortSignal.timeout(PULL_DEADLINE_MS)): Promise<void> {
+    if (!PULLED_TREE.test(base) || this.dirs.present(base)) return;
+    const rec = (await this.store.images.list(owner)).find((i) => i.buildKey.startsWith(PULLED_KEY) && i.base === base);
+    if (!rec) return;
+    const reference = formatReference(parseReference(rec.name), { digest: rec.buildKey.slice(PULLED_KEY.length) });
+    while (this.collecting) await this.collecting.catch(() => {});
+    this.pullsUnderWay++;
+    try {
+      await this.pulls.pull(owner, reference, undefined, signal);
+    } finally {
+      this.pullsUnderWay--;
+    }
+  }
   private collecting: Promise<string[]> | undefined;
 
   /**
