@@ -142,28 +142,9 @@ static int cap_kept(int cap) {
   }
 }
 
-/* Every capability set, not the bounding set alone: a server started with inheritable or
- * ambient capabilities (a systemd unit's AmbientCapabilities, some pods) would otherwise hand
- * them to every process of the sandbox through exec. */
+/* Every capability set, not the bounding set alone (confine.c). */
 static void drop_capabilities(void) {
-  int last = 40;
-  FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
-  if (f) {
-    if (fscanf(f, "%d", &last) != 1) last = 40;
-    fclose(f);
-  }
-  struct __user_cap_header_struct head = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  struct __user_cap_data_struct data[2];
-  if (syscall(SYS_capget, &head, data) < 0) fail("capget");
-  for (int cap = 0; cap <= last; cap++) {
-    if (cap_kept(cap)) continue;
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) fail("drop cap %d", cap);
-    data[cap / 32].effective &= ~(1u << (cap % 32));
-    data[cap / 32].permitted &= ~(1u << (cap % 32));
-  }
-  data[0].inheritable = data[1].inheritable = 0;
-  if (syscall(SYS_capset, &head, data) < 0) fail("capset");
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) fail("clear ambient capabilities");
+  if (keep_capabilities(cap_kept) < 0) fail("drop capabilities");
 }
 
 /* Every fd but the report pipe is the host's: close them and put /dev/null on stdio. */

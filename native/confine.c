@@ -10,7 +10,10 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <seccomp.h>
 #include <unistd.h>
@@ -91,4 +94,28 @@ int install_seccomp(char *err, size_t errlen) {
     return -1;
   }
   return 0;
+}
+
+/* Every capability set, not the bounding set alone, down to what KEPT keeps: a server started
+ * with inheritable or ambient capabilities (a systemd unit's AmbientCapabilities, some pods)
+ * would otherwise hand them on through exec. -1 with errno when a step fails. */
+int keep_capabilities(int (*kept)(int cap)) {
+  int last = 40;
+  FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
+  if (f) {
+    if (fscanf(f, "%d", &last) != 1) last = 40;
+    fclose(f);
+  }
+  struct __user_cap_header_struct head = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &head, data) < 0) return -1;
+  for (int cap = 0; cap <= last; cap++) {
+    if (kept(cap)) continue;
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) return -1;
+    data[cap / 32].effective &= ~(1u << (cap % 32));
+    data[cap / 32].permitted &= ~(1u << (cap % 32));
+  }
+  data[0].inheritable = data[1].inheritable = 0;
+  if (syscall(SYS_capset, &head, data) < 0) return -1;
+  return prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
 }

@@ -35,4 +35,5 @@ int mount_disk_for(const char *dir, const char *target, const char *options, lon
 #define CONFINE_EMPTY_DIR ".fp/empty"
 int confine_proc(char *err, size_t errlen);
 int install_seccomp(char *err, size_t errlen);
+int keep_capabilities(int (*kept)(int cap));
 #endif

@@ -6,9 +6,10 @@
  * server never resolves a path in it itself; this process does, from inside a mount namespace
  * whose only mount is DIR (bound onto itself, pivoted to, the host's tree detached), nosuid,
  * nodev and noexec: every path, symlinks and `..` included, ends inside the volume. It keeps
- * only the capabilities a file operation on another user's files takes (chown, the DAC
- * overrides, fowner, fsetid, setuid and setgid for a user's fs ids), none of those that mount,
- * chroot or make devices, with no_new_privs: it cannot get out of that root again. The files
+ * only the capabilities a file operation on another user's files takes (chown, dac_override,
+ * fowner, fsetid, setuid and setgid for a user's fs ids), none of those that mount, chroot,
+ * make devices or open by file handle (dac_read_search: a handle reaches past a bind mount's
+ * root), with no_new_privs: it cannot get out of that root again. The files
  * are in canonical ids (as layers are), which this process, on the host's ids, sees as they are.
  * DIR is forkpoint's own path, the directory the volume's sandboxes see as its root. */
 #define _GNU_SOURCE
@@ -28,7 +29,7 @@
 
 static int cap_kept(int cap) {
   switch (cap) {
-    case CAP_CHOWN: case CAP_DAC_OVERRIDE: case CAP_DAC_READ_SEARCH: case CAP_FOWNER:
+    case CAP_CHOWN: case CAP_DAC_OVERRIDE: case CAP_FOWNER:
     case CAP_FSETID: case CAP_SETUID: case CAP_SETGID:
       return 1;
     default:
@@ -42,24 +43,7 @@ static int fail(const char *what) {
 }
 
 static int keep_file_capabilities(void) {
-  int last = 40;
-  FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
-  if (f) {
-    if (fscanf(f, "%d", &last) != 1) last = 40;
-    fclose(f);
-  }
-  struct __user_cap_header_struct head = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  struct __user_cap_data_struct data[2];
-  if (syscall(SYS_capget, &head, data) < 0) return -1;
-  for (int cap = 0; cap <= last; cap++) {
-    if (cap_kept(cap)) continue;
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) return -1;
-    data[cap / 32].effective &= ~(1u << (cap % 32));
-    data[cap / 32].permitted &= ~(1u << (cap % 32));
-  }
-  data[0].inheritable = data[1].inheritable = 0;
-  if (syscall(SYS_capset, &head, data) < 0) return -1;
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) return -1;
+  if (keep_capabilities(cap_kept) < 0) return -1;
   return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
 }
 
