@@ -74,7 +74,10 @@ export class PersistentVolumes implements VolumeDisks {
 
   async remove(id: string): Promise<void> {
     // Its file agent holds a mount of it.
-    await this.fileAgents.end(id);
+    await this.fileAgents.whileRemoving(id, () => this.unmountAndDelete(id));
+  }
+
+  private async unmountAndDelete(id: string): Promise<void> {
     const dir = this.mountpoint(id);
     if (await isMounted(dir)) {
       // Not lazily: a file held open on the host's mount fails this, rather than leaving it half-gone.

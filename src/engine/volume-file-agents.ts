@@ -26,6 +26,9 @@ interface Running {
  */
 export class VolumeFileAgents {
   private readonly running = new Map<string, Running>();
+  /** Volumes being removed: no file agent starts for them meanwhile (its mount would hold the
+   * volume's filesystem, and the removal fail as if a sandbox mounted it). */
+  private readonly removing = new Set<string>();
 
   constructor(
     private readonly agentPath: string,
@@ -33,6 +36,7 @@ export class VolumeFileAgents {
   ) {}
 
   async call<T>(id: string, dir: string, request: (agent: AgentPort) => Promise<T>): Promise<T> {
+    if (this.removing.has(id)) throw new EngineError('VOLUME_NOT_HERE', `volume ${id} is being deleted`);
     const r = this.running.get(id) ?? this.start(id, dir);
     r.busy++;
     clearTimeout(r.idle);
@@ -78,6 +82,17 @@ export class VolumeFileAgents {
       await gone;
     }
     await r.agent.close().catch(() => {});
+  }
+
+  /** Runs `removal` with the volume's file agent ended and none started until it is over. */
+  async whileRemoving<T>(id: string, removal: () => Promise<T>): Promise<T> {
+    this.removing.add(id);
+    try {
+      await this.end(id);
+      return await removal();
+    } finally {
+      this.removing.delete(id);
+    }
   }
 
   async endAll(): Promise<void> {
