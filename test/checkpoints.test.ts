@@ -1,4 +1,4 @@
-import { readdirSync, readlinkSync, statSync } from 'node:fs';
+import { lstatSync, readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
@@ -90,6 +90,49 @@ describe('checkpoint → change → rollback', () => {
     await rollback(inst.id, ck.id);
     const r = await s.exec(inst.id, { command: 'cat /root/f; ps -o args | grep -c "[w]hile true"' });
     expect(r.stdout).toBe('disk\n0\n');
+  });
+});
+
+describe('a files-only checkpoint of a small upper', () => {
+  it('copies it in a freeze, no CRIU: the processes run on untouched, and the copy is the upper exactly', async () => {
+    const inst = await s.instance({ name: 'copied' });
+    await startCounter(inst.id);
+    const made = await s.exec(inst.id, {
+      command: [
+        'echo one > /root/a && ln /root/a /root/a2 && ln -s /etc/shadow /root/evil && mkfifo /root/fifo',
+        'truncate -s 10G /root/sparse && echo tail >> /root/sparse',
+        'echo owned > /root/owned && chown 1234:1234 /root/owned && chmod 4755 /root/owned',
+        'rm /etc/nsswitch.conf && rm -rf /etc/skel && mkdir /etc/skel && echo n > /etc/skel/new',
+      ].join(' && '),
+    });
+    expect(made.exit_code, made.stderr).toBe(0);
+    const sb = s.engine.sandbox(inst.id)!;
+    const [pid, startTime] = [sb.pid, sb.startTime];
+    const ck = await checkpoint(inst.id, { memory: false });
+    // Not dumped and restored: the same processes (a restore has new host pids).
+    expect([s.engine.sandbox(inst.id)!.pid, s.engine.sandbox(inst.id)!.startTime]).toEqual([pid, startTime]);
+    expect(ck.pause_ms).toBeGreaterThan(0);
+    const upper = s.engine.layout.upper(inst.id);
+    expect(readFileSync(join(upper, 'root/a'), 'utf8')).toBe('one\n'); // the instance keeps its upper
+    const layer = s.engine.layout.layer((await s.fp.store.checkpoints.get(ck.id))!.layers[0]!);
+    // Seen from the host: a symlink stays one (never followed), a sparse file stays sparse, ids stay canonical.
+    expect(lstatSync(join(layer, 'root/evil')).isSymbolicLink()).toBe(true);
+    expect(statSync(join(layer, 'root/sparse')).blocks * 512).toBeLessThan(1024 * 1024);
+    expect(statSync(join(layer, 'root/owned')).uid).toBe(1234);
+    const c0 = await counter(inst.id);
+    await sleep(200);
+    expect(await counter(inst.id)).toBeGreaterThan(c0);
+
+    await s.exec(inst.id, { command: 'echo two > /root/a; rm /root/evil /root/fifo; echo back > /etc/nsswitch.conf; rm /etc/skel/new; echo later > /root/later' });
+    await rollback(inst.id, ck.id);
+    const r = await s.exec(inst.id, {
+      command: [
+        'cat /root/a; stat -c %h /root/a; readlink /root/evil; test -p /root/fifo && echo fifo',
+        'stat -c %s /root/sparse; tail -c 5 /root/sparse; stat -c "%u:%g %a" /root/owned',
+        'test -e /etc/nsswitch.conf || echo whiteout; ls -A /etc/skel; test -e /root/later || echo no-later',
+      ].join('; '),
+    });
+    expect(r.stdout).toBe(['one', '2', '/etc/shadow', 'fifo', '10737418245', 'tail', '1234:1234 4755', 'whiteout', 'new', 'no-later', ''].join('\n'));
   });
 });
 

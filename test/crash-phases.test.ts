@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -89,6 +89,34 @@ async function restart(): Promise<ChildServer> {
   server = await ChildServer.start(dataDir, token);
   return server;
 }
+
+describe('kill -9 in a files-only checkpoint\'s freeze (its upper copied): the sandbox thaws, the copy goes', () => {
+  for (const point of ['checkpoint.frozen', 'checkpoint.copied'] as const) {
+    it(point, async () => {
+      const id = await armed(point);
+      await read(server!, id, 'echo kept > /root/f; echo doomed > /root/g');
+      const started = await read(server!, id, "cut -d' ' -f22 /proc/1/stat"); // a restore would change it
+      const before = await counter(server!, id);
+      await dieDuring(() => server!.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: false }));
+      const s = await restart();
+      expect((await s.api('GET', `/instances/${id}`)).body.status).toBe('running');
+      expect(await read(s, id, "cut -d' ' -f22 /proc/1/stat")).toBe(started); // the same processes, thawed
+      expect(await counting(s, id)).toBeGreaterThanOrEqual(before);
+      expect(await countersRunning(s, id)).toBe(1);
+      const list = (await s.api('GET', `/instances/${id}/checkpoints`)).body.items as { status: string }[];
+      expect(list.map((c) => c.status)).toEqual(['failed']);
+      // The copy is nobody's: not under the instance's upper (a file deleted now stays deleted
+      // through a remount) and not on the disk.
+      const layers = (await readdir(join(dataDir, 'layers'))).filter((l) => l.startsWith('lyr_'));
+      expect(layers).toEqual([]);
+      await read(s, id, 'rm /root/g');
+      const now = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, {});
+      expect(now.body.status).toBe('ready');
+      expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: now.body.id })).status).toBe(200);
+      expect(await read(s, id, 'cat /root/f; test -e /root/g || echo gone')).toBe('kept\ngone');
+    });
+  }
+});
 
 describe('kill -9 at each phase of a checkpoint: the sandbox runs on, its counter goes on', () => {
   for (const point of ['checkpoint.paused', 'checkpoint.dumped', 'checkpoint.renamed', 'checkpoint.restored'] as const) {

@@ -6,6 +6,7 @@ import { newId } from '../store/ids.js';
 import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { InstanceRecord, Page } from '../store/instances.js';
 import { ConflictError, isNoSpace, NotFoundError, QuotaExceededError } from './errors.js';
+import { EngineError } from '../seam/errors.js';
 import { placeholdersFor } from './volumes.js';
 import type { EventBus } from './events.js';
 import type { ExecutionService } from './executions.js';
@@ -73,6 +74,14 @@ async function bestEffort(step: () => unknown, log: Logger): Promise<void> {
 }
 
 /** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
+/** A checkpoint's new layer, and the layers its instance stands on afterwards (the same as before
+ * when the upper was copied; the new one on top of them when it was frozen by rename). */
+interface Frozen {
+  layerId: string;
+  pauseMs: number | null;
+  instanceLayers: string[];
+}
+
 export class CheckpointService {
   /** Checkpoints forks are being made from, with the waiters for each to be free again: a
    * pinned checkpoint's images and layers stay until its forks are running. */
@@ -217,30 +226,21 @@ export class CheckpointService {
     if (!inst) return this.fail(c, 'the instance was deleted');
     const short = await this.spaceShortfall(inst, c.memory);
     if (short) return this.fail(c, short);
-    const layerId = newId('lyr');
-    await this.store.layers.add(layerId, inst.id);
-    let pauseMs: number | null = null;
+    let frozen: Frozen;
     try {
-      if (inst.status === 'running') {
-        // A disk-only checkpoint of a running instance still goes through a dump so the
-        // instance keeps running; its memory image is dropped afterwards.
-        pauseMs = (await this.engine.freezeRunning(this.instances.spec(inst), layerId, c.id, release)).pauseMs;
-      } else {
-        await this.engine.freezeStopped(inst.id, layerId);
-      }
+      frozen = (!c.memory && inst.status === 'running' && (await this.copyUpper(inst, c, release))) || (await this.freezeUpper(inst, c, release));
     } catch (err) {
-      // Each step on its own: a full disk may refuse any of them, and none may stop the others.
-      await bestEffort(() => this.store.layers.remove(layerId), this.log);
       await bestEffort(() => this.engine.disk.removeCheckpointImages(c.id), this.log);
       if (!this.engine.sandbox(inst.id)) {
         await this.instances.failed(inst.id, (err as Error).message);
       }
       return this.fail(c, (err as Error).message);
     }
+    const { layerId, pauseMs, instanceLayers } = frozen;
     const layers = [layerId, ...inst.layers];
-    // The instance already runs on the new layer: this must be recorded, or a later checkpoint
-    // would leave the layer out of the chain. Retried while the disk is full.
-    await this.persistFrozen(inst.id, c.id, layers, inst.baseLayer, pauseMs, layerId);
+    // The instance may already run on the new layer: this must be recorded, or a later
+    // checkpoint would leave the layer out of the chain. Retried while the disk is full.
+    await this.persistFrozen(inst.id, c.id, layers, instanceLayers, inst.baseLayer, pauseMs, layerId);
     // The instance runs again; what follows only makes the checkpoint durable and measured.
     if (!c.memory) await this.engine.disk.removeCheckpointImages(c.id);
     await this.engine.disk.syncLayer(layerId);
@@ -253,8 +253,53 @@ export class CheckpointService {
     }
     this.observer.ready(c.id);
     this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
-    this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes }, 'checkpoint ready');
-    this.squasher.consider(inst.id, layers.length);
+    this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes, upperCopied: instanceLayers === inst.layers }, 'checkpoint ready');
+    this.squasher.consider(inst.id, instanceLayers.length);
+  }
+
+  /**
+   * A files-only checkpoint of a running instance whose upper is small: copied into the new
+   * layer in a short freeze, the instance staying on its upper (no CRIU, a pause flat in its
+   * processes and memory). Undefined when the engine did not copy it (too large for a short
+   * freeze); nothing of the attempt is left then.
+   */
+  private async copyUpper(inst: InstanceRecord, c: CheckpointRecord, release: () => void): Promise<Frozen | undefined> {
+    const layerId = newId('lyr');
+    // Not pending for the instance: a restart must not put a copy under the upper it was made
+    // of (a file deleted since would come back). The checkpoint holds it from the start, so no
+    // collection takes it meanwhile, and a failed checkpoint lets go of it.
+    await this.store.transaction(async (tx) => {
+      await tx.layers.add(layerId);
+      await tx.layers.setRefs(`checkpoint:${c.id}`, [layerId]);
+    });
+    try {
+      const { pauseMs } = await this.engine.copyRunningUpper(this.instances.spec(inst), layerId, release);
+      return { layerId, pauseMs, instanceLayers: inst.layers };
+    } catch (err) {
+      await bestEffort(() => this.store.layers.dropHolder(`checkpoint:${c.id}`), this.log);
+      await bestEffort(() => this.store.layers.remove(layerId), this.log);
+      if (err instanceof EngineError && err.code === 'UPPER_NOT_COPIED') {
+        this.log.debug({ checkpoint: c.id, reason: err.message }, 'files-only checkpoint: the upper is frozen by rename');
+        return undefined;
+      }
+      throw err;
+    }
+  }
+
+  /** The upper frozen into a new layer by rename, the instance going on on top of it: a dump
+   * and restore when it runs (its memory image kept for a memory checkpoint). */
+  private async freezeUpper(inst: InstanceRecord, c: CheckpointRecord, release: () => void): Promise<Frozen> {
+    const layerId = newId('lyr');
+    await this.store.layers.add(layerId, inst.id);
+    try {
+      const pauseMs = inst.status === 'running' ? (await this.engine.freezeRunning(this.instances.spec(inst), layerId, c.id, release)).pauseMs : null;
+      if (inst.status !== 'running') await this.engine.freezeStopped(inst.id, layerId);
+      return { layerId, pauseMs, instanceLayers: [layerId, ...inst.layers] };
+    } catch (err) {
+      // Each step on its own: a full disk may refuse any of them, and none may stop the others.
+      await bestEffort(() => this.store.layers.remove(layerId), this.log);
+      throw err;
+    }
   }
 
   /**
@@ -281,7 +326,7 @@ export class CheckpointService {
       const spec = { ...this.instances.spec(inst), layers };
       const adopted = leftover ? await this.engine.adopt(spec, leftover.pid, leftover.startTime) : undefined;
       const sb = adopted ?? (await this.engine.restore(spec, c.id, { setHostname: false, connections: 'restore' }));
-      await this.persistFrozen(inst.id, c.id, layers, inst.baseLayer, null, layer.id);
+      await this.persistFrozen(inst.id, c.id, layers, layers, inst.baseLayer, null, layer.id);
       await this.instances.running(inst.id, sb, { layers });
       await this.engine.disk.syncLayer(layer.id);
       await this.store.layers.markSynced(layer.id);
@@ -300,14 +345,14 @@ export class CheckpointService {
     return shortOfRoom(this.engine, memoryBytes);
   }
 
-  private async persistFrozen(instanceId: string, checkpointId: string, layers: string[], baseLayer: boolean, pauseMs: number | null, layerId: string): Promise<void> {
+  private async persistFrozen(instanceId: string, checkpointId: string, layers: string[], instanceLayers: string[], baseLayer: boolean, pauseMs: number | null, layerId: string): Promise<void> {
     const write = () =>
       this.store.transaction(async (tx) => {
         await tx.layers.settle(layerId);
-        await tx.layers.setRefs(`instance:${instanceId}`, layers);
+        await tx.layers.setRefs(`instance:${instanceId}`, instanceLayers);
         await tx.layers.setRefs(`checkpoint:${checkpointId}`, layers);
         const sb = this.engine.sandbox(instanceId);
-        await tx.instances.update(instanceId, { layers, headCheckpointId: checkpointId, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
+        await tx.instances.update(instanceId, { layers: instanceLayers, headCheckpointId: checkpointId, ...(sb ? { pid: sb.pid, pidStart: sb.startTime } : {}) });
         await tx.checkpoints.update(checkpointId, { layers, baseLayer, pauseMs });
       });
     for (let attempt = 0; ; attempt++) {
@@ -333,6 +378,8 @@ export class CheckpointService {
     this.log.warn({ checkpoint: c.id, reason }, 'checkpoint failed');
     this.events.emit(c.instanceId, 'checkpoint.failed', { checkpoint_id: c.id, error: reason });
     try {
+      // A failed checkpoint stands on nothing (a copied upper it held goes with the next collection).
+      await this.store.layers.dropHolder(`checkpoint:${c.id}`);
       await this.store.checkpoints.settle(c.id, { status: 'failed', error: reason });
     } catch (err) {
       this.log.error({ err, checkpoint: c.id }, 'could not record a failed checkpoint; it shows as failed meanwhile');

@@ -6,6 +6,7 @@ import { diskUsage } from './disk-usage.js';
 import type { SandboxSpec } from '../seam/runtime.js';
 import type { DataLayout } from '../lib/data-layout.js';
 import { packTree, unpackTree } from './pack.js';
+import { PreparedCopy } from './upper-copy.js';
 import { run } from './run.js';
 import type { NodeDisk } from '../seam/runtime.js';
 import type { LimitedDisks } from './limited-disks.js';
@@ -89,6 +90,29 @@ export class Disk implements NodeDisk {
     mkdirSync(this.upperOf(id));
     this.discard(this.workOf(id));
     mkdirSync(this.workOf(id));
+  }
+
+  /** A copy of a running instance's upper into a new layer, ready to run once its sandbox is
+   * frozen; the instance stays on its upper. Like a rename, the copy lands in the instance's
+   * volume when it has one, so its disk limit covers it. If it fails or is cancelled, nothing of
+   * the layer is left. */
+  prepareUpperCopy(id: string, layerId: string): { run(deadlineMs: number): Promise<void>; cancel(): void } {
+    const l = this.layout;
+    const inVolume = this.volumes.has(id);
+    const dest = inVolume ? join(this.volumes.layers(id), layerId) : l.layer(layerId);
+    const copy = new PreparedCopy(this.upperOf(id), dest);
+    return {
+      run: async (deadlineMs) => {
+        try {
+          await copy.run(deadlineMs);
+        } catch (err) {
+          this.discard(dest);
+          throw err;
+        }
+        if (inVolume) symlinkSync(relative(l.layers, dest), l.layer(layerId));
+      },
+      cancel: () => copy.cancel(),
+    };
   }
 
   /** Whether a layer frozen just before a crash is there (mending its link into a volume if

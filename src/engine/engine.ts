@@ -23,6 +23,7 @@ import { inotifyWatchPaths } from './watch-paths.js';
 import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
+import { COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
@@ -132,12 +133,21 @@ export class Engine implements SandboxRuntime {
   }
 
   async freeze(id: string): Promise<void> {
+    this.fenced.add(id);
     await this.cgroups.freeze(id);
   }
 
   async thaw(id: string): Promise<void> {
-    await this.cgroups.thaw(id);
+    this.fenced.delete(id);
+    // A checkpoint's copy under way thaws it when it is done.
+    if (!this.copying.has(id)) await this.cgroups.thaw(id);
   }
+
+  /** Sandboxes frozen because their node's lease is in doubt: a checkpoint's own freeze, ending,
+   * must not thaw them. */
+  private readonly fenced = new Set<string>();
+  /** Sandboxes frozen while a checkpoint copies their upper. */
+  private readonly copying = new Set<string>();
 
   /** Where the sandbox's processes' inotify watches are, for CRIU (watch-paths.ts); found while
    * it still runs, before the pause. */
@@ -521,6 +531,64 @@ export class Engine implements SandboxRuntime {
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;
     return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
+  }
+
+  /**
+   * A files-only checkpoint that leaves the sandbox where it is: its processes stop in the cgroup
+   * freezer while its upper is copied into `layerId`, then go on, on the same upper; no CRIU, so
+   * the pause does not grow with the processes or their memory, only with the upper. Refused
+   * with UPPER_NOT_COPIED, before any pause, when the upper is beyond COPY_LIMITS (the caller
+   * freezes it by rename instead), or after one when the copy fails or outlasts its deadline
+   * (the sandbox thawed, nothing of the layer kept).
+   */
+  async copyRunningUpper(spec: SandboxSpec, layerId: string, release?: () => void): Promise<FreezeResult> {
+    const id = spec.id;
+    if (!this.live.has(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not running`);
+    if (this.fenced.has(id)) throw new EngineError('UPPER_NOT_COPIED', `sandbox ${id} is frozen (its node's lease is in doubt)`);
+    const upper = this.disk.upperOf(id);
+    const size = await treeSize(upper, AbortSignal.timeout(COPY_LIMITS.deadlineMs)).catch((err: unknown) => {
+      throw new EngineError('UPPER_NOT_COPIED', `could not measure the upper of ${id}: ${(err as Error).message}`, undefined, { cause: err });
+    });
+    if (size.bytes > COPY_LIMITS.maxBytes || size.entries > COPY_LIMITS.maxEntries) {
+      throw new EngineError('UPPER_NOT_COPIED', `the upper of ${id} holds ${size.entries} entries, ${size.bytes} bytes: more than a short freeze copies`);
+    }
+    const copy = this.disk.prepareUpperCopy(id, layerId);
+    const steps = new Steps();
+    const t0 = performance.now();
+    this.copying.add(id);
+    let failure: EngineError | undefined;
+    try {
+      await this.cgroups.freeze(id);
+      steps.mark('freeze');
+      release?.();
+      failpoint('checkpoint.frozen');
+      await copy.run(COPY_LIMITS.deadlineMs);
+      steps.mark('copy');
+      failpoint('checkpoint.copied');
+    } catch (err) {
+      copy.cancel();
+      failure = new EngineError('UPPER_NOT_COPIED', `copying the upper of ${id}: ${(err as Error).message}`, undefined, { cause: err });
+    } finally {
+      this.copying.delete(id);
+      if (!this.fenced.has(id)) await this.thawForSure(id);
+      steps.mark('thaw');
+    }
+    const pauseMs = performance.now() - t0;
+    this.log.debug({ instance: id, steps: steps.ms, ...size }, 'checkpoint pause (upper copied)');
+    if (failure) throw failure;
+    return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
+  }
+
+  /** Thaws a sandbox a checkpoint froze: tried again once, since a sandbox left frozen is a
+   * sandbox lost to its users. */
+  private async thawForSure(id: string): Promise<void> {
+    try {
+      await this.cgroups.thaw(id);
+    } catch (err) {
+      this.log.error({ err, instance: id }, 'could not thaw a sandbox after its checkpoint; trying again');
+      await new Promise((r) => setTimeout(r, 50));
+      await this.cgroups.thaw(id);
+    }
   }
 
   /**

@@ -13,6 +13,10 @@ export const FAILPOINTS = [
   'checkpoint.renamed',
   /** Checkpoint: the sandbox restored on the new layer (thawed), the store not yet told. */
   'checkpoint.restored',
+  /** Files-only checkpoint: the sandbox frozen, its upper not yet copied. */
+  'checkpoint.frozen',
+  /** Files-only checkpoint: the upper copied into the new layer, the sandbox still frozen. */
+  'checkpoint.copied',
   /** Rollback: the old sandbox killed, the checkpoint not yet restored. */
   'rollback.killed',
   /** Rollback: the checkpoint restored, the store not yet told. */

@@ -20,6 +20,9 @@ export type EngineErrorCode =
   | 'CRIU_FAILED'
   /** Setting up a sandbox's network (its link, the host's firewall) failed. */
   | 'NETWORK_FAILED'
+  /** A files-only checkpoint could not copy the sandbox's upper in a short freeze (too large,
+   * or the copy failed): the sandbox runs on untouched; freeze the upper by rename instead. */
+  | 'UPPER_NOT_COPIED'
   /** A persistent volume still mounted by a sandbox (it cannot be removed). */
   | 'VOLUME_BUSY'
   /** A persistent volume this node does not hold. */

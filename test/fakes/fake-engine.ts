@@ -87,6 +87,9 @@ export class FakeHost {
   readonly running = new Map<string, HostSandbox>();
   /** Sandboxes whose processes are frozen (a fenced node's). */
   readonly frozen = new Set<string>();
+  /** The most entries an upper may hold for a files-only checkpoint to copy it (the real
+   * engine's COPY_LIMITS); beyond, it is frozen by rename. */
+  upperCopyLimit = Infinity;
   /** The agent build this machine's servers have, and the agent layers on its disk. */
   agentBuild = 'agent-fake';
   readonly agentLayers = new Set<string>();
@@ -766,6 +769,16 @@ export class FakeEngine implements SandboxRuntime {
     this.host.memoryImages.set(imagesId, cloneMemory(h.memory));
     this.freezeUpper(spec.id, layerId);
     sb.spec = { ...spec, layers: [layerId, ...spec.layers] };
+    return { layerId, pauseMs: 1 };
+  }
+
+  async copyRunningUpper(spec: SandboxSpec, layerId: string, release?: () => void): Promise<FreezeResult> {
+    this.note(`copy upper ${spec.id} ${layerId}`);
+    if (!this.live.get(spec.id) || !this.host.running.get(spec.id)) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
+    const upper = this.host.uppers.get(spec.id) ?? new Map();
+    if (upper.size > this.host.upperCopyLimit) throw new EngineError('UPPER_NOT_COPIED', `the upper of ${spec.id} holds ${upper.size} entries`);
+    release?.();
+    this.host.layers.set(layerId, new Map(upper));
     return { layerId, pauseMs: 1 };
   }
 

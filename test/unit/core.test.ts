@@ -137,6 +137,57 @@ describe('agent builds', () => {
   });
 });
 
+describe('files-only checkpoints of running instances', () => {
+  it('copy a small upper in a freeze (no dump, the instance stays on its upper); a large one is frozen by rename', async () => {
+    const n = await node();
+    const id = await create(n);
+    await sh(n, id, 'set counter 1');
+    await putFile(n, id, '/work/a.txt', 'one');
+    await putFile(n, id, '/work/gone.txt', 'deleted after the checkpoint');
+    const layersBefore = (await n.fp.store.instances.get(id))!.layers;
+    const copied = await checkpoint(n, id, { memory: false });
+    expect(n.host.calls.filter((c) => c.startsWith(`copy upper ${id}`) || c.startsWith(`checkpoint ${id}`))).toEqual([expect.stringMatching(/^copy upper /)]);
+    // Its processes never stopped, and it stands on what it stood on.
+    expect(await sh(n, id, 'get counter')).toBe('1');
+    expect((await n.fp.store.instances.get(id))!.layers).toEqual(layersBefore);
+    const del = await n.app.inject({ method: 'DELETE', url: `/instances/${id}/files?path=/work/gone.txt`, headers: { authorization: `Bearer ${n.token}` } });
+    expect(del.statusCode, del.body).toBeLessThan(300);
+    await putFile(n, id, '/work/a.txt', 'two');
+    // A memory checkpoint after it freezes the same upper by rename, deletion included.
+    const later = await checkpoint(n, id);
+    expect((await n.call('POST', `/instances/${id}/exec`, { command: 'cat /work/gone.txt' })).body.exit_code).toBe(1);
+    for (const [ck, a, gone] of [[copied, 'one', 0], [later, 'two', 1], [copied, 'one', 0]] as const) {
+      const rb = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
+      expect(rb.status, JSON.stringify(rb.body)).toBe(200);
+      expect(await sh(n, id, 'cat /work/a.txt')).toBe(a);
+      expect((await n.call('POST', `/instances/${id}/exec`, { command: 'cat /work/gone.txt' })).body.exit_code).toBe(gone);
+    }
+    // A fork of the copy has its files.
+    const fork = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: copied });
+    expect(fork.status, JSON.stringify(fork.body)).toBe(201);
+    expect(await sh(n, (fork.body.instances?.[0] ?? fork.body).id as string, 'cat /work/a.txt')).toBe('one');
+
+    n.host.upperCopyLimit = 0;
+    await putFile(n, id, '/work/c.txt', 'big upper');
+    await checkpoint(n, id, { memory: false });
+    expect(n.host.calls.at(-1)).toMatch(new RegExp(`^checkpoint ${id} `));
+    expect(await sh(n, id, 'cat /work/c.txt')).toBe('big upper');
+  });
+
+  it('a copied upper goes with its checkpoint', async () => {
+    const n = await node();
+    const id = await create(n);
+    await putFile(n, id, '/work/a.txt', 'one');
+    const ck = await checkpoint(n, id, { memory: false });
+    const layer = n.host.calls.find((c) => c.startsWith(`copy upper ${id}`))!.split(' ').at(-1)!;
+    expect(n.host.layers.has(layer)).toBe(true);
+    const del = await n.call('DELETE', `/instances/${id}/checkpoints/${ck}`);
+    expect(del.status, JSON.stringify(del.body)).toBeLessThan(300);
+    expect(await n.fp.store.layers.holders(layer)).toEqual([]);
+    expect(n.host.layers.has(layer)).toBe(false);
+  });
+});
+
 describe('retention and pins', () => {
   it('at the limit a checkpoint is refused (429), or with delete_oldest replaces the oldest', async () => {
     const n = await node();
