@@ -293,6 +293,31 @@ describe('checkpoint jobs', () => {
   });
 });
 
+describe('CRIU\'s raised priority', () => {
+  it('stays with CRIU: what it restores runs at its own nice values, none at CRIU\'s', async () => {
+    const inst = await s.instance({ name: 'niced' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'renice -n 5 -p $$ > /dev/null && exec sleep 100000' });
+    const nices = async (id: string) => (await s.exec(id, { command: "awk '{ print $19 }' /proc/[0-9]*/stat | sort -un" })).stdout;
+    await eventually(async () => (await nices(inst.id)) === '0\n5\n');
+    const ck = await checkpoint(inst.id);
+    expect(await nices(inst.id)).toBe('0\n5\n');
+    const f = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
+    expect(f.status).toBe(201);
+    expect(await nices(f.body.id)).toBe('0\n5\n');
+    // And seen from the host, CRIU's own workers run above the sandboxes.
+    const criu = readdirSync('/proc').filter((p) => /^\d+$/.test(p)).filter((p) => {
+      try {
+        const argv = readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+        return argv[0] === s.engine.criu.path && argv.includes('swrk');
+      } catch {
+        return false;
+      }
+    });
+    expect(criu.length).toBeGreaterThan(0);
+    for (const p of criu) expect(readFileSync(`/proc/${p}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[16]).toBe('-10');
+  });
+});
+
 describe('fork', () => {
   it('ten forks of one checkpoint run at once, isolated from each other and from the original', async () => {
     const inst = await s.instance({ name: 'parent' });

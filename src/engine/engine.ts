@@ -297,8 +297,10 @@ export class Engine implements SandboxRuntime {
   ): Promise<Launched> {
     const l = this.layout;
     const { hostname, oldGone } = opts;
+    const boosted = this.cgroups.boost(spec.id, true);
     try {
       const p = await prepared;
+      await boosted;
       const [, dir, target, options] = this.overlay(spec, true);
       // The sandbox this one replaces must be gone before CRIU forks into the same cgroups
       // (their limits would count both); mounting the disk need not wait for it.
@@ -322,6 +324,7 @@ export class Engine implements SandboxRuntime {
     } finally {
       r.worker.end();
       rmSync(this.rangeCopyOf(spec.id), { recursive: true, force: true });
+      await this.cgroups.boost(spec.id, false);
     }
   }
 
@@ -484,6 +487,9 @@ export class Engine implements SandboxRuntime {
       throw err instanceof EngineError && err.code === 'CGROUP_FAILED' ? err : new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`);
     }
     steps.mark('warm-up');
+    // The dump's parasite runs in the sandbox's tasks, so in its CPU group (restoreWith weighs
+    // the restore the same way and puts the weight back).
+    await this.cgroups.boost(spec.id, true);
     await sb.pause(async () => {
       const t0 = performance.now();
       steps.mark('close');
@@ -526,7 +532,10 @@ export class Engine implements SandboxRuntime {
         await this.teardown(spec.id).catch(() => {});
         throw err;
       }
-    }, release, { dump: true }).finally(() => this.restorers.refillSoon());
+    }, release, { dump: true }).finally(() => {
+      this.restorers.refillSoon();
+      void this.cgroups.boost(spec.id, false);
+    });
     steps.mark('reconnect');
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'checkpoint pause');
     if (dumpError) throw dumpError;
