@@ -133,6 +133,9 @@ export class Forkpoint {
   /** Shutting down: not ready for new work. */
   private draining = false;
   private readonly jobs: JobQueue;
+  /** Per-key locks the services share (an owner's records, an instance's transitions): tests
+   * hold one to open a race's window. */
+  readonly locks = new KeyedLock();
 
   private constructor(
     readonly config: Config,
@@ -146,7 +149,7 @@ export class Forkpoint {
     this.layout = new DataLayout(config.dataDir);
     this.store = store;
     this.images = runtime.images;
-    const locks = new KeyedLock();
+    const locks = this.locks;
     this.jobs = new JobQueue(locks, config.checkpointConcurrency);
     this.events = new EventBus();
     const secretsKey = new SecretsKey(config.secretsKeyFile ?? this.layout.secretsKey);

@@ -16,7 +16,7 @@ import type { EventBus } from './events.js';
 import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
 import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError } from './errors.js';
-import type { KeyedLock } from './jobs.js';
+import { ownerRecordsLock, type KeyedLock } from './jobs.js';
 import type { VolumeRequest, VolumeService } from './volumes.js';
 import type { EgressSecretService, SecretRequest } from './egress-secrets.js';
 
@@ -279,8 +279,12 @@ export class InstanceService {
     };
     // One owner's records are taken one at a time on a node, so that two creates cannot both
     // fit the last of its quota.
-    await this.locks.run(`owner:${owner}`, () => this.store.transaction(async (tx) => {
+    await this.locks.run(ownerRecordsLock(owner), () => this.store.transaction(async (tx) => {
       await this.checkQuota(owner, rec.limits, 1, await tx.instances.usageOf(owner));
+      // Checked before, but a deletion may have come in between; deletions take this lock too.
+      for (const v of rec.volumes) {
+        if (v.volumeId !== null && !(await tx.volumes.get(v.volumeId))) throw new ConflictError(`volume ${v.name} was deleted`, { reason: 'VOLUME_MISSING', volume: v.name });
+      }
       // A fresh address for every new instance, forks included (a fork is a new machine).
       if (this.networking) rec.address = this.freeAddress(await tx.instances.addresses());
       // A range of its own, forks included: no two sandboxes ever share one.

@@ -7,7 +7,7 @@ import type { VolumeRecord } from '../store/volumes.js';
 import type { InstanceVolume } from '../store/instances.js';
 import type { FileHosts } from './file-hosts.js';
 import { ConflictError, InsufficientStorageError, InvalidRequestError, NotFoundError, QuotaExceededError } from './errors.js';
-import type { KeyedLock } from './jobs.js';
+import { ownerRecordsLock, type KeyedLock } from './jobs.js';
 
 /** Docker's named volumes' pattern (E2B's names fit it too). */
 export const VOLUME_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
@@ -131,13 +131,15 @@ export class VolumeService {
   /** Deletes a volume and its files; refused while an instance mounts it (delete those first). */
   async delete(owner: string, name: string): Promise<void> {
     const v = await this.record(owner, name);
-    await this.locks.run(`volumes:${owner}`, async () => {
+    // Under the lock new instance records are made under, so that no create records a mount of
+    // the volume between the check for its users and its deletion.
+    await this.locks.run(`volumes:${owner}`, () => this.locks.run(ownerRecordsLock(owner), async () => {
       const users = await this.store.instances.usingVolume(v.id);
       if (users.length) throw new ConflictError(`volume ${name} is mounted by ${users.join(', ')}; delete those instances first`, { reason: 'VOLUME_IN_USE', volume: name, instances: users });
       this.requireHere(v);
       await this.engine.volumes.remove(v.id);
       await this.store.volumes.delete(v.id);
-    });
+    }));
     this.log.info({ volume: v.id, owner, name }, 'volume deleted');
   }
 

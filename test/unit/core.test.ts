@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { startFakeNode, type FakeNode } from '../fakes/fake-node.js';
+import { ownerRecordsLock } from '../../src/core/jobs.js';
 
 // The core's logic over the fake engine, through the Firecase face with `app.inject`: what a
 // checkpoint, a rollback, a fork, a hibernation and a restart keep and lose, and what a failure
@@ -185,6 +186,29 @@ describe('files-only checkpoints of running instances', () => {
     expect(del.status, JSON.stringify(del.body)).toBeLessThan(300);
     expect(await n.fp.store.layers.holders(layer)).toEqual([]);
     expect(n.host.layers.has(layer)).toBe(false);
+  });
+});
+
+describe('volumes', () => {
+  it('a volume deleted while a create that mounts it is being recorded: one of them wins, nothing is left half-done', async () => {
+    const n = await node();
+    expect((await n.call('POST', '/volumes', { name: 'work', size_mb: 64 })).status).toBe(201);
+    // The create has checked the volume and waits to record its instance; the delete comes now.
+    let open!: () => void;
+    const gate = new Promise<void>((r) => (open = r));
+    const held = n.fp.locks.run(ownerRecordsLock('default'), () => gate);
+    const create = n.call('POST', '/instances', { volumes: [{ name: 'work', path: '/work' }] });
+    await new Promise((r) => setTimeout(r, 50));
+    const del = n.call('DELETE', '/volumes/work');
+    await new Promise((r) => setTimeout(r, 50));
+    open();
+    await held;
+    const [c, d] = await Promise.all([create, del]);
+    // The create was first in line: it stands, and the volume with it.
+    expect(c.status, JSON.stringify(c.body)).toBe(201);
+    expect([d.status, d.body.error?.details?.reason]).toEqual([409, 'VOLUME_IN_USE']);
+    expect((await n.call('GET', '/volumes/work')).status).toBe(200);
+    expect(await status(n, c.body.id)).toBe('running');
   });
 });
 
