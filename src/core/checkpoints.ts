@@ -14,6 +14,7 @@ import type { CreateInstance, InstanceService } from './instances.js';
 import type { JobQueue, KeyedLock } from './jobs.js';
 import type { ChainSquasher } from './squash.js';
 import { requireRoom, shortOfRoom } from './space.js';
+import { watchesResumed } from './file-watch.js';
 import { failpoint } from '../lib/failpoints.js';
 
 export interface CreateCheckpoint {
@@ -237,6 +238,8 @@ export class CheckpointService {
       return this.fail(c, (err as Error).message);
     }
     const { layerId, pauseMs, instanceLayers } = frozen;
+    const sb = this.engine.sandbox(inst.id);
+    if (sb) await watchesResumed(sb);
     const layers = [layerId, ...inst.layers];
     // The instance may already run on the new layer: this must be recorded, or a later
     // checkpoint would leave the layer out of the chain. Retried while the disk is full.
@@ -478,6 +481,7 @@ export class CheckpointService {
       try {
         const t = performance.now();
         const sb = await this.engine.replace(spec, images);
+        await watchesResumed(sb);
         await this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
         // A hibernated instance rolled back wakes on the checkpoint; its own memory image goes.
         await this.instances.dropHibernation(inst);

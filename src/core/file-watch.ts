@@ -15,6 +15,26 @@ const EMFILE = 24;
 const ENOSPC = 28;
 const EOVERFLOW = 75;
 
+/** How long a rollback or a checkpoint waits for its sandbox's watches to be back. */
+const RESUME_DEADLINE_MS = 2000;
+
+/** Watches being taken up again after a pause, by sandbox: a side table, so that the pause's
+ * caller can wait for them without the sandbox knowing of watches. */
+const resuming = new WeakMap<SandboxHandle, Set<Promise<void>>>();
+
+/**
+ * Resolves once the watches a pause of `sb` cut off are in place again (or have ended), at most
+ * RESUME_DEADLINE_MS from now. A rollback or a checkpoint answers after it: a change its caller
+ * makes next is then told, not lost in the moment between the gate opening and the watch.
+ */
+export async function watchesResumed(sb: SandboxHandle): Promise<void> {
+  const pending = resuming.get(sb);
+  if (!pending?.size) return;
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([Promise.allSettled([...pending]), new Promise((r) => (timer = setTimeout(r, RESUME_DEADLINE_MS)))]);
+  clearTimeout(timer);
+}
+
 export interface WatchTarget {
   sb: SandboxHandle;
   /** Whether `sb` still runs the instance (not stopped, hibernated or deleted since). */
@@ -104,7 +124,12 @@ export class DirectoryWatch implements AsyncIterable<WatchEvent> {
     }
     this.rewatches.push(now);
     // A sandbox stopped meanwhile is said as such, not as the failure of the watch's retry.
-    this.attach().catch((e: unknown) => this.queue.fail(this.target.stillLive() ? (e instanceof Error ? e : new Error(String(e))) : this.notRunning()));
+    const sb = this.target.sb;
+    const again = this.attach().catch((e: unknown) => this.queue.fail(this.target.stillLive() ? (e instanceof Error ? e : new Error(String(e))) : this.notRunning()));
+    const pending = resuming.get(sb) ?? new Set();
+    resuming.set(sb, pending);
+    pending.add(again);
+    void again.finally(() => pending.delete(again));
   }
 
   private refused(err: unknown): Error {
