@@ -72,6 +72,30 @@ export function table(title: string, rows: { name: string; stats: Stats | Failed
   for (const b of body) console.log(line(b));
 }
 
+/** Samples of the checkpoint cycle on one sandbox. */
+export interface CycleSamples {
+  pause: number[];
+  rollback: number[];
+  fork: number[];
+}
+
+/** A memory checkpoint (its pause), a rollback to it and a fork of it (each timed over HTTP),
+ * the fork deleted after; the instance's older checkpoints make room (delete_oldest). */
+export async function checkpointCycle(s: BenchServer, id: string, out: CycleSamples): Promise<void> {
+  const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
+  if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
+  out.pause.push(ck.body.pause_ms);
+  let t = performance.now();
+  const rb = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.body.id });
+  if (rb.status !== 200) throw new Error(JSON.stringify(rb.body));
+  out.rollback.push(performance.now() - t);
+  t = performance.now();
+  const f = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.body.id });
+  if (f.status !== 201) throw new Error(JSON.stringify(f.body));
+  out.fork.push(performance.now() - t);
+  await s.api('DELETE', `/instances/${f.body.id}`);
+}
+
 export interface BenchServer {
   fp: Forkpoint;
   /** The real engine under the core. */

@@ -3,7 +3,7 @@
  * idle sandbox with its network link, firewall entry and resolver, next to the same on a server
  * with networking off (loopback only), in the same run and interleaved.
  */
-import { benchServer, stats, table, type BenchServer, type Stats } from './lib.js';
+import { benchServer, checkpointCycle, stats, table, type BenchServer, type Stats } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 15);
 const on = await benchServer({ networking: 'on' });
@@ -23,18 +23,7 @@ async function round(s: BenchServer, out: Samples): Promise<void> {
   await s.api('POST', `/instances/${r.body.id}/exec`, { command: 'true' });
   out.create.push(performance.now() - t);
   const id = r.body.id;
-  const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true });
-  if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
-  out.pause.push(ck.body.pause_ms);
-  t = performance.now();
-  const rb = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.body.id });
-  if (rb.status !== 200) throw new Error(JSON.stringify(rb.body));
-  out.rollback.push(performance.now() - t);
-  t = performance.now();
-  const f = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.body.id });
-  if (f.status !== 201) throw new Error(JSON.stringify(f.body));
-  out.fork.push(performance.now() - t);
-  await s.api('DELETE', `/instances/${f.body.id}`);
+  await checkpointCycle(s, id, out);
   await s.api('DELETE', `/instances/${id}`);
 }
 

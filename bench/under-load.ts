@@ -6,7 +6,7 @@
  */
 import { spawn } from 'node:child_process';
 import { availableParallelism } from 'node:os';
-import { benchServer, stats, table, type Stats } from './lib.js';
+import { benchServer, checkpointCycle, stats, table, type CycleSamples, type Stats } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 10);
 /** Spinners per CPU, of each kind. */
@@ -20,26 +20,9 @@ async function instance(body: Record<string, unknown> = {}): Promise<string> {
   return r.body.id;
 }
 
-interface Samples {
-  pause: number[];
-  rollback: number[];
-  fork: number[];
-}
+type Samples = CycleSamples;
 
-async function round(id: string, out: Samples): Promise<void> {
-  const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
-  if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
-  out.pause.push(ck.body.pause_ms);
-  let t = performance.now();
-  const rb = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.body.id });
-  if (rb.status !== 200) throw new Error(JSON.stringify(rb.body));
-  out.rollback.push(performance.now() - t);
-  t = performance.now();
-  const f = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.body.id });
-  if (f.status !== 201) throw new Error(JSON.stringify(f.body));
-  out.fork.push(performance.now() - t);
-  await s.api('DELETE', `/instances/${f.body.id}`);
-}
+const round = (id: string, out: Samples) => checkpointCycle(s, id, out);
 
 try {
   const target = await instance();
