@@ -74,7 +74,6 @@ async function bestEffort(step: () => unknown, log: Logger): Promise<void> {
   }
 }
 
-/** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
 /** A checkpoint's new layer, and the layers its instance stands on afterwards (the same as before
  * when the upper was copied; the new one on top of them when it was frozen by rename). */
 interface Frozen {
@@ -83,6 +82,7 @@ interface Frozen {
   instanceLayers: string[];
 }
 
+/** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
 export class CheckpointService {
   /** Checkpoints forks are being made from, with the waiters for each to be free again: a
    * pinned checkpoint's images and layers stay until its forks are running. */

@@ -1,10 +1,10 @@
 import { untilDeadline } from '../lib/deadline.js';
 
-/** Serialises work per key (an instance) and bounds how much heavy work runs at once. */
 /** The lock under which an owner's instance records are made, and under which anything that a
  * new record depends on (its quota, its volumes) is taken away. */
 export const ownerRecordsLock = (owner: string): string => `owner:${owner}`;
 
+/** Serialises work per key (an instance) and bounds how much heavy work runs at once. */
 export class KeyedLock {
   private readonly tails = new Map<string, Promise<unknown>>();
 

@@ -395,6 +395,8 @@ export class Engine implements SandboxRuntime {
     if (!(await isAlive(pid, startTime))) return undefined;
     const [root, disk] = await Promise.all([stat(`/proc/${pid}/root`).catch(() => undefined), stat(this.layout.merged(spec.id)).catch(() => undefined)]);
     if (!root || !disk || root.dev !== disk.dev || !(await isMounted(this.layout.merged(spec.id)))) return undefined;
+    // A server stopped in a pause left its CPU group weighed up for it.
+    await this.cgroups.boost(spec.id, false);
     try {
       return await this.attach(spec, { pid, startTime });
     } catch {
