@@ -66,6 +66,13 @@ async function countersRunning(s: ChildServer, id: string): Promise<number> {
   return [...loops].filter((p) => !loops.has(parentOf(p) ?? '')).length;
 }
 
+/** The CPU weight of the instance's group, as the host has it. */
+async function cpuWeight(s: ChildServer, id: string): Promise<string> {
+  const node = (await s.api('GET', `/instances/${id}`)).body.node as string;
+  const v2 = existsSync('/sys/fs/cgroup/cgroup.controllers');
+  return readFileSync(v2 ? `/sys/fs/cgroup/forkpoint/${node}/${id}/cpu.weight` : `/sys/fs/cgroup/cpu/forkpoint/${node}/${id}/cpu.shares`, 'utf8').trim();
+}
+
 /** A server armed at `point`, an instance on it with a counter (and what `prepare` adds). */
 async function armed(point: Failpoint) {
   dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-phase-'));
@@ -135,6 +142,7 @@ describe('kill -9 at each phase of a checkpoint: the sandbox runs on, its counte
       expect(await counting(s, id)).toBeGreaterThanOrEqual(before); // the same processes, not a fresh boot
       expect(await countersRunning(s, id)).toBe(1); // and only once
       expect(await overlaysUnder(dataDir)).toHaveLength(1); // one disk mounted, its own
+      expect(await cpuWeight(s, id)).toBe(existsSync('/sys/fs/cgroup/cgroup.controllers') ? '100' : '1024'); // not left weighed up for the pause
       expect(await read(s, id, 'cat /root/f')).toBe('kept');
       const list = (await s.api('GET', `/instances/${id}/checkpoints`)).body.items as { id: string; status: string; error: string | null }[];
       for (const c of list) expect(c.status, JSON.stringify(c)).not.toBe('processing');

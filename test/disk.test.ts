@@ -4,6 +4,7 @@
  * Every call must answer 507 INSUFFICIENT_STORAGE or a `failed` checkpoint with a reason, never
  * 500 and never `processing` forever, and must leave nothing half-made behind.
  */
+import { lstatSync } from 'node:fs';
 import { readdir, readFile, mkdtemp, rm, statfs } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -144,6 +145,31 @@ describe('finding 9: a per-instance disk limit (limits.disk_mb)', () => {
     expect((await server.api('DELETE', `/instances/${fork.id}`)).status).toBe(204);
     expect((await volumeMounts()).filter((m) => m.includes(i.id) || m.includes(fork.id))).toEqual([]);
     expect((await readdir(join(server.dataDir, 'volumes'))).filter((n) => n.startsWith(i.id) || n.startsWith(fork.id))).toEqual([]);
+  });
+
+  it('a files-only checkpoint copies a small upper into the limited disk; one that does not fit there is frozen by rename instead', async () => {
+    const i = await server.instance({ name: 'copied-capped', limits: { disk_mb: 96 } });
+    const pid = () => server.engine.sandbox(i.id)!.pid;
+    await server.exec(i.id, { command: 'echo small > /root/s' });
+    let before = pid();
+    const small = (await server.api('POST', `/instances/${i.id}/checkpoints?wait=true`, { memory: false })).body;
+    expect(small.status).toBe('ready');
+    expect(pid()).toBe(before); // copied in a freeze: the same processes
+    const layer = (await server.fp.store.checkpoints.get(small.id))!.layers[0]!;
+    expect(lstatSync(server.engine.layout.layer(layer)).isSymbolicLink()).toBe(true); // it lives in the instance's disk
+    // 40 MB frozen into a layer (a memory checkpoint renames), then 30 MB more in the upper: the
+    // copy of those 30 MB does not fit in what the 96 MiB disk has left.
+    await server.exec(i.id, { command: 'head -c 40000000 /dev/urandom > /root/a', timeout_ms: 30_000 });
+    expect((await server.api('POST', `/instances/${i.id}/checkpoints?wait=true`, {})).body.status).toBe('ready');
+    await server.exec(i.id, { command: 'head -c 30000000 /dev/urandom > /root/b', timeout_ms: 30_000 });
+    before = pid();
+    const big = (await server.api('POST', `/instances/${i.id}/checkpoints?wait=true`, { memory: false })).body;
+    expect(big.status, JSON.stringify(big)).toBe('ready');
+    expect(pid()).not.toBe(before); // dumped and restored: the upper renamed
+    await server.exec(i.id, { command: 'rm /root/b /root/s' });
+    expect((await server.api('POST', `/instances/${i.id}/rollback`, { checkpoint_id: big.id })).status).toBe(200);
+    expect((await server.exec(i.id, { command: 'wc -c < /root/b; cat /root/s' })).stdout).toBe('30000000\nsmall\n');
+    expect((await server.api('DELETE', `/instances/${i.id}`)).status).toBe(204);
   });
 
   it('a limit below 64 MiB is refused with a clear error', async () => {
