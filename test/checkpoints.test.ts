@@ -136,6 +136,48 @@ describe('a files-only checkpoint of a small upper', () => {
   });
 });
 
+describe('a memory checkpoint of a small upper', () => {
+  it('is dumped with the processes left running (no restore), and its files and memory are of one moment: a fork and a rollback go on exactly where it was', async () => {
+    const inst = await s.instance({ name: 'dumped-running' });
+    // Each step counts in memory, then appends the count to a file: a copy of the upper taken
+    // at another moment than the memory dump would show as a gap or a repeat in the log.
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'i=0; while true; do i=$((i+1)); echo $i >> /root/log; sleep 0.005; done' });
+    await eventually(async () => Number((await s.exec(inst.id, { command: 'wc -l < /root/log' })).stdout) > 20);
+    const sb = s.engine.sandbox(inst.id)!;
+    const [pid, startTime] = [sb.pid, sb.startTime];
+    const ck = await checkpoint(inst.id, { memory: true });
+    expect(ck.memory_bytes).toBeGreaterThan(0);
+    // The same processes (a restore has new host pids), and the instance keeps its upper.
+    expect([s.engine.sandbox(inst.id)!.pid, s.engine.sandbox(inst.id)!.startTime]).toEqual([pid, startTime]);
+    const contiguous = async (id: string) => {
+      await sleep(100);
+      const lines: number[] = (await s.exec(id, { command: 'cat /root/log' })).stdout.trim().split('\n').map(Number);
+      expect(lines.length).toBeGreaterThan(20);
+      expect(lines.every((n, i) => n === i + 1), `not contiguous: ${lines.filter((n, i) => n !== i + 1).slice(0, 3).join(',')}`).toBe(true);
+      return lines.length;
+    };
+    const f = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
+    expect(f.status, JSON.stringify(f.body)).toBe(201);
+    await contiguous(f.body.id);
+    await s.exec(inst.id, { command: 'echo later > /root/later' });
+    await rollback(inst.id, ck.id);
+    expect(s.engine.sandbox(inst.id)!.pid).not.toBe(pid); // now restored from the dump
+    await contiguous(inst.id);
+    expect((await s.exec(inst.id, { command: 'test -e /root/later || echo gone' })).stdout).toBe('gone\n');
+
+    // Past what a memory checkpoint copies (a copy repeats the upper since its last rename), the
+    // upper is frozen by rename: dumped and restored, and the next checkpoint's layer is small.
+    await s.exec(inst.id, { command: 'head -c 300000 /dev/urandom > /root/big' });
+    const restored = s.engine.sandbox(inst.id)!.pid;
+    const big = await checkpoint(inst.id);
+    expect(big.delta_bytes).toBeGreaterThan(300000);
+    expect(s.engine.sandbox(inst.id)!.pid).not.toBe(restored);
+    const next = await checkpoint(inst.id);
+    expect(next.delta_bytes).toBeLessThan(100000);
+    await contiguous(inst.id);
+  });
+});
+
 describe('checkpoint jobs', () => {
   it('a closed connection is closed on the agent\'s side too before anything is dumped', async () => {
     // A warm CRIU dumps within a millisecond of the pause: a socket the host has let go of

@@ -97,14 +97,14 @@ async function restart(): Promise<ChildServer> {
   return server;
 }
 
-describe('kill -9 in a files-only checkpoint\'s freeze (its upper copied): the sandbox thaws, the copy goes', () => {
-  for (const point of ['checkpoint.frozen', 'checkpoint.copied'] as const) {
-    it(point, async () => {
+describe('kill -9 in a checkpoint\'s freeze (its upper copied, its memory dumped with the processes left running): the sandbox thaws, the copy and the dump go', () => {
+  for (const [point, memory] of [['checkpoint.frozen', false], ['checkpoint.copied', false], ['checkpoint.frozen', true], ['checkpoint.copied', true]] as const) {
+    it(`${point}, ${memory ? 'memory' : 'files only'}`, async () => {
       const id = await armed(point);
       await read(server!, id, 'echo kept > /root/f; echo doomed > /root/g');
       const started = await read(server!, id, "cut -d' ' -f22 /proc/1/stat"); // a restore would change it
       const before = await counter(server!, id);
-      await dieDuring(() => server!.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: false }));
+      await dieDuring(() => server!.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory }));
       const s = await restart();
       expect((await s.api('GET', `/instances/${id}`)).body.status).toBe('running');
       expect(await read(s, id, "cut -d' ' -f22 /proc/1/stat")).toBe(started); // the same processes, thawed
@@ -116,6 +116,7 @@ describe('kill -9 in a files-only checkpoint\'s freeze (its upper copied): the s
       // through a remount) and not on the disk.
       const layers = (await readdir(join(dataDir, 'layers'))).filter((l) => l.startsWith('lyr_'));
       expect(layers).toEqual([]);
+      expect(await readdir(join(dataDir, 'checkpoints'))).toEqual([]); // nor the memory image
       await read(s, id, 'rm /root/g');
       const now = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, {});
       expect(now.body.status).toBe('ready');
@@ -125,11 +126,12 @@ describe('kill -9 in a files-only checkpoint\'s freeze (its upper copied): the s
   }
 });
 
-describe('kill -9 at each phase of a checkpoint: the sandbox runs on, its counter goes on', () => {
+describe('kill -9 at each phase of a checkpoint whose upper is frozen by rename (dump, rename, restore): the sandbox runs on, its counter goes on', () => {
   for (const point of ['checkpoint.paused', 'checkpoint.dumped', 'checkpoint.renamed', 'checkpoint.restored'] as const) {
     it(point, async () => {
       const id = await armed(point);
-      await read(server!, id, 'echo kept > /root/f');
+      // More than a freeze copies (upper-copy.ts, COPY_LIMITS): the upper is frozen by rename.
+      await read(server!, id, 'echo kept > /root/f; head -c 41943040 /dev/zero > /root/big');
       const before = await counter(server!, id);
       let checkpointId = '';
       await dieDuring(async () => {

@@ -81,10 +81,11 @@ describe('the project\'s CRIU', () => {
     const before = await s.exec(inst.id, { command: 'sleep 0.2; nc 127.0.0.1 8080 </dev/null; netstat -ltn | grep -c :8080; pidof nc' });
     const [pong, listening, listenerPid] = before.stdout.trim().split('\n');
     expect([pong, listening]).toEqual(['pong', '1']);
-    const oldPid = s.engine.sandbox(inst.id)!.pid;
     const c = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true });
     expect(c.body.status, c.body.error).toBe('ready');
-    expect(s.engine.sandbox(inst.id)!.pid).not.toBe(oldPid); // it really went through dump and restore
+    const oldPid = s.engine.sandbox(inst.id)!.pid;
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: c.body.id })).status).toBe(200);
+    expect(s.engine.sandbox(inst.id)!.pid).not.toBe(oldPid); // it really was restored from the dump
     const after = await s.exec(inst.id, { command: 'nc 127.0.0.1 8080 </dev/null; pidof nc' });
     // The same listener process, restored with its socket: same in-sandbox pid, still answering.
     expect(after.stdout).toBe(`pong\n${listenerPid}\n`);

@@ -15,8 +15,10 @@ describe('layer squashing', () => {
       (await s.exec(id, { command: 'ls /root; cat /root/* 2>/dev/null; test -e /etc/hosts && echo hosts || echo no-hosts; ps -o args | grep -c "[s]leep 777"' })).stdout;
     await s.api('POST', `/instances/${inst.id}/processes`, { command: 'exec sleep 777' });
     for (let i = 0; i < 8; i++) {
-      // Each step adds, changes and deletes files, including a file of the image.
-      await s.exec(inst.id, { command: `echo v${i} > /root/f${i}; echo changed-${i} > /root/f0; rm -f /root/f${i - 2}; ${i === 1 ? 'rm /etc/hosts' : 'true'}` });
+      // Each step adds, changes and deletes files, including a file of the image; and writes
+      // more than a memory checkpoint copies (MEMORY_COPY_LIMITS), so that its upper is frozen
+      // by rename and the instance's chain deepens.
+      await s.exec(inst.id, { command: `echo v${i} > /root/f${i}; echo changed-${i} > /root/f0; rm -f /root/f${i - 2}; ${i === 1 ? 'rm /etc/hosts' : 'true'}; head -c 300000 /dev/urandom > /var/pad` });
       const r = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: `step ${i}` });
       expect(r.body.status).toBe('ready');
       checkpoints.push({ id: r.body.id, files: await view(inst.id) });

@@ -229,7 +229,7 @@ export class CheckpointService {
     if (short) return this.fail(c, short);
     let frozen: Frozen;
     try {
-      frozen = (!c.memory && inst.status === 'running' && (await this.copyUpper(inst, c, release))) || (await this.freezeUpper(inst, c, release));
+      frozen = (inst.status === 'running' && (await this.copyUpper(inst, c, release))) || (await this.freezeUpper(inst, c, release));
     } catch (err) {
       await bestEffort(() => this.engine.disk.removeCheckpointImages(c.id), this.log);
       if (!this.engine.sandbox(inst.id)) {
@@ -276,7 +276,7 @@ export class CheckpointService {
       await tx.layers.setRefs(`checkpoint:${c.id}`, [layerId]);
     });
     try {
-      const { pauseMs } = await this.engine.copyRunningUpper(this.instances.spec(inst), layerId, release);
+      const { pauseMs } = await this.engine.copyRunningUpper(this.instances.spec(inst), layerId, { imagesId: c.memory ? c.id : undefined, release });
       return { layerId, pauseMs, instanceLayers: inst.layers };
     } catch (err) {
       await bestEffort(() => this.store.layers.dropHolder(`checkpoint:${c.id}`), this.log);
@@ -697,6 +697,8 @@ export class CheckpointService {
     for (const c of await this.store.checkpoints.withStatus('processing')) {
       const inst = await this.store.instances.get(c.instanceId);
       if (inst && !this.instances.isLocal(inst)) continue;
+      // Whatever of its memory image the stop left is nobody's.
+      await bestEffort(() => this.engine.disk.removeCheckpointImages(c.id), this.log);
       await this.fail(c, 'the server stopped while the checkpoint was being taken');
     }
     // Memory images fetched here of checkpoints another node deleted meanwhile.

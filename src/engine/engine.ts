@@ -23,7 +23,7 @@ import { inotifyWatchPaths } from './watch-paths.js';
 import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
-import { COPY_LIMITS, treeSize } from './upper-copy.js';
+import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
@@ -545,49 +545,121 @@ export class Engine implements SandboxRuntime {
   }
 
   /**
-   * A files-only checkpoint that leaves the sandbox where it is: its processes stop in the cgroup
-   * freezer while its upper is copied into `layerId`, then go on, on the same upper; no CRIU, so
-   * the pause does not grow with the processes or their memory, only with the upper. Refused
-   * with UPPER_NOT_COPIED, before any pause, when the upper is beyond COPY_LIMITS (the caller
+   * A checkpoint that leaves the sandbox where it is: its processes stop in the cgroup freezer
+   * while its upper is copied into `layerId` and, for a memory checkpoint (`imagesId`), CRIU
+   * dumps them as they stand and leaves them running; then they go on, the same processes on the
+   * same upper. No restore, so the pause is the dump's alone, or for files only no CRIU at all
+   * and a pause flat in the processes and their memory. Refused with UPPER_NOT_COPIED, before
+   * any pause, when the upper is beyond COPY_LIMITS (MEMORY_COPY_LIMITS with memory: the caller
    * freezes it by rename instead), or after one when the copy fails or outlasts its deadline
    * (the sandbox thawed, nothing of the layer kept).
    */
-  async copyRunningUpper(spec: SandboxSpec, layerId: string, release?: () => void): Promise<FreezeResult> {
+  async copyRunningUpper(spec: SandboxSpec, layerId: string, opts: { imagesId?: string; release?: () => void } = {}): Promise<FreezeResult> {
     const id = spec.id;
-    if (!this.live.has(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not running`);
+    const sb = this.live.get(id);
+    if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not running`);
     if (this.fenced.has(id)) throw new EngineError('UPPER_NOT_COPIED', `sandbox ${id} is frozen (its node's lease is in doubt)`);
     const upper = this.disk.upperOf(id);
     const size = await treeSize(upper, AbortSignal.timeout(COPY_LIMITS.deadlineMs)).catch((err: unknown) => {
       throw new EngineError('UPPER_NOT_COPIED', `could not measure the upper of ${id}: ${(err as Error).message}`, undefined, { cause: err });
     });
-    if (size.bytes > COPY_LIMITS.maxBytes || size.entries > COPY_LIMITS.maxEntries) {
+    const limits = opts.imagesId === undefined ? COPY_LIMITS : MEMORY_COPY_LIMITS;
+    if (size.bytes > limits.maxBytes || size.entries > limits.maxEntries) {
       throw new EngineError('UPPER_NOT_COPIED', `the upper of ${id} holds ${size.entries} entries, ${size.bytes} bytes: more than a short freeze copies`);
     }
+    const dump = opts.imagesId === undefined ? undefined : await this.prepareDump(spec, sb, opts.imagesId);
     const copy = this.disk.prepareUpperCopy(id, layerId);
     const steps = new Steps();
-    const t0 = performance.now();
-    this.copying.add(id);
+    let pauseMs = 0;
     let failure: EngineError | undefined;
-    try {
-      await this.cgroups.freeze(id);
-      steps.mark('freeze');
-      release?.();
-      failpoint('checkpoint.frozen');
-      await copy.run(COPY_LIMITS.deadlineMs);
-      steps.mark('copy');
-      failpoint('checkpoint.copied');
-    } catch (err) {
-      copy.cancel();
-      failure = new EngineError('UPPER_NOT_COPIED', `copying the upper of ${id}: ${(err as Error).message}`, undefined, { cause: err });
-    } finally {
-      this.copying.delete(id);
-      if (!this.fenced.has(id)) await this.thawForSure(id);
-      steps.mark('thaw');
+    const frozen = async (release?: () => void) => {
+      const t0 = performance.now();
+      this.copying.add(id);
+      try {
+        await this.cgroups.freeze(id);
+        steps.mark('freeze');
+        release?.();
+        failpoint('checkpoint.frozen');
+        // The copy reads the upper, CRIU the processes: each needs the tree stopped, neither
+        // waits for the other.
+        const [copied, dumped] = await Promise.allSettled([copy.run(COPY_LIMITS.deadlineMs), dump?.run()]);
+        steps.mark(dump ? 'copy+dump' : 'copy');
+        if (copied.status === 'rejected') {
+          copy.cancel();
+          if (opts.imagesId !== undefined) await this.disk.removeCheckpointImages(opts.imagesId);
+          throw new EngineError('UPPER_NOT_COPIED', `copying the upper of ${id}: ${(copied.reason as Error).message}`, undefined, { cause: copied.reason });
+        }
+        if (dumped.status === 'rejected') {
+          await this.disk.removeLayer(layerId);
+          throw dumped.reason;
+        }
+        failpoint('checkpoint.copied');
+      } catch (err) {
+        failure = err instanceof EngineError ? err : new EngineError('DUMP_FAILED', (err as Error).message, undefined, { cause: err });
+      } finally {
+        dump?.end();
+        this.copying.delete(id);
+        if (!this.fenced.has(id)) await this.thawForSure(id);
+        steps.mark('thaw');
+        pauseMs = performance.now() - t0;
+      }
+    };
+    if (dump) {
+      // CRIU cannot dump the agent's connections: they are closed first, and new callers wait.
+      await sb.pause(async () => {
+        await frozen();
+        if (!dump.survived()) {
+          this.live.delete(id);
+          await this.teardown(id).catch(() => {});
+          return undefined;
+        }
+        return { pid: sb.pid, startTime: sb.startTime, result: undefined };
+      }, opts.release, { dump: true }).finally(() => void this.cgroups.boost(id, false));
+    } else {
+      await frozen(opts.release);
     }
-    const pauseMs = performance.now() - t0;
-    this.log.debug({ instance: id, steps: steps.ms, ...size }, 'checkpoint pause (upper copied)');
+    this.log.debug({ instance: id, steps: steps.ms, ...size, memory: Boolean(dump) }, 'checkpoint pause (upper copied)');
     if (failure) throw failure;
     return { layerId, pauseMs: Math.round(pauseMs * 100) / 100 };
+  }
+
+  /** A CRIU dumper of the running sandbox, started and pointed at the memory image's directory
+   * before the pause; `run` dumps the tree the engine has frozen and leaves it running (and
+   * frozen: CRIU puts the freezer back as it found it). */
+  private async prepareDump(spec: SandboxSpec, sb: Sandbox, imagesId: string): Promise<{ run: () => Promise<void>; end: () => void; survived: () => boolean }> {
+    const images = this.layout.checkpoint(imagesId);
+    await mkdir(images, { recursive: true });
+    this.criu.markFormat(images);
+    const dumper = this.dumper(spec, sb.pid);
+    let imagesFd: number;
+    let watchedPaths: string[];
+    try {
+      [imagesFd, watchedPaths] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), this.watchedPaths(spec)]);
+    } catch (err) {
+      dumper.end();
+      throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
+    }
+    // The dump's parasite runs in the sandbox's tasks, so in its CPU group (put back after the
+    // pause).
+    await this.cgroups.boost(spec.id, true);
+    let alive = true;
+    return {
+      survived: () => alive,
+      end: () => dumper.end(),
+      run: async () => {
+        const dumped = await dumper.dump({
+          pid: sb.pid, imagesFd, frozenIn: this.cgroups.freezerDir(spec.id), ownNetns: spec.uidBase !== null, watchedPaths,
+          externalMounts: spec.volumes.map((v) => v.path),
+        }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
+        dumper.end();
+        if (dumped.success) return;
+        const log = await tail(join(images, 'dump.log'));
+        const reason = lastError(log) ?? dumped.cr_errmsg ?? 'no reason given';
+        // CRIU went down with the sandbox (a deadline, or its own crash): nothing runs on.
+        alive = isAliveSync(sb.pid, sb.startTime);
+        throw new EngineError('DUMP_FAILED', `criu dump failed${alive ? '' : ' and the sandbox did not survive it'}: ${reason}`, log);
+      },
+    };
   }
 
   /** Thaws a sandbox a checkpoint froze: tried again once, since a sandbox left frozen is a

@@ -10,6 +10,16 @@ import { execa } from 'execa';
  */
 export const COPY_LIMITS = { maxBytes: 32 * 1024 * 1024, maxEntries: 2000, deadlineMs: 1000 };
 
+/**
+ * The same for a memory checkpoint, whose processes CRIU then dumps in the same freeze and leaves
+ * running. Its alternative costs a restore (15-20 ms here), not a dump and a restore, so it is
+ * worth less; and a copy repeats the whole upper since its last rename, where a rename keeps only
+ * what changed since the last checkpoint. The common case is a few edited files between two
+ * checkpoints; a checkpoint after a build or an install freezes by rename and starts over with
+ * an empty upper. At most this much is stored twice per checkpoint.
+ */
+export const MEMORY_COPY_LIMITS = { maxBytes: 256 * 1024, maxEntries: 500 };
+
 export interface TreeSize {
   bytes: number;
   entries: number;

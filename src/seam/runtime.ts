@@ -261,10 +261,11 @@ export interface SandboxRuntime {
   /** The checkpoint cycle on a running sandbox: memory image `imagesId`, upper frozen into
    * `layerId`, the sandbox running on again. */
   freezeRunning(spec: SandboxSpec, layerId: string, imagesId: string, release?: () => void): Promise<FreezeResult>;
-  /** A files-only checkpoint of a running sandbox that leaves it on its upper: the upper copied
-   * into `layerId` while its processes are frozen. UPPER_NOT_COPIED: not done (too large for a
-   * short freeze, or the copy failed); the sandbox runs on as it was. */
-  copyRunningUpper(spec: SandboxSpec, layerId: string, release?: () => void): Promise<FreezeResult>;
+  /** A checkpoint of a running sandbox that leaves it on its upper: the upper copied into
+   * `layerId` while its processes are frozen, and with `imagesId` their memory dumped there, the
+   * processes left running. UPPER_NOT_COPIED: not done (too large for a short freeze, or the copy
+   * failed); the sandbox runs on as it was. */
+  copyRunningUpper(spec: SandboxSpec, layerId: string, opts?: { imagesId?: string; release?: () => void }): Promise<FreezeResult>;
   freezeStopped(id: string, layerId: string): Promise<void>;
   hibernate(spec: SandboxSpec, layerId: string, imagesId: string): Promise<{ pauseMs: number }>;
   squash(layers: string[], image: string | null, into: string): Promise<void>;

@@ -772,12 +772,17 @@ export class FakeEngine implements SandboxRuntime {
     return { layerId, pauseMs: 1 };
   }
 
-  async copyRunningUpper(spec: SandboxSpec, layerId: string, release?: () => void): Promise<FreezeResult> {
-    this.note(`copy upper ${spec.id} ${layerId}`);
-    if (!this.live.get(spec.id) || !this.host.running.get(spec.id)) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
+  async copyRunningUpper(spec: SandboxSpec, layerId: string, opts: { imagesId?: string; release?: () => void } = {}): Promise<FreezeResult> {
+    this.note(`copy upper ${spec.id} ${layerId}${opts.imagesId ? ' with memory' : ''}`);
+    const h = this.host.running.get(spec.id);
+    if (!this.live.get(spec.id) || !h) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
     const upper = this.host.uppers.get(spec.id) ?? new Map();
     if (upper.size > this.host.upperCopyLimit) throw new EngineError('UPPER_NOT_COPIED', `the upper of ${spec.id} holds ${upper.size} entries`);
-    release?.();
+    opts.release?.();
+    if (opts.imagesId) {
+      this.host.checkFault('dump');
+      this.host.memoryImages.set(opts.imagesId, cloneMemory(h.memory));
+    }
     this.host.layers.set(layerId, new Map(upper));
     return { layerId, pauseMs: 1 };
   }

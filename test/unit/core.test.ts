@@ -138,8 +138,8 @@ describe('agent builds', () => {
   });
 });
 
-describe('files-only checkpoints of running instances', () => {
-  it('copy a small upper in a freeze (no dump, the instance stays on its upper); a large one is frozen by rename', async () => {
+describe('checkpoints of running instances with a small upper', () => {
+  it('copy it in a freeze (files only: no dump; with memory: dumped, left running; the instance stays on its upper); a large one is frozen by rename', async () => {
     const n = await node();
     const id = await create(n);
     await sh(n, id, 'set counter 1');
@@ -154,8 +154,11 @@ describe('files-only checkpoints of running instances', () => {
     const del = await n.app.inject({ method: 'DELETE', url: `/instances/${id}/files?path=/work/gone.txt`, headers: { authorization: `Bearer ${n.token}` } });
     expect(del.statusCode, del.body).toBeLessThan(300);
     await putFile(n, id, '/work/a.txt', 'two');
-    // A memory checkpoint after it freezes the same upper by rename, deletion included.
+    // A memory checkpoint after it copies the same upper, deletion included, and dumps the
+    // processes, left running.
     const later = await checkpoint(n, id);
+    expect(n.host.calls.at(-1)).toMatch(new RegExp(`^copy upper ${id} \\S+ with memory$`));
+    expect(await sh(n, id, 'get counter')).toBe('1');
     expect((await n.call('POST', `/instances/${id}/exec`, { command: 'cat /work/gone.txt' })).body.exit_code).toBe(1);
     for (const [ck, a, gone] of [[copied, 'one', 0], [later, 'two', 1], [copied, 'one', 0]] as const) {
       const rb = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
