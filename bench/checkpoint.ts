@@ -8,7 +8,7 @@ import { mkdir, readFile, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { launchUnderShim } from '../src/engine/launcher.js';
-import { attempt, benchServer, sample, stats, table, time, type Failed, type Stats } from './lib.js';
+import { attempt, benchServer, sample, stats, table, time, type BenchServer, type Failed, type Stats } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 10);
 const LARGE_MB = Number(process.env.BENCH_LARGE_MB ?? 1024);
@@ -30,11 +30,16 @@ async function checkpoint(id: string, body: Record<string, unknown> = {}): Promi
   return { ...r.body, readyMs: performance.now() - t };
 }
 
-/** The raw steps by hand on a running sandbox: criu dump, umount, rename, mount, criu restore. */
-async function rawCycle(id: string): Promise<number> {
+/** The raw steps by hand on a running sandbox: criu dump, umount, rename, mount, criu restore.
+ * On a server without networking: CRIU run by hand from the host's netns cannot dump a sandbox's
+ * link (its peer is the host's: "Unknown peer net namespace"); the engine's own CRIU dumps from
+ * inside the sandbox's netns and makes the link afresh at restore, which no hand step does. */
+async function rawCycle(srv: BenchServer, id: string): Promise<number> {
+  const { engine, fp } = srv;
+  const layout = engine.layout;
   const sb = engine.sandbox(id)!;
   await sb.close();
-  const rec = (await s.fp.store.instances.get(id))!;
+  const rec = (await fp.store.instances.get(id))!;
   const images = join(layout.root, 'raw-images', String(Math.random()).slice(2));
   await mkdir(images, { recursive: true });
   const t = performance.now();
@@ -51,23 +56,26 @@ async function rawCycle(id: string): Promise<number> {
   await rm(join(run, 'pid'), { force: true });
   await mkdir(join(run, 'criu'), { recursive: true });
   const launched = await launchUnderShim({
-    agentPath: s.fp.config.agentPath,
-    command: [s.fp.config.agentPath, 'criu-run', '--cache', s.fp.config.criuCacheDir, '--', engine.criu.path, 'restore', '-d', '-D', images, '-W', join(run, 'criu'),
+    agentPath: fp.config.agentPath,
+    command: [fp.config.agentPath, 'criu-run', '--cache', fp.config.criuCacheDir, '--', engine.criu.path, 'restore', '-d', '-D', images, '-W', join(run, 'criu'),
       '-o', 'restore.log', '--root', layout.merged(id), '--pidfile', join(run, 'pid'), '--manage-cgroups=ignore'],
-    pidfile: join(run, 'pid'), statusFile: join(run, 'status'), logFile: join(run, 'shim.log'), cgroupProcs: [], failure: 'RESTORE_FAILED',
+    // In the sandbox's own groups, as the engine restores it: CRIU puts each task back in the
+    // groups the image names, which a dump's end removed.
+    pidfile: join(run, 'pid'), statusFile: join(run, 'status'), logFile: join(run, 'shim.log'), cgroupProcs: await engine.cgroups.create(id, rec.limits), failure: 'RESTORE_FAILED',
   }).catch(async (err: unknown) => {
-    // CRIU says why in its own log: its last error line is the row's reason.
+    // CRIU says why in its own log: its first error line is the row's reason (what follows it
+    // is the rest of CRIU going down, cgroupd's lost socket among it).
     const log = await readFile(join(run, 'criu', 'restore.log'), 'utf8').catch(() => '');
-    const why = log.split('\n').filter((l) => l.includes('Error')).pop();
+    const why = log.split('\n').find((l) => l.includes('Error') && !l.includes('RLIMIT_NOFILE')); // that one is harmless here
     throw new Error(`criu restore: ${why ?? (err as Error).message}`);
   });
   const ms = performance.now() - t;
   sb.pid = launched.pid;
   sb.startTime = launched.startTime;
   await sb.connect();
-  await s.fp.store.instances.update(id, { layers: [layer, ...rec.layers], pid: launched.pid, pidStart: launched.startTime });
-  await s.fp.store.layers.add(layer);
-  await s.fp.store.layers.setRefs(`instance:${id}`, [layer, ...rec.layers]);
+  await fp.store.instances.update(id, { layers: [layer, ...rec.layers], pid: launched.pid, pidStart: launched.startTime });
+  await fp.store.layers.add(layer);
+  await fp.store.layers.setRefs(`instance:${id}`, [layer, ...rec.layers]);
   return ms;
 }
 
@@ -81,14 +89,20 @@ for (let i = 0; i < N; i++) {
 }
 // By hand on its own sandbox: a failed hand-made cycle leaves that sandbox unusable, not the bench.
 const rawSmall = await attempt(async () => {
-  const raw = await instance({ user_namespace: false });
-  return sample(N, async () => {
-    await exec(raw, `head -c 1048576 /dev/urandom > /root/raw${Math.random()}`);
-    return rawCycle(raw);
-  });
+  const bare = await benchServer({ networking: 'off' });
+  try {
+    const r = await bare.api('POST', '/instances', { user_namespace: false });
+    if (r.status !== 201) throw new Error(JSON.stringify(r.body));
+    return await sample(N, async () => {
+      await bare.api('POST', `/instances/${r.body.id}/exec`, { command: `head -c 1048576 /dev/urandom > /root/raw${Math.random()}` });
+      return rawCycle(bare, r.body.id);
+    });
+  } finally {
+    await bare.close();
+  }
 });
 rows.push({ name: 'checkpoint pause, 1 MB in upper', stats: stats(smallRuns.map((r) => r.pause_ms)), target: '≤ 60' });
-rows.push({ name: '  baseline: raw criu+mount steps, 1 MB (host ids)', stats: rawSmall });
+rows.push({ name: '  baseline: raw criu+mount steps, 1 MB (host ids, no network)', stats: rawSmall });
 rows.push({ name: 'checkpoint request → ready, 1 MB', stats: stats(smallRuns.map((r) => r.readyMs)) });
 
 // A sandbox with a live shell session running a loop: four processes for CRIU, not one.
