@@ -604,19 +604,26 @@ export class Engine implements SandboxRuntime {
         pauseMs = performance.now() - t0;
       }
     };
-    if (dump) {
-      // CRIU cannot dump the agent's connections: they are closed first, and new callers wait.
-      await sb.pause(async () => {
-        await frozen();
-        if (!dump.survived()) {
-          this.live.delete(id);
-          await this.teardown(id).catch(() => {});
-          return undefined;
-        }
-        return { pid: sb.pid, startTime: sb.startTime, result: undefined };
-      }, opts.release, { dump: true }).finally(() => void this.cgroups.boost(id, false));
-    } else {
-      await frozen(opts.release);
+    try {
+      if (dump) {
+        // CRIU cannot dump the agent's connections: they are closed first, and new callers wait.
+        await sb.pause(async () => {
+          await frozen();
+          if (!dump.survived()) {
+            this.live.delete(id);
+            await this.teardown(id).catch(() => {});
+            return undefined;
+          }
+          return { pid: sb.pid, startTime: sb.startTime, result: undefined };
+        }, opts.release, { dump: true });
+      } else {
+        await frozen(opts.release);
+      }
+    } finally {
+      // A pause that failed before its work leaves the prepared copy and CRIU waiting: both go.
+      copy.cancel();
+      dump?.end();
+      if (dump) void this.cgroups.boost(id, false);
     }
     this.log.debug({ instance: id, steps: steps.ms, ...size, memory: Boolean(dump) }, 'checkpoint pause (upper copied)');
     if (failure) throw failure;
