@@ -239,11 +239,33 @@ try {
       rcFork.push(fk);
     }
   }
+  // The same pause with about 40 processes in each sandbox: the ticker and sleepers.
+  await s.api('POST', `/instances/${fp}/processes`, { command: 'for i in $(seq 38); do sleep 1000000 & done; wait' });
+  await rc.exec('sh', '-c', 'for i in $(seq 39); do sleep 1000000 </dev/null >/dev/null 2>&1 & done');
+  await new Promise((r) => setTimeout(r, 300));
+  const count = 'ls -d /proc/[0-9]* | wc -l';
+  const fpProcs = Number((await fpExec(fp, count)).trim()) - 1; // not the ls
+  const rcProcs = Number((await rc.exec('sh', '-c', count)).stdout.trim()) - 1;
+  const fpBusy: number[] = [], rcBusy: number[] = [];
+  for (let i = -1; i < N; i++) {
+    const pf = await gapDuring(fpTicker, async () => {
+      const r = await s.api('POST', `/instances/${fp}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
+      if (r.body.status !== 'ready') throw new Error(JSON.stringify(r.body));
+    });
+    const images = join(work, `busy-images-${i + 1}`);
+    const pr = await gapDuring(rcTicker, () => rc.checkpoint(images));
+    await rm(images, { recursive: true, force: true });
+    if (i >= 0) {
+      fpBusy.push(pf);
+      rcBusy.push(pr);
+    }
+  }
   pair('create + first exec', fpCreate, rcCreate);
   pair('exec round trip', fpExecRt, rcExecRt);
   pair('checkpoint, pause seen inside (ticker)', fpPause, rcPause);
   pair('rollback + first exec', fpRollback, rcRollback);
   pair('fork + first exec', fpFork, rcFork);
+  pair(`checkpoint, pause seen inside, ${fpProcs} processes (runc: ${rcProcs})`, fpBusy, rcBusy);
   table('peers (issue 25): forkpoint and runc 1.1 + the same CRIU, the same workload (a 2 ms ticker), same run', rows);
 } finally {
   for (const b of boxes) await b.destroy();
