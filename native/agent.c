@@ -395,7 +395,7 @@ static void do_list(struct conn *c, struct fp_header *h) {
 static void handle_frame(struct conn *c, struct fp_header *h, char *pl);
 
 static int is_file_op(uint8_t type) {
-  return (type >= FP_T_WRITE_FILE && type <= FP_T_WATCH) || type == FP_T_SET_METADATA;
+  return (type >= FP_T_WRITE_FILE && type <= FP_T_WATCH) || type == FP_T_SET_METADATA || type == FP_T_SET_OWNER_MODE;
 }
 
 /* A file operation, or a spawn, for a user of the sandbox (FP_AS_USER): its ids come off the
@@ -453,6 +453,7 @@ static void handle_frame(struct conn *c, struct fp_header *h, char *pl) {
     case FP_T_RENAME: return do_rename(c, h, pl);
     case FP_T_STAT: return do_stat(c, h, pl);
     case FP_T_SET_METADATA: return do_set_metadata(c, h, pl);
+    case FP_T_SET_OWNER_MODE: return do_set_owner_mode(c, h, pl);
     case FP_T_READ_FILE:
     case FP_T_READ_AT: return do_read_file(c, h, pl);
     case FP_T_REMOVE_FILE: return do_remove_file(c, h, pl);

@@ -61,6 +61,7 @@ void do_mkdir(struct conn *c, struct fp_header *h, char *pl);
 void do_rename(struct conn *c, struct fp_header *h, char *pl);
 void do_stat(struct conn *c, struct fp_header *h, char *pl);
 void do_set_metadata(struct conn *c, struct fp_header *h, char *pl);
+void do_set_owner_mode(struct conn *c, struct fp_header *h, char *pl);
 
 /* agent_watch.c: directory watches, each owned by a connection */
 #define MAX_WATCH_FDS 16

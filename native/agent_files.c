@@ -272,3 +272,23 @@ void do_set_metadata(struct conn *c, struct fp_header *h, char *pl) {
   }
   send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
 }
+
+/* SET_OWNER_MODE: u32 what (FP_SET_UID | FP_SET_GID | FP_SET_MODE), u32 uid, u32 gid, u32 mode,
+ * path\0. The owner of a link is the link's own; a link has no mode of its own (EINVAL). Between
+ * the lstat and the chmod the sandbox could put a link in the file's place: the chmod then
+ * changes what the link names, which is of the sandbox too (this runs inside its root). */
+void do_set_owner_mode(struct conn *c, struct fp_header *h, char *pl) {
+  uint32_t v[4];
+  const char *path = payload_path(h, pl, sizeof(v));
+  if (!path) return send_error(c, h->id, EINVAL, "bad owner or mode");
+  memcpy(v, pl, sizeof(v));
+  uint32_t what = v[0];
+  if (!what || what & ~(uint32_t)(FP_SET_UID | FP_SET_GID | FP_SET_MODE)) return send_error(c, h->id, EINVAL, "nothing to change");
+  struct stat st;
+  if (lstat(path, &st) < 0) return send_error(c, h->id, errno, strerror(errno));
+  if (what & FP_SET_MODE && S_ISLNK(st.st_mode)) return send_error(c, h->id, EINVAL, "a link has no mode of its own");
+  if (what & (FP_SET_UID | FP_SET_GID) && lchown(path, what & FP_SET_UID ? (uid_t)v[1] : (uid_t)-1, what & FP_SET_GID ? (gid_t)v[2] : (gid_t)-1) < 0)
+    return send_error(c, h->id, errno, strerror(errno));
+  if (what & FP_SET_MODE && chmod(path, v[3] & 07777) < 0) return send_error(c, h->id, errno, strerror(errno));
+  send_frame(c, FP_T_OK, 0, h->id, NULL, 0);
+}

@@ -40,6 +40,7 @@ enum {
   FP_T_WATCH = 19,      /* payload: u32 flags (1 recursive), path\0; reply OK, then WATCH_EVENT frames (agent_watch.c) */
   FP_T_UNWATCH = 20,    /* ends the watch of this id */
   FP_T_SET_METADATA = 21, /* payload: path\0, "KEY\tVALUE\n"...: xattrs user.e2b.KEY; STAT answers them as "x\tKEY\tVALUE\n" lines */
+  FP_T_SET_OWNER_MODE = 22, /* payload: u32 what (FP_SET_*), u32 uid, u32 gid, u32 mode, path\0: a link is not followed */
 };
 
 /* agent -> client */
@@ -63,6 +64,7 @@ enum { FP_SPAWN_PTY = 1, FP_SPAWN_NOECHO = 2 };
 enum { FP_AS_USER = 0x80 };
 #define FP_MAX_GROUPS 32
 enum { FP_WRITE_TRUNCATE = 1 };
+enum { FP_SET_UID = 1, FP_SET_GID = 2, FP_SET_MODE = 4 };
 enum { FP_SIG_FOREGROUND = 1 };
 enum { FP_PING_DUMP_FOLLOWS = 1 };
 enum { FP_WATCH_CREATE = 1, FP_WATCH_WRITE = 2, FP_WATCH_REMOVE = 3, FP_WATCH_RENAME = 4, FP_WATCH_CHMOD = 5 };

@@ -1,5 +1,5 @@
 import { execa } from 'execa';
-import { readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError, TimeoutError, Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
@@ -115,6 +115,11 @@ describe('E2B\'s Volume class (its /volumes and its volume content API)', () => 
       expect(await vol.readFile('/dir/a.txt')).toBe('replaced');
       const owned = await vol.writeFile('/dir/user.txt', 'x', { uid: 1000, gid: 1000, mode: 0o600 });
       expect([owned.uid, owned.gid, owned.mode & 0o777]).toEqual([1000, 1000, 0o600]);
+      const changed = await vol.updateMetadata('/dir/a.txt', { uid: 1001, gid: 1002, mode: 0o640 });
+      expect([changed.uid, changed.gid, changed.mode & 0o7777]).toEqual([1001, 1002, 0o640]);
+      const moded = await vol.updateMetadata('/dir/a.txt', { mode: 0o644 }); // what is not given stays
+      expect([moded.uid, moded.gid, moded.mode & 0o7777]).toEqual([1001, 1002, 0o644]);
+      await expect(vol.updateMetadata('/nope', { mode: 0o600 })).rejects.toThrow(VolumePathNotFoundError);
       expect((await vol.makeDir('/made/deep', { force: true })).type).toBe('directory');
       expect((await vol.getInfo('/made')).type).toBe('directory');
       expect(await vol.exists('/nope')).toBe(false);
@@ -124,6 +129,7 @@ describe('E2B\'s Volume class (its /volumes and its volume content API)', () => 
 
       sbx = await Sandbox.create({ volumeMounts: { '/mnt/v': vol } });
       expect((await sbx.commands.run('cat /mnt/v/dir/a.txt; stat -c %u /mnt/v/dir/user.txt')).stdout).toBe('replaced1000\n');
+      expect((await sbx.commands.run("stat -c '%u:%g %a' /mnt/v/dir/a.txt")).stdout).toBe('1001:1002 644\n');
       await sbx.commands.run('echo from the sandbox > /mnt/v/back.txt', { user: 'root' });
       expect(await vol.readFile('/back.txt')).toBe('from the sandbox\n');
       // A volume in use is not destroyed.
@@ -152,6 +158,13 @@ describe('E2B\'s Volume class (its /volumes and its volume content API)', () => 
       // A FIFO is refused at once, not waited on for a writer.
       await expect(vol.readFile('/fifo')).rejects.toThrow(VolumeError);
       expect((await vol.getInfo('/abs')).type).toBe('symlink');
+      // Owner and mode changes reach no host file either: a link keeps its target's mode (it has
+      // none of its own: refused), its owner is its own.
+      const hostFile = statSync('/etc/hostname');
+      await expect(vol.updateMetadata('/abs', { mode: 0o777 })).rejects.toThrow(VolumeError);
+      expect((await vol.updateMetadata('/abs', { uid: 1234 })).uid).toBe(1234);
+      await vol.updateMetadata('/root/etc/hostname', { uid: 1234, mode: 0o777 }).catch(() => {});
+      expect([statSync('/etc/hostname').uid, statSync('/etc/hostname').mode]).toEqual([hostFile.uid, hostFile.mode]);
       // Writing through a symlink stays in the volume too: the host's file is untouched.
       await vol.writeFile('/root/etc/forkpoint-volume-escape', 'x').catch(() => {});
       expect(() => readFileSync('/etc/forkpoint-volume-escape')).toThrow();

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { Logger } from 'pino';
-import { ENOENT, MAX_METADATA_ENTRIES, METADATA_KEY, METADATA_VALUE, type AgentPort, type DirEntry, type FileStat, type UnixIds } from '../seam/agent.js';
+import { ENOENT, MAX_METADATA_ENTRIES, METADATA_KEY, METADATA_VALUE, type AgentPort, type DirEntry, type FileStat, type OwnerModeChange, type UnixIds } from '../seam/agent.js';
 import { AgentError } from '../seam/errors.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import { engineFailure } from './engine-failure.js';
@@ -269,6 +269,11 @@ export class FileService {
 
   async mkdir(owner: string, id: string, path: string, as?: AsUser): Promise<void> {
     await this.op(owner, id, path, (a, p, ids) => a.mkdir(p, ids), as);
+  }
+
+  /** A new owner or mode for what is at `path` (root's doing: a user's file operation cannot). */
+  async setOwnerMode(owner: string, id: string, path: string, change: OwnerModeChange): Promise<void> {
+    await this.op(owner, id, path, (a, p) => a.setOwnerMode(p, change));
   }
 }
 

@@ -4,6 +4,13 @@ import { randomInt } from 'node:crypto';
  * agent client implements it over the sandbox's socket (every frame checked there); a fake
  * engine implements it in memory. */
 
+/** What `setOwnerMode` changes: the sandbox's own ids, permission bits. */
+export interface OwnerModeChange {
+  uid?: number;
+  gid?: number;
+  mode?: number;
+}
+
 export interface ProcessListener {
   onOutput(stream: 1 | 2, offset: number, data: Buffer): void;
   onExit(exitCode: number, signal: number): void;
@@ -122,6 +129,9 @@ export interface AgentPort {
   mkdir(path: string, as?: UnixIds): Promise<void>;
   /** Sets user-defined metadata on a file (agents older than it: EINVAL, unknown frame type). */
   setMetadata(path: string, metadata: Record<string, string>, as?: UnixIds): Promise<void>;
+  /** Changes the owner and, but for a link, the mode of what `path` names (a link is not
+   * followed); what is absent stays. */
+  setOwnerMode(path: string, change: OwnerModeChange): Promise<void>;
   /** Watches a directory (and, `recursive`, those below it, as they come); resolves once the
    * watch is in place. Ends with the connection, or by `unwatch`. */
   watch(id: number, path: string, recursive: boolean, listener: WatchListener): Promise<void>;

@@ -375,6 +375,7 @@ class FakeAgent implements AgentPort {
   async mkdir(): Promise<void> {}
 
   async setMetadata(): Promise<void> {}
+  async setOwnerMode(): Promise<void> {}
 }
 
 export class FakeSandbox implements SandboxHandle {

@@ -1,6 +1,6 @@
 import { connect, type Socket } from 'node:net';
 import { AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError } from '../../seam/errors.js';
-import { ENOENT, newProcessId, type AgentPort, type ProcessListener, type UnixIds, type WatchListener } from '../../seam/agent.js';
+import { ENOENT, newProcessId, type AgentPort, type OwnerModeChange, type ProcessListener, type UnixIds, type WatchListener } from '../../seam/agent.js';
 import { decodeFrame, parseDir, parseList, parseStat, type AgentMessage, type AgentProcessInfo, type DirEntry, type FileStat } from './frames.js';
 import { AS_USER, FrameDecoder, T, WRITE_TRUNCATE, encodeFrame, encodeIds, encodeSpawn, type SpawnRequest } from './protocol.js';
 
@@ -361,6 +361,16 @@ export class AgentClient implements AgentPort {
   async setMetadata(path: string, metadata: Record<string, string>, as?: UnixIds): Promise<void> {
     const lines = Object.entries(metadata).map(([k, v]) => `${k}\t${v}\n`).join('');
     const m = await this.fileRequest(T.SET_METADATA, Buffer.from(`${path}\0${lines}`), as);
+    if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
+  }
+
+  async setOwnerMode(path: string, change: OwnerModeChange): Promise<void> {
+    const head = Buffer.alloc(16);
+    head.writeUInt32LE((change.uid === undefined ? 0 : 1) | (change.gid === undefined ? 0 : 2) | (change.mode === undefined ? 0 : 4), 0);
+    head.writeUInt32LE(change.uid ?? 0, 4);
+    head.writeUInt32LE(change.gid ?? 0, 8);
+    head.writeUInt32LE((change.mode ?? 0) & 0o7777, 12);
+    const m = await this.fileRequest(T.SET_OWNER_MODE, Buffer.concat([head, Buffer.from(`${path}\0`)]), undefined);
     if (m.kind !== 'ok') throw this.unexpected(m, 'ok');
   }
 

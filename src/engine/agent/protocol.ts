@@ -27,6 +27,7 @@ export const T = {
   WATCH: 19,
   UNWATCH: 20,
   SET_METADATA: 21,
+  SET_OWNER_MODE: 22,
   OUTPUT: 128,
   SPAWNED: 129,
   EXIT: 130,

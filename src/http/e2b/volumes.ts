@@ -23,6 +23,12 @@ const VolumeIdParams = z.object({ volumeID: z.string().min(1).max(64) });
 const NewVolume = z.object({ name: z.string().regex(/^[a-zA-Z0-9_-]+$/).max(63) }).passthrough();
 const uint32 = z.coerce.number().int().min(0).max(0xffffffff);
 const PathQuery = z.object({ path: z.string().min(1).max(4096) });
+/** A volume's ids are those its sandboxes see (0-65535, as a range maps them). */
+const OwnerMode = z.object({
+  uid: z.number().int().min(0).max(65535).optional(),
+  gid: z.number().int().min(0).max(65535).optional(),
+  mode: z.number().int().min(0).max(0o7777).optional(),
+}).passthrough();
 const Boolish = z.enum(['true', 'false']).transform((v) => v === 'true');
 const DirQuery = PathQuery.extend({ depth: z.coerce.number().int().min(0).max(MAX_DEPTH).optional() });
 const MakeQuery = PathQuery.extend({ uid: uint32.optional(), gid: uint32.optional(), mode: uint32.optional(), force: Boolish.optional() });
@@ -97,8 +103,12 @@ export const e2bVolumeRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return entryStat(path, await stat(req.owner, req.params.volumeID, path));
     });
 
-    app.patch('/volumecontent/:volumeID/path', { config: content, schema: { ...hidden, params: VolumeIdParams, querystring: PathQuery } }, async () => {
-      throw new InvalidRequestError('changing the owner or mode of a volume\'s file is not served: write it with uid, gid and mode');
+    app.patch('/volumecontent/:volumeID/path', { config: content, schema: { ...hidden, params: VolumeIdParams, querystring: PathQuery, body: OwnerMode } }, async (req) => {
+      const path = volumePath(req.query.path);
+      const { uid, gid, mode } = req.body;
+      await stat(req.owner, req.params.volumeID, path); // 404 for a missing path, as E2B's
+      if (uid !== undefined || gid !== undefined || mode !== undefined) await files.setOwnerMode(req.owner, req.params.volumeID, path, { uid, gid, mode });
+      return entryStat(path, await stat(req.owner, req.params.volumeID, path));
     });
 
     app.delete('/volumecontent/:volumeID/path', { config: content, schema: { ...hidden, params: VolumeIdParams, querystring: PathQuery } }, async (req, reply) => {
