@@ -235,13 +235,18 @@ describe('checkpoint jobs', () => {
     await s.exec(inst.id, { command: 'echo fine > /root/f' });
     // A file lock: CRIU refuses to dump one without --file-locks.
     await installKit(s, inst.id, await kit);
+    // The kit (a static binary, more than a memory checkpoint copies) is frozen into a layer
+    // first: the doomed checkpoint's upper is small, copied while CRIU dumps beside it.
+    await checkpoint(inst.id);
     await s.api('POST', `/instances/${inst.id}/processes`, { command: `${KIT} holdlock /root/lock` });
     await eventually(async () => (await s.exec(inst.id, { command: 'cat /proc/locks' })).stdout.includes('FLOCK'));
     const pid = s.engine.sandbox(inst.id)!.pid;
+    const layers = readdirSync(s.engine.layout.layers).sort();
     const r = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: 'doomed' });
     expect(r.body.status).toBe('failed');
     expect(r.body.error).toMatch(/criu dump failed: .*lock/i);
     expect(s.engine.sandbox(inst.id)!.pid).toBe(pid);
+    expect(readdirSync(s.engine.layout.layers).sort()).toEqual(layers); // the copy made beside the dump is gone
     expect((await s.api('GET', `/instances/${inst.id}`)).body.status).toBe('running');
     expect((await s.exec(inst.id, { command: 'cat /root/f; grep -c FLOCK /proc/locks' })).stdout).toBe('fine\n1\n');
     expect((await s.api('GET', `/instances/${inst.id}/checkpoints`)).body.items[0].status).toBe('failed');
