@@ -1,4 +1,8 @@
+import { setPriority } from 'node:os';
 import { execa } from 'execa';
+
+/** The copy's nice value: CRIU's (native/criu_run.c). */
+const COPY_NICE = -10;
 
 /**
  * How much of an upper a files-only checkpoint copies while the sandbox is frozen, rather than
@@ -56,6 +60,14 @@ export class PreparedCopy {
     const script = 'read -r go && exec cp -a --sparse=auto --reflink=auto --no-target-directory -- "$1" "$2"';
     this.sub = execa('sh', ['-c', script, 'copy', src, dest], { stdin: 'pipe', cancelSignal: this.abort.signal, forceKillAfterDelay: 0 });
     this.sub.catch(() => {}); // its outcome is run()'s
+    // It works while the sandbox is paused: above what keeps a busy host's CPUs busy, as CRIU's
+    // workers are (criu_run.c, CRIU_NICE). Best effort: a server that may not raise it copies
+    // at its own priority.
+    try {
+      if (this.sub.pid) setPriority(this.sub.pid, COPY_NICE);
+    } catch {
+      // no CAP_SYS_NICE
+    }
   }
 
   /** Copies, within `deadlineMs` (else the copy is stopped and this throws). */
