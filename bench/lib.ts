@@ -10,6 +10,7 @@ import type { Engine } from '../src/engine/engine.js';
 import { localEngine } from '../src/local.js';
 import { buildApp } from '../src/http/app.js';
 import { VERSION } from '../src/version.js';
+import { raiseServerPriority } from '../src/lib/server-priority.js';
 
 export interface Stats {
   n: number;
@@ -114,6 +115,8 @@ export async function benchServer(opts: { unconfined?: boolean; networking?: 'on
   const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, ...criuFromEnv(), ...opts.config } });
   // BENCH_LOG=FILE: the servers' debug log (the engine's per-step timings) goes there.
   const log = process.env.BENCH_LOG ? pino({ level: 'debug' }, pino.destination({ dest: process.env.BENCH_LOG, append: true, sync: false })) : pino({ level: 'silent' });
+  // As `forkpoint serve` runs (the bench's own processes with it: its host load is set back to 0).
+  raiseServerPriority(cfg.serverNice);
   let engine!: Engine;
   const fp = await Forkpoint.open(cfg, log, VERSION, (nodeId) => (engine = localEngine(cfg, log, nodeId, { unconfinedForBenchmarks: opts.unconfined ?? false })));
   await fp.start();

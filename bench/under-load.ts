@@ -5,6 +5,7 @@
  * host process per CPU (the host's own work, outside any sandbox group).
  */
 import { spawn } from 'node:child_process';
+import { setPriority } from 'node:os';
 import { availableParallelism } from 'node:os';
 import { benchServer, checkpointCycle, stats, table, type CycleSamples, type Stats } from './lib.js';
 
@@ -36,7 +37,12 @@ try {
   const spin = async (on: boolean) => {
     for (const id of spinners) await (on ? s.engine.thaw(id) : s.engine.freeze(id));
   };
-  const hogs = Array.from({ length: cpus * PER_CPU }, () => spawn('sh', ['-c', 'while :; do :; done'], { stdio: 'ignore' }));
+  // At the default priority, as other host processes are (the bench runs at the server's).
+  const hogs = Array.from({ length: cpus * PER_CPU }, () => {
+    const hog = spawn('sh', ['-c', 'while :; do :; done'], { stdio: 'ignore' });
+    if (hog.pid) setPriority(hog.pid, 0);
+    return hog;
+  });
   const hog = (on: boolean) => {
     for (const h of hogs) h.kill(on ? 'SIGCONT' : 'SIGSTOP');
   };

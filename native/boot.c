@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -265,6 +266,12 @@ static void sandbox_init(const char *hostname) {
    * (Docker's default posture), and sudo in E2B's base needs it; on the host's ids that root is
    * the host's uid 0, so there every process of the sandbox keeps no_new_privs. */
   if (userns_base < 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("no_new_privs");
+  /* A sandbox starts no higher than the default priority, whatever the server runs at (it may
+   * run above its sandboxes: FORKPOINT_SERVER_NICE). Raising one's nice value needs no
+   * privilege; a server run below the default leaves its sandboxes there too. */
+  errno = 0;
+  int nice_now = getpriority(PRIO_PROCESS, 0);
+  if (errno == 0 && nice_now < 0 && setpriority(PRIO_PROCESS, 0, 0) < 0) fail("setpriority");
   char *argv[] = {"fp-agent", "init", NULL};
   char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   /* The report pipe is close-on-exec: EOF on it tells the parent the exec happened. */

@@ -31,6 +31,8 @@ export const configSchema = z.object({
   host: z.string().min(1).default('127.0.0.1'),
   port: z.coerce.number().int().min(0).max(65535).default(7878),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** The server's nice value: above its sandboxes (they start at 0), below CRIU's workers (-10). */
+  serverNice: z.coerce.number().int().min(-20).max(19).default(-5),
   /** Where criu (>= 4.2) is; set-up puts a private one here when the host has none. */
   criuPath: z.string().min(1).default('/opt/forkpoint/bin/criu'),
   /** A tmpfs for CRIU's kernel-probe cache (mounted by the server when missing). */
@@ -179,6 +181,7 @@ const envNames: Record<keyof Config, string> = {
   host: 'FORKPOINT_HOST',
   port: 'FORKPOINT_PORT',
   logLevel: 'FORKPOINT_LOG_LEVEL',
+  serverNice: 'FORKPOINT_SERVER_NICE',
   criuPath: 'FORKPOINT_CRIU',
   criuCacheDir: 'FORKPOINT_CRIU_CACHE_DIR',
   agentPath: 'FORKPOINT_AGENT',

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -78,6 +78,10 @@ describe('server restart', () => {
     await exec(server, inst.id, { command: 'cd /srv && export KEPT=yes', session: 'main' });
     const bg = (await server.api('POST', `/instances/${inst.id}/processes`, { command: 'while true; do date +%s%N >> /tmp/ticks; sleep 0.05; done' })).body;
     const pid = Number((await readFile(join(dataDir, 'instances', inst.id, 'run', 'pid'), 'utf8')).trim());
+    // The server runs above its sandboxes (FORKPOINT_SERVER_NICE, -5); they start at 0.
+    const niceOf = (p: number) => readFileSync(`/proc/${p}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[16];
+    expect(niceOf(server.proc.pid!)).toBe('-5');
+    expect((await exec(server, inst.id, { command: "awk '{ print $19 }' /proc/[0-9]*/stat | sort -u" })).stdout).toBe('0\n');
     const token = server.token;
     await server.stop('SIGTERM');
     expect(existsSync(`/proc/${pid}`)).toBe(true); // the sandbox outlives the server

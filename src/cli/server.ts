@@ -16,6 +16,7 @@ import { DataLayout } from '../lib/data-layout.js';
 import { buildApp, openApiDocument } from '../http/app.js';
 import type { OpenApiVersion } from '../http/openapi.js';
 import { VERSION } from '../version.js';
+import { raiseServerPriority } from '../lib/server-priority.js';
 
 /** The commands that run the server or act on its data directory: loaded only when one of
  * them is asked for (the client commands need none of this). */
@@ -47,6 +48,8 @@ async function serversStore(cfg: Config) {
 export async function serve(g: GlobalFlags, o: { port?: string; host?: string; logLevel?: string }): Promise<void> {
   const cfg = config(g, { port: o.port, host: o.host, logLevel: o.logLevel });
   const log = pino({ level: cfg.logLevel });
+  const notRaised = raiseServerPriority(cfg.serverNice);
+  if (notRaised) log.warn(notRaised);
   const fp = await openLocalForkpoint(cfg, log, VERSION);
   await fp.start();
   const token = await fp.ensureInitialToken();
