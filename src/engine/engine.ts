@@ -452,6 +452,23 @@ export class Engine implements SandboxRuntime {
       .map((m) => m.mountPoint.slice(prefix.length, -'/merged'.length));
   }
 
+  /** What a dump needs before the pause: its image directory (marked with the image format), a
+   * CRIU dumper ready with that directory open, the sandbox's inotify watches placed; and
+   * whatever else is `alongside`. The dumper is ended if any of it fails. */
+  private async readyDumper(spec: SandboxSpec, pid: number, imagesId: string, alongside: Promise<unknown>[] = []) {
+    const images = this.layout.checkpoint(imagesId);
+    await mkdir(images, { recursive: true });
+    this.criu.markFormat(images);
+    const dumper = this.dumper(spec, pid);
+    try {
+      const [imagesFd, watchedPaths] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), this.watchedPaths(spec), ...alongside]);
+      return { dumper, images, imagesFd, watchedPaths };
+    } catch (err) {
+      dumper.end();
+      throw err;
+    }
+  }
+
   /**
    * The checkpoint cycle on a running sandbox: dump (which stops it), freeze the upper into a
    * new layer by rename, mount a fresh upper over it in place of the old overlay, restore. Callers see a
@@ -459,35 +476,28 @@ export class Engine implements SandboxRuntime {
    * `images` receives the memory image; `spec.layers` are the layers before the freeze.
    */
   async freezeRunning(spec: SandboxSpec, layerId: string, imagesId: string, release?: () => void): Promise<FreezeResult> {
-    const images = this.layout.checkpoint(imagesId);
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
-    await mkdir(images, { recursive: true });
-    this.criu.markFormat(images);
     let pauseMs = 0;
     let dumpError: unknown;
     const steps = new Steps();
     // Both CRIUs start while the sandbox still runs; the pause pays for their work only.
-    const dumper = this.dumper(spec, sb.pid);
+    // The restorer opens the image directory as it gets ready: it is there first.
+    await mkdir(this.layout.checkpoint(imagesId), { recursive: true });
     const restorer = this.restorers.take();
     const next = { ...spec, layers: [layerId, ...spec.layers] };
-    const prepared = this.prepareRestore(restorer, next, images);
-    let imagesFd: number;
-    let watchedPaths: string[];
+    const prepared = this.prepareRestore(restorer, next, this.layout.checkpoint(imagesId));
+    prepared.catch(() => {}); // handled with the dumper's readiness, below
+    let ready: Awaited<ReturnType<Engine['readyDumper']>>;
     try {
       // Unmounting flushes the upper's dirty data; flushing it first, while the sandbox still
       // runs, leaves only what is written in the meantime to the background.
-      [imagesFd, watchedPaths] = await Promise.all([
-        dumper.ready().then(() => dumper.openDir(images)),
-        this.watchedPaths(spec),
-        run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)]),
-        prepared,
-      ]);
+      ready = await this.readyDumper(spec, sb.pid, imagesId, [run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)]), prepared]);
     } catch (err) {
-      dumper.end();
       restorer.worker.end();
       throw err instanceof EngineError && err.code === 'CGROUP_FAILED' ? err : new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`);
     }
+    const { dumper, images, imagesFd, watchedPaths } = ready;
     steps.mark('warm-up');
     // The dump's parasite runs in the sandbox's tasks, so in its CPU group (restoreWith weighs
     // the restore the same way and puts the weight back).
@@ -634,18 +644,9 @@ export class Engine implements SandboxRuntime {
    * before the pause; `run` dumps the tree the engine has frozen and leaves it running (and
    * frozen: CRIU puts the freezer back as it found it). */
   private async prepareDump(spec: SandboxSpec, sb: Sandbox, imagesId: string): Promise<{ run: () => Promise<void>; end: () => void; survived: () => boolean }> {
-    const images = this.layout.checkpoint(imagesId);
-    await mkdir(images, { recursive: true });
-    this.criu.markFormat(images);
-    const dumper = this.dumper(spec, sb.pid);
-    let imagesFd: number;
-    let watchedPaths: string[];
-    try {
-      [imagesFd, watchedPaths] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), this.watchedPaths(spec)]);
-    } catch (err) {
-      dumper.end();
+    const { dumper, images, imagesFd, watchedPaths } = await this.readyDumper(spec, sb.pid, imagesId).catch((err: unknown) => {
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
-    }
+    });
     // The dump's parasite runs in the sandbox's tasks, so in its CPU group (put back after the
     // pause).
     await this.cgroups.boost(spec.id, true);
@@ -687,20 +688,11 @@ export class Engine implements SandboxRuntime {
    * memory freed, its disk unmounted. `restore(spec with the layer, images)` wakes it.
    */
   async hibernate(spec: SandboxSpec, layerId: string, imagesId: string): Promise<{ pauseMs: number }> {
-    const images = this.layout.checkpoint(imagesId);
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
-    await mkdir(images, { recursive: true });
-    this.criu.markFormat(images);
-    const dumper = this.dumper(spec, sb.pid);
-    let imagesFd: number;
-    let watchedPaths: string[];
-    try {
-      [imagesFd, watchedPaths] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), this.watchedPaths(spec), run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]);
-    } catch (err) {
-      dumper.end();
+    const { dumper, images, imagesFd, watchedPaths } = await this.readyDumper(spec, sb.pid, imagesId, [run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]).catch((err: unknown) => {
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
-    }
+    });
     let dumpError: EngineError | undefined;
     const t0 = performance.now();
     await sb.pause(async () => {
