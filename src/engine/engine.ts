@@ -570,10 +570,10 @@ export class Engine implements SandboxRuntime {
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not running`);
     if (this.fenced.has(id)) throw new EngineError('UPPER_NOT_COPIED', `sandbox ${id} is frozen (its node's lease is in doubt)`);
     const upper = this.disk.upperOf(id);
-    const size = await treeSize(upper, AbortSignal.timeout(COPY_LIMITS.deadlineMs)).catch((err: unknown) => {
+    const limits = opts.imagesId === undefined ? COPY_LIMITS : MEMORY_COPY_LIMITS;
+    const size = await treeSize(upper, AbortSignal.timeout(COPY_LIMITS.deadlineMs), limits.maxEntries).catch((err: unknown) => {
       throw new EngineError('UPPER_NOT_COPIED', `could not measure the upper of ${id}: ${(err as Error).message}`, undefined, { cause: err });
     });
-    const limits = opts.imagesId === undefined ? COPY_LIMITS : MEMORY_COPY_LIMITS;
     if (size.bytes > limits.maxBytes || size.entries > limits.maxEntries) {
       throw new EngineError('UPPER_NOT_COPIED', `the upper of ${id} holds ${size.entries} entries, ${size.bytes} bytes: more than a short freeze copies`);
     }
