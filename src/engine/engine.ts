@@ -385,7 +385,7 @@ export class Engine implements SandboxRuntime {
       await this.abandonLaunch(spec.id);
       throw err;
     } finally {
-      this.restorers.refillSoon();
+      this.restorers.finished();
     }
   }
 
@@ -495,6 +495,7 @@ export class Engine implements SandboxRuntime {
       ready = await this.readyDumper(spec, sb.pid, imagesId, [run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)]), prepared]);
     } catch (err) {
       restorer.worker.end();
+      this.restorers.finished();
       throw err instanceof EngineError && err.code === 'CGROUP_FAILED' ? err : new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`);
     }
     const { dumper, images, imagesFd, watchedPaths } = ready;
@@ -545,7 +546,7 @@ export class Engine implements SandboxRuntime {
         throw err;
       }
     }, release, { dump: true }).finally(() => {
-      this.restorers.refillSoon();
+      this.restorers.finished();
       void this.cgroups.boost(spec.id, false);
     });
     steps.mark('reconnect');
@@ -582,7 +583,8 @@ export class Engine implements SandboxRuntime {
     const steps = new Steps();
     let pauseMs = 0;
     let failure: EngineError | undefined;
-    const frozen = async (release?: () => void) => {
+    // No restorer starts up beside the pause (RestorerPool): it would take CPU from it.
+    const frozen = (release?: () => void) => this.restorers.quietWhile(async () => {
       const t0 = performance.now();
       this.copying.add(id);
       try {
@@ -613,7 +615,7 @@ export class Engine implements SandboxRuntime {
         steps.mark('thaw');
         pauseMs = performance.now() - t0;
       }
-    };
+    });
     try {
       if (dump) {
         // CRIU cannot dump the agent's connections: they are closed first, and new callers wait.
@@ -739,9 +741,10 @@ export class Engine implements SandboxRuntime {
     }
     await this.disk.ensureVolume(spec);
     const steps = new Steps();
+    let restorer: Restorer | undefined;
     await sb.pause(async () => {
       // A warm CRIU if the pool has one; else it starts while the old sandbox goes.
-      const restorer = images ? this.restorers.take() : undefined;
+      restorer = images ? this.restorers.take() : undefined;
       const prepared = restorer && images ? this.prepareRestore(restorer, spec, this.inRange(spec, images)) : undefined;
       prepared?.catch(() => {});
       const oldGone = killTree(sb.pid, sb.startTime);
@@ -761,7 +764,9 @@ export class Engine implements SandboxRuntime {
         await this.abandonLaunch(spec.id).catch(() => {});
         throw err;
       }
-    }, undefined, { rollback: true }).finally(() => this.restorers.refillSoon());
+    }, undefined, { rollback: true }).finally(() => {
+      if (restorer) this.restorers.finished();
+    });
     return sb;
   }
 
