@@ -4,6 +4,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
+import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { subnetFor } from '../src/lib/ipv4.js';
 import { ChildServer } from './helpers/child-server.js';
@@ -66,6 +67,35 @@ describe('one live server per data directory and per subnet', () => {
       }
     } finally {
       await rm(other, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('a stop signal', () => {
+  it('SIGTERM while a subprocess of the server is under way (an image pull) is a clean shutdown, not a death by the signal', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-sigterm-'));
+    // A registry that takes connections and never answers: the pull's skopeo waits on it.
+    const sockets: Socket[] = [];
+    const registry = createServer((sk) => sockets.push(sk));
+    await new Promise<void>((r) => registry.listen(0, '127.0.0.1', r));
+    try {
+      server = await ChildServer.start(dataDir);
+      const { token } = server;
+      const pid = server.proc.pid!;
+      const pull = server.api('POST', '/images/pull', { reference: `127.0.0.1:${(registry.address() as AddressInfo).port}/hangs:1` }).catch(() => undefined);
+      await eventually(async () => (await execa('pgrep', ['-P', String(pid), 'skopeo'], { reject: false })).exitCode === 0, 15_000);
+      const exited = new Promise<[number | null, string | null]>((r) => server!.proc.once('exit', (code, signal) => r([code, signal])));
+      server.proc.kill('SIGTERM');
+      await sleep(200);
+      // The pull fails once its registry is gone, and the shutdown, which waited for it, ends.
+      for (const sk of sockets) sk.destroy();
+      registry.close();
+      expect(await exited).toEqual([0, null]);
+      await pull;
+      server = await ChildServer.start(dataDir, token); // for the clean-up after each test
+    } finally {
+      for (const sk of sockets) sk.destroy();
+      registry.close();
     }
   });
 });

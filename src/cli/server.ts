@@ -61,14 +61,19 @@ export async function serve(g: GlobalFlags, o: { port?: string; host?: string; l
   // Where the other nodes sharing the store reach this one (FORKPOINT_NODE_URL says, else this).
   await fp.join(address);
   process.stdout.write(`forkpoint ${VERSION} listening on ${address} (data in ${cfg.dataDir}; web console at ${address}/ui, API docs at ${address}/docs)\n`);
+  let stopping = false;
   const stop = async (signal: string) => {
+    if (stopping) return; // a second signal: the shutdown under way goes on
+    stopping = true;
     log.info({ signal }, 'shutting down; sandboxes keep running and are re-adopted at the next start');
     await app.close();
     await fp.close();
     process.exit(0);
   };
-  process.once('SIGINT', () => void stop('SIGINT'));
-  process.once('SIGTERM', () => void stop('SIGTERM'));
+  // `on`, not `once`: execa's clean-up (signal-exit) re-raises a signal it finds no other
+  // listener for, which killed the server mid-shutdown whenever a subprocess was under way.
+  process.on('SIGINT', () => void stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
 }
 
 export async function tokenCreate(g: GlobalFlags, o: { owner: string; name: string; e2b?: boolean }): Promise<void> {
