@@ -79,6 +79,19 @@ describe('a sandbox on the network', () => {
     expect(bad.status).toBe(400);
   });
 
+  it('a policy goes in even when the nft the server started ahead for it was killed meanwhile', async () => {
+    const inst = await s.instance({ network: { egress: 'deny' } });
+    // The server's own nft waiting for the next script (this process is the server).
+    const waiting = async () => (await execa('pgrep', ['-P', String(process.pid), '-x', 'nft'], { reject: false })).stdout.split('\n').filter(Boolean);
+    await until('the server\'s spare nft', async () => (await waiting()).length > 0, 5000);
+    for (const pid of await waiting()) process.kill(Number(pid), 'SIGKILL');
+    await until('the spare nft gone', async () => (await waiting()).length === 0, 5000);
+    const patched = await s.api('PATCH', `/instances/${inst.id}`, { network: { egress: 'deny', allow: [`${net.address}/32`] } });
+    expect(patched.status).toBe(200);
+    expect(await fetchIn(inst.id, `http://${net.address}/`)).toContain('hello');
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
   it('a fork keeps its source\'s policy: a denied instance\'s fork is denied, a private host it allowed stays allowed', async () => {
     const src = await s.instance({ network: { egress: 'deny', allow: [`${net.address}/32`] } });
     const fork = await s.api('POST', `/instances/${src.id}/fork`, {});

@@ -148,12 +148,14 @@ export class Network {
   close(): void {
     this.dns.close();
     this.proxy.close();
+    this.firewall.close();
   }
 
   /** Removes the firewall table and the gateway address: no sandbox of this server is left. */
   async destroy(): Promise<void> {
     this.dns.close();
     this.proxy.close();
+    this.firewall.close();
     try {
       await this.firewall.destroy();
     } finally {
