@@ -64,14 +64,18 @@ export class Firewall {
     const nft = spare ?? startNft();
     this.spare = undefined;
     nft.stdin?.end(script);
-    const deadline = setTimeout(() => nft.kill('SIGKILL'), NFT_DEADLINE_MS);
+    let late = false;
+    const deadline = setTimeout(() => {
+      late = true;
+      nft.kill('SIGKILL');
+    }, NFT_DEADLINE_MS);
     const r = await nft.finally(() => clearTimeout(deadline));
     // The next one starts a moment later, not in the way of what this one was for.
     setTimeout(() => {
       if (!this.closed) this.spare ??= startNft();
     }, 25).unref();
-    if (r.signal === 'SIGKILL') throw new EngineError('TIMEOUT', `nft did not finish within ${NFT_DEADLINE_MS / 1000} s`);
-    if (r.exitCode !== 0) throw new EngineError('NETWORK_FAILED', `nft: ${(r.stderr || r.stdout).trim().split('\n').slice(0, 3).join(' / ')}`);
+    if (late) throw new EngineError('TIMEOUT', `nft did not finish within ${NFT_DEADLINE_MS / 1000} s`);
+    if (r.exitCode !== 0) throw new EngineError('NETWORK_FAILED', `nft: ${(r.stderr || r.stdout || `ended by ${r.signal ?? 'an error'}`).trim().split('\n').slice(0, 3).join(' / ')}`);
   }
 
   /** The whole table, from scratch, with these sandboxes in it. `proxy`: the egress proxy's
