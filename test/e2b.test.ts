@@ -397,11 +397,14 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
     const sbx = await Sandbox.create();
     try {
       await sbx.commands.run('head -c 5000000 /dev/urandom > /tmp/five-mb');
-      await sbx.commands.run('timeout 5 sh -c "while :; do :; done"', { background: true });
-      const [m] = await sbx.getMetrics();
+      await sbx.commands.run('timeout 20 sh -c "while :; do :; done"', { background: true });
+      // A busy loop on one of its CPUs; the suite's other file may hold the host's CPUs a moment,
+      // so a few readings (each over its own short window) may be taken before one shows it.
+      let m: Awaited<ReturnType<typeof sbx.getMetrics>>[number] | undefined;
+      for (let i = 0; i < 10 && !(m && m.cpuUsedPct > 30); i++) [m] = await sbx.getMetrics();
       expect(m).toBeDefined();
       expect(m!.cpuCount).toBeGreaterThanOrEqual(1);
-      expect(m!.cpuUsedPct).toBeGreaterThan(30); // a busy loop on one of its CPUs
+      expect(m!.cpuUsedPct).toBeGreaterThan(30);
       expect(m!.memUsed).toBeGreaterThan(0);
       expect(m!.memTotal).toBe(1024 * 1024 * 1024);
       expect(m!.diskUsed).toBeGreaterThanOrEqual(5_000_000);
