@@ -4,6 +4,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
+import { request } from 'undici';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { subnetFor } from '../src/lib/ipv4.js';
@@ -72,7 +73,7 @@ describe('one live server per data directory and per subnet', () => {
 });
 
 describe('a stop signal', () => {
-  it('SIGTERM while a subprocess of the server is under way (an image pull) is a clean shutdown, not a death by the signal', async () => {
+  it('SIGTERM while a subprocess of the server is under way (an image pull that hangs) is a clean shutdown, not a death by the signal', async () => {
     dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-sigterm-'));
     // A registry that takes connections and never answers: the pull's skopeo waits on it.
     const sockets: Socket[] = [];
@@ -97,6 +98,27 @@ describe('a stop signal', () => {
       for (const sk of sockets) sk.destroy();
       registry.close();
     }
+  });
+
+  it('a stop ends though a client keeps an event stream open (the stream ends with it)', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-sigterm-'));
+    server = await ChildServer.start(dataDir);
+    const { token } = server;
+    const inst = (await server.api('POST', '/instances', {})).body;
+    const stream = await request(`${server.url}/instances/${inst.id}/events`, { headers: { authorization: `Bearer ${token}` } });
+    expect(stream.statusCode).toBe(200);
+    const ended = new Promise<void>((r) => {
+      stream.body.on('error', () => r());
+      stream.body.on('end', () => r());
+      stream.body.resume();
+    });
+    const exited = new Promise<[number | null, string | null]>((r) => server!.proc.once('exit', (code, signal) => r([code, signal])));
+    const t = Date.now();
+    server.proc.kill('SIGTERM');
+    expect(await exited).toEqual([0, null]);
+    expect(Date.now() - t).toBeLessThan(30_000);
+    await ended;
+    server = await ChildServer.start(dataDir, token); // for the clean-up after each test
   });
 });
 
