@@ -685,7 +685,7 @@ describe('@e2b/code-interpreter, unchanged', () => {
     await fork.kill();
     await sbx.kill();
   }, 180_000);
-  it('rich outputs (a matplotlib figure as PNG, a pandas frame as HTML and data, display()), a string result as its text, JavaScript and bash cells, and a cell cut off by its client interrupted (they were Python only, and the next cell waited, then a 500)', async () => {
+  it('rich outputs (a matplotlib figure as PNG, a pandas frame as HTML and data, display()), a string result as its text, JavaScript, TypeScript and bash cells, and a cell cut off by its client interrupted (they were Python only, and the next cell waited, then a 500)', async () => {
     const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
     const sbx = await CodeSandbox.create({ envs: { TEST_ENV_VAR: 'supertest' } });
     try {
@@ -715,6 +715,13 @@ describe('@e2b/code-interpreter, unchanged', () => {
       expect((await sbx.runCode('process.cwd()', { language: 'js' })).text).toBe('/home/user');
       expect((await sbx.runCode('process.env.FOO', { language: 'js', envs: { FOO: 'bar' } })).text).toBe('bar');
       expect((await sbx.runCode('process.env.FOO || "default"', { language: 'js' })).text).toBe('default');
+      // TypeScript: its types stripped, the rest run as JavaScript (it was refused, 400).
+      expect((await sbx.runCode('const message: string = "Hello World!"; console.log(message)', { language: 'ts' })).logs.stdout).toEqual(['Hello World!\n']);
+      expect((await sbx.runCode('process.cwd()', { language: 'typescript' })).text).toBe('/home/user');
+      const tsCtx = await sbx.createCodeContext({ language: 'typescript' });
+      await sbx.runCode('interface Box { n: number }\nconst box: Box = { n: 41 }', { context: tsCtx });
+      expect((await sbx.runCode('await Promise.resolve(box.n as number + 1)', { context: tsCtx })).text).toBe('42');
+      expect((await sbx.runCode('const broken: = 1', { language: 'ts' })).error?.name).toBe('SyntaxError');
       const jsCtx = await sbx.createCodeContext({ language: 'js' });
       await sbx.runCode('var kept = 41', { context: jsCtx });
       expect((await sbx.runCode('kept + 1', { context: jsCtx })).text).toBe('42');
@@ -728,8 +735,13 @@ describe('@e2b/code-interpreter, unchanged', () => {
       // few times, so that the cell is still asked to run soon and its answer checked.
       let next: Awaited<ReturnType<typeof sbx.runCode>> | undefined;
       for (let attempt = 0; !next; attempt++) {
-        next = await sbx.runCode('1 + 1', { timeoutMs: 20_000 }).catch((err: Error) => {
+        next = await sbx.runCode('1 + 1', { timeoutMs: 20_000 }).catch(async (err: Error) => {
           if (attempt >= 4 || !/409/.test(err.message)) throw err;
+          // The SDK shows the status only: what the server says, and the instance's state, go
+          // to the log, so that a run that meets it tells which state it was.
+          const said = await fetch(`${s.url}/health`, { headers: { 'e2b-sandbox-id': sbx.sandboxId, 'e2b-sandbox-port': '49999', 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken } });
+          const rec = await s.api('GET', `/instances/${sbx.sandboxId}`);
+          console.warn(`runCode after an interrupt: 409 (attempt ${attempt}); now the port says ${said.status} ${await said.text()}; the instance is ${JSON.stringify(rec.body.status)}`);
           return new Promise<undefined>((r) => setTimeout(() => r(undefined), 500));
         });
       }
@@ -739,6 +751,55 @@ describe('@e2b/code-interpreter, unchanged', () => {
       await sbx.kill();
     }
   }, 300_000);
+  it('charts: a matplotlib figure\'s data as `result.chart` (bar, box and whisker, pie, a dated line with units, a categorical scale, several axes, and what is none of those), beside its PNG (there was no chart)', async () => {
+    const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
+    const sbx = await CodeSandbox.create();
+    type Chart = { type: string; title: string | null; elements: Record<string, unknown>[] } & Record<string, unknown>;
+    const chartOf = async (code: string): Promise<Chart> => {
+      const run = await sbx.runCode(`import matplotlib.pyplot as plt\n${code}\nplt.show()`);
+      expect(run.error).toBeUndefined();
+      expect(run.results[0]!.png).toBeDefined();
+      return run.results[0]!.chart as unknown as Chart;
+    };
+    try {
+      const bar = await chartOf("plt.bar(['A', 'B', 'C'], [100, 200, 300], label='Sold')\nplt.xlabel('Authors')\nplt.ylabel('Books')\nplt.title('Sales')");
+      expect(bar).toMatchObject({ type: 'bar', title: 'Sales', x_label: 'Authors', y_label: 'Books', x_unit: null, y_unit: null });
+      expect(bar.elements).toEqual([{ label: 'A', value: 100, group: 'Sold' }, { label: 'B', value: 200, group: 'Sold' }, { label: 'C', value: 300, group: 'Sold' }]);
+
+      const box = await chartOf("fig, ax = plt.subplots()\nax.boxplot([[85, 90, 78, 92, 88], [95, 89, 76, 91, 84, 87]], tick_labels=['A', 'B'])\nax.set_title('Scores')");
+      expect(box).toMatchObject({ type: 'box_and_whisker', title: 'Scores' });
+      expect(box.elements).toEqual([
+        { label: 'A', min: 78, first_quartile: 85, median: 88, third_quartile: 90, max: 92, outliers: [] },
+        { label: 'B', min: 84, first_quartile: 84.75, median: 88, third_quartile: 90.5, max: 95, outliers: [76] },
+      ]);
+
+      const pie = await chartOf("plt.pie([90, 10], labels=['No', 'Yes'], startangle=90)\nplt.title('Early?')");
+      expect(pie).toEqual({ type: 'pie', title: 'Early?', elements: [{ label: 'No', angle: 324, radius: 1 }, { label: 'Yes', angle: 36, radius: 1 }] });
+
+      const line = await chartOf("import datetime\ndays = [datetime.date(2023, 9, 1) + datetime.timedelta(days=i) for i in range(10)]\nplt.plot(days, range(10), label='n')\nplt.xlabel('Time (s)')\nplt.ylabel('Amplitude (Hz)')");
+      expect(line).toMatchObject({ type: 'line', x_scale: 'datetime', y_scale: 'linear', x_unit: 's', y_unit: 'Hz', title: null });
+      expect(line.elements).toHaveLength(1);
+      const points = line.elements[0]!.points as [string, number][];
+      expect(points).toHaveLength(10);
+      expect(new Date(points[0]![0]).toISOString()).toBe('2023-09-01T00:00:00.000Z');
+      expect(points[9]![1]).toBe(9);
+      expect((line.x_ticks as unknown[]).every((t) => typeof t === 'string' && !Number.isNaN(Date.parse(t)))).toBe(true);
+
+      const categories = await chartOf("plt.plot([1, 2, 3], ['x', 'y', 'z'])");
+      expect(categories).toMatchObject({ type: 'line', x_scale: 'linear', y_scale: 'categorical', y_ticks: ['x', 'y', 'z'] });
+      expect(categories.elements[0]!.points).toEqual([[1, 'x'], [2, 'y'], [3, 'z']]);
+
+      const both = await chartOf("fig, axs = plt.subplots(1, 2)\nfig.suptitle('Two')\naxs[0].plot([0, 1], [1, 0])\naxs[1].scatter([1, 2, 3], [3, 2, 1], label='s')\naxs[1].set_title('Dots')");
+      expect(both.type).toBe('superchart');
+      expect(both.title).toBe('Two');
+      expect(both.elements.map((c) => c.type)).toEqual(['line', 'scatter']);
+      expect(both.elements[1]).toMatchObject({ title: 'Dots', elements: [{ label: 's', points: [[1, 3], [2, 2], [3, 1]] }] });
+
+      expect(await chartOf("fig, ax = plt.subplots()\nax.add_artist(plt.Circle((0, 0), 1))\nplt.title('Circle')")).toEqual({ type: 'unknown', title: 'Circle', elements: [] });
+    } finally {
+      await sbx.kill();
+    }
+  }, 180_000);
 });
 
 describe('attacks on the E2B face', () => {

@@ -1,5 +1,5 @@
-// The JavaScript side of kernel.py: one process per context, reading a cell a line
-// ({"code", "env"}) from stdin and answering E2B's NDJSON messages on stdout, then
+// The JavaScript and TypeScript side of kernel.py: one process per context, reading a cell a
+// line ({"code", "env", "typescript"}) from stdin and answering E2B's NDJSON messages on stdout, then
 // {"type": "end_of_cell"}. State lives in one vm context for the process's life. A cell with
 // `await` (static imports become dynamic ones) runs as an async function: its value is its last
 // expression's, and its declarations stay its own.
@@ -16,6 +16,23 @@ const out = (type) => (...a) => {
 const sandboxConsole = { log: out('stdout'), info: out('stdout'), debug: out('stdout'), warn: out('stderr'), error: out('stderr') };
 const context = vm.createContext({ console: sandboxConsole, process, require, Buffer, URL, URLSearchParams, setTimeout, clearTimeout, setInterval, clearInterval, fetch, structuredClone, TextEncoder, TextDecoder });
 const load = (spec) => import(spec);
+
+// Babel as Debian packages it (node-babel7): loaded on a TypeScript context's first cell.
+const BABEL = '/usr/share/nodejs/@babel';
+let babel;
+
+/** TypeScript as the JavaScript it runs as: its types removed, nothing else changed. */
+function stripTypes(code) {
+  babel ??= require(`${BABEL}/core`);
+  return babel.transformSync(code, {
+    filename: 'cell.ts',
+    babelrc: false,
+    configFile: false,
+    presets: [[`${BABEL}/preset-typescript`, { onlyRemoveTypeImports: true }]],
+    parserOpts: { allowAwaitOutsideFunction: true },
+    retainLines: true,
+  }).code;
+}
 
 function staticImports(code) {
   return code
@@ -49,7 +66,7 @@ async function run(cell) {
     process.env[k] = String(v);
   }
   try {
-    let code = staticImports(cell.code || '');
+    let code = staticImports(cell.typescript ? stripTypes(cell.code || '') : cell.code || '');
     context.__fp_import = load;
     let value;
     if (/\bawait\b/.test(code)) value = await vm.runInContext(asyncBody(code), context, { filename: 'cell.js' });

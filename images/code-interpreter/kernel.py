@@ -2,11 +2,12 @@
 calls (`POST /execute` answering NDJSON, `/contexts`, `/health`).
 
 Languages: Python (in this process, so that a forkpoint checkpoint, snapshot or fork keeps a
-context's globals), JavaScript (a Node.js process per context, kept with the sandbox the same
-way) and bash (a shell per cell). Rich outputs as E2B's result fields: `display()`, an object's
+context's globals), JavaScript and TypeScript (a Node.js process per context, kept with the
+sandbox the same way; TypeScript's types stripped by Babel, which the Debian image has) and bash
+(a shell per cell). Rich outputs as E2B's result fields: `display()`, an object's
 `_repr_html_`/`_repr_png_`/..., matplotlib figures as PNG (as Jupyter's inline backend shows
-them), pandas frames as HTML and `data`. Not served: charts (E2B's own chart extractor), R,
-Java, TypeScript.
+them) with their chart data (fp_charts.py), pandas frames as HTML and `data`. Not served: R,
+Java.
 
 Cells run one at a time on the main thread, so that an interrupt is a signal: a client that
 goes away while its cell runs interrupts it (KeyboardInterrupt, or the child process's end),
@@ -31,7 +32,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PORT = 49999
 MAX_BODY = 16 << 20
 HOME = "/home/user"
-LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js": "javascript", "bash": "bash", "sh": "bash"}
+LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js": "javascript",
+             "typescript": "typescript", "ts": "typescript", "bash": "bash", "sh": "bash"}
+SERVED = "python, javascript, typescript, bash"
+NODE_LANGUAGES = ("javascript", "typescript")
 NODE_DRIVER = "/opt/forkpoint/js_kernel.js"
 os.environ.setdefault("MPLBACKEND", "Agg")
 # The environment children start with: a cell's own variables are that cell's.
@@ -57,6 +61,8 @@ default = Context()
 contexts = {default.id: default}
 default_js = Context("javascript")
 contexts[default_js.id] = default_js
+default_ts = Context("typescript")
+contexts[default_ts.id] = default_ts
 
 
 def sandbox_env():
@@ -124,8 +130,16 @@ def result_of(value, main):
 
 def figure_result(fig, main=False):
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return {"type": "result", "is_main_result": main, "text": repr(fig), "png": base64.b64encode(buf.getvalue()).decode()}
+    fig.savefig(buf, format="png", bbox_inches="tight")  # draws it: its tick labels are set now
+    out = {"type": "result", "is_main_result": main, "text": repr(fig), "png": base64.b64encode(buf.getvalue()).decode()}
+    try:
+        import fp_charts
+        chart = fp_charts.chart_of(fig)
+    except Exception:  # a figure the reader does not understand is still its picture
+        chart = None
+    if chart is not None:
+        out["chart"] = chart
+    return out
 
 
 def flush_figures(emit):
@@ -214,8 +228,10 @@ def run_python(ctx, code, emit):
     try:
         tree = ast.parse(shell_escapes(textwrap.dedent(code)), mode="exec")
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        if "matplotlib" in code:
+        if "matplotlib" in code or "matplotlib" in sys.modules:
             import matplotlib.pyplot as plt  # noqa: F811 (show() shows, as inline does)
+            import fp_charts
+            fp_charts.install()
             plt.show = lambda *a, **k: flush_figures(emit)
         exec(compile(tree, "<cell>", "exec"), ctx.globals)
         value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), ctx.globals) if last is not None else None
@@ -259,7 +275,7 @@ def run_child(proc, emit, job):
 
 def run_javascript(ctx, code, env, emit, job):
     node = node_of(ctx)
-    node.stdin.write(json.dumps({"code": code, "env": env}) + "\n")
+    node.stdin.write(json.dumps({"code": code, "env": env, "typescript": ctx.language == "typescript"}) + "\n")
     node.stdin.flush()
     run_child(node, emit, job)
 
@@ -318,7 +334,7 @@ def execute(job):
         os.chdir(ctx.cwd)
         if ctx.language == "python":
             run_python(ctx, job.code, emit)
-        elif ctx.language == "javascript":
+        elif ctx.language in NODE_LANGUAGES:
             run_javascript(ctx, job.code, env, emit, job)
         else:
             run_bash(ctx, job.code, env, emit, job)
@@ -411,7 +427,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/contexts":
             language = LANGUAGES.get(req.get("language") or "python")
             if language is None:
-                return self.reply(400, {"error": f"language {req.get('language')} is not served here (python, javascript, bash)"})
+                return self.reply(400, {"error": f"language {req.get('language')} is not served here ({SERVED})"})
             ctx = Context(language, req.get("cwd") or HOME)
             contexts[ctx.id] = ctx
             return self.reply(200, ctx.view())
@@ -437,8 +453,8 @@ class Handler(BaseHTTPRequestHandler):
         else:
             language = LANGUAGES.get(req.get("language") or "python")
             if language is None:
-                return self.reply(400, {"error": f"language {req.get('language')} is not served here (python, javascript, bash)"})
-            ctx = default if language == "python" else default_js if language == "javascript" else Context("bash")
+                return self.reply(400, {"error": f"language {req.get('language')} is not served here ({SERVED})"})
+            ctx = {"python": default, "javascript": default_js, "typescript": default_ts}.get(language) or Context("bash")
         job = Job(ctx, req.get("code") or "", req.get("env_vars"))
         self.send_response(200)
         self.send_header("content-type", "application/x-ndjson")
