@@ -16,6 +16,7 @@ export function localEngine(config: Config, log: Logger, nodeId: string, overrid
     criuPath: config.criuPath,
     criuCacheDir: config.criuCacheDir,
     agentPath: config.agentPath,
+    imageSeedDir: config.imageSeedDir,
     logger: log,
     network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(','), upstreamCa: config.egressCaFile ? readFileSync(config.egressCaFile, 'utf8') : undefined },
     uidRanges: config.uidRanges,

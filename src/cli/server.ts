@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
@@ -153,9 +153,7 @@ export async function imageBuild(g: GlobalFlags, name: string, context: string |
 
 export async function imageList(g: GlobalFlags, o: { json?: boolean }): Promise<void> {
   const cfg = config(g);
-  const images = new Images(new DataLayout(cfg.dataDir).images);
-  await images.seedFrom(cfg.imageSeedDir);
-  const list = await images.list();
+  const list = await new Images(new DataLayout(cfg.dataDir).images, cfg.imageSeedDir).list();
   if (o.json) {
     process.stdout.write(`${JSON.stringify(list.map((i) => ({ name: i.name, created_at: i.createdAt })), null, 2)}\n`);
     return;
@@ -164,19 +162,13 @@ export async function imageList(g: GlobalFlags, o: { json?: boolean }): Promise<
   process.stdout.write(table(['NAME', 'CREATED'], list.map((i) => [i.name, i.createdAt])));
 }
 
-/** Rebuilds the Debian image into the seed directory, and replaces this data directory's copy
- * (instances booted from now on get the new tree). */
+/** Rebuilds the Debian image into the seed directory, and drops this data directory's copy
+ * (instances booted from now on link in the new tree). */
 async function rebuildDebian(cfg: Config): Promise<void> {
   const script = new URL('../../deploy/debian.sh', import.meta.url).pathname;
   const seed = join(cfg.imageSeedDir, 'debian');
   await execa('bash', [script, '--force', seed], { stdio: 'inherit' });
-  const images = new Images(new DataLayout(cfg.dataDir).images);
-  if (images.exists('debian')) {
-    const old = `${images.path('debian')}.old-${process.pid}`;
-    await rename(images.path('debian'), old);
-    await rm(old, { recursive: true, force: true });
-  }
-  await images.seedFrom(cfg.imageSeedDir);
+  await new Images(new DataLayout(cfg.dataDir).images, cfg.imageSeedDir).unlink('debian');
 }
 
 export async function openapi(o: { out?: string; openapi: string }): Promise<void> {

@@ -255,9 +255,6 @@ export class Forkpoint {
     await this.store.instances.adoptUnplaced(this.cluster.nodeId);
     const recovery = new InstanceRecovery(this.instances, this.store, this.engine, this.config.networking === 'on', this.log);
     await recovery.initNetwork();
-    for (const f of await this.images.seedFrom(this.config.imageSeedDir)) {
-      this.log.warn({ image: f.name, error: f.error }, 'a set-up image could not be copied into the data directory; it is not available');
-    }
     // Contexts of builds a stop cut short.
     await rm(this.layout.contexts, { recursive: true, force: true });
     await this.checkpoints.recover();

@@ -38,6 +38,8 @@ export interface EngineOptions {
   /** A tmpfs directory for CRIU's kernel-probe cache, shared by every data directory. */
   criuCacheDir: string;
   agentPath: string;
+  /** Set-up's images (FORKPOINT_IMAGE_SEED_DIR), linked into the data directory when first mounted. */
+  imageSeedDir?: string;
   logger: Logger;
   /** Benchmarks only (never from configuration): boot sandboxes without the /proc masks and
    * the seccomp filter, to measure what they cost in the same run. */
@@ -79,7 +81,7 @@ export class Engine implements SandboxRuntime {
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
-    this.images = new Images(this.layout.images);
+    this.images = new Images(this.layout.images, opts.imageSeedDir);
     this.cgroups = new Cgroups(`forkpoint/${opts.nodeId}`);
     this.limitedDisks = new LimitedDisks(this.layout.limitedDisks);
     this.volumeFileAgents = new VolumeFileAgents(opts.agentPath, opts.logger);
@@ -98,6 +100,7 @@ export class Engine implements SandboxRuntime {
   async init(): Promise<void> {
     await rm(this.layout.spill, { recursive: true, force: true });
     await this.puller.sweep();
+    await this.images.sweep();
     for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, this.layout.limitedDisks, this.layout.persistentVolumes, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
       await mkdir(d, { recursive: true });
     }
@@ -164,14 +167,20 @@ export class Engine implements SandboxRuntime {
     const l = this.layout;
     return [
       ...spec.layers.map((id) => l.relative(l.layer(id))),
-      ...(spec.baseLayer && spec.layers.length ? [] : [l.relative(l.image(spec.image))]),
+      ...(mountsImage(spec) ? [l.relative(l.image(spec.image))] : []),
       l.relative(l.agentLayer(spec.agentLayer)),
     ];
+  }
+
+  /** The image's tree in the data directory before a disk is mounted on it. */
+  private async imageTreeFor(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image'>): Promise<void> {
+    if (mountsImage(spec)) await this.images.materialize(spec.image);
   }
 
   /** Squashes layers (newest first), and the image under them unless `image` is null, into
    * one new full-root layer (squash.ts). */
   async squash(layers: string[], image: string | null, into: string): Promise<void> {
+    if (image) await this.images.materialize(image);
     await squashLayers({ layout: this.layout, mounter: this.mounter, agentPath: this.opts.agentPath }, layers, image, into);
   }
 
@@ -193,7 +202,7 @@ export class Engine implements SandboxRuntime {
   private async launchBoot(spec: SandboxSpec): Promise<Launched> {
     const l = this.layout;
     const run = l.run(spec.id);
-    await rm(join(run, 'pid'), { force: true });
+    await Promise.all([rm(join(run, 'pid'), { force: true }), this.imageTreeFor(spec)]);
     const launched = await launchUnderShim({
       agentPath: this.opts.agentPath,
       command: [
@@ -300,7 +309,7 @@ export class Engine implements SandboxRuntime {
     const boosted = this.cgroups.boost(spec.id, true);
     try {
       const p = await prepared;
-      await boosted;
+      await Promise.all([boosted, this.imageTreeFor(spec)]);
       const [, dir, target, options] = this.overlay(spec, true);
       // The sandbox this one replaces must be gone before CRIU forks into the same cgroups
       // (their limits would count both); mounting the disk need not wait for it.
@@ -825,4 +834,9 @@ export class Engine implements SandboxRuntime {
     this.live.clear();
     await this.cgroups.removeNodeGroup();
   }
+}
+
+/** Whether the image is a lower of the disk: not when a full-root layer (a squash's) stands in for it. */
+function mountsImage(spec: Pick<SandboxSpec, 'layers' | 'baseLayer'>): boolean {
+  return !(spec.baseLayer && spec.layers.length);
 }

@@ -1,8 +1,9 @@
 import { existsSync, readFileSync, statSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 
+import { EngineError } from '../seam/errors.js';
 import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type SystemImages } from '../seam/runtime.js';
 
 export { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig } from '../seam/runtime.js';
@@ -11,32 +12,115 @@ export { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig } from '../seam/runtim
 const PULLED = /^sha256-[0-9a-f]{56}$/;
 
 /** Read-only rootfs trees, one directory per image. An image is a lower layer of every
- * instance on it, so it is never changed in place: a re-import is a new name. */
+ * instance on it, so it is never changed in place: a re-import is a new name.
+ *
+ * Set-up's images (the seed directory) are this data directory's too, but are linked in only
+ * when a sandbox first mounts one (`materialize`): hard-linking Debian's 56,000 files took 2 s of
+ * every first start, and a data directory that never boots Debian never needs them. Until then
+ * its name, configuration and identity are the seed's; once linked, the copy keeps the seed's
+ * identity, so that what was keyed on the image (build steps, templates) stays valid. */
 export class Images implements SystemImages {
-  constructor(private readonly dir: string) {}
+  private readonly linking = new Map<string, Promise<void>>();
+
+  constructor(
+    private readonly dir: string,
+    private readonly seedDir?: string,
+  ) {}
 
   path(name: string): string {
     return join(this.dir, name);
   }
 
+  /** The seed's tree of a set-up image not linked in here yet. */
+  private unlinkedSeed(name: string): string | undefined {
+    if (!this.seedDir || !IMAGE_NAME.test(name) || PULLED.test(name) || existsSync(this.path(name))) return undefined;
+    const seed = join(this.seedDir, name);
+    return existsSync(seed) ? seed : undefined;
+  }
+
   /** A system image: one of set-up's or an operator's. Pulled images (`sha256-…`, by digest)
    * are reached through an owner's pull only: their names would tell one owner what another pulled. */
   exists(name: string): boolean {
-    return IMAGE_NAME.test(name) && !PULLED.test(name) && existsSync(this.path(name));
+    return IMAGE_NAME.test(name) && !PULLED.test(name) && (existsSync(this.path(name)) || this.unlinkedSeed(name) !== undefined);
   }
 
   present(name: string): boolean {
-    return IMAGE_NAME.test(name) && existsSync(this.path(name));
+    return IMAGE_NAME.test(name) && (existsSync(this.path(name)) || this.unlinkedSeed(name) !== undefined);
   }
 
   /** What changes when the image is rebuilt or replaced (its directory is a new one). */
   identity(name: string): string {
-    const st = statSync(this.path(name));
-    return `${st.ino}-${st.mtimeMs}`;
+    const seed = this.unlinkedSeed(name);
+    if (seed) return identityOf(seed);
+    try {
+      return readFileSync(this.identityFile(name), 'utf8').trim();
+    } catch {
+      return identityOf(this.path(name));
+    }
   }
 
   createdAt(name: string): string {
-    return statSync(this.path(name)).mtime.toISOString();
+    return statSync(this.unlinkedSeed(name) ?? this.path(name)).mtime.toISOString();
+  }
+
+  /** The image's tree in this data directory, linked in from the seed first if it is one of
+   * set-up's not linked yet (hard links where the filesystems allow, a copy where not). Two
+   * callers at once share one linking. */
+  async materialize(name: string): Promise<void> {
+    const seed = this.unlinkedSeed(name);
+    if (!seed) return;
+    let p = this.linking.get(name);
+    if (!p) {
+      p = this.link(name, seed).finally(() => this.linking.delete(name));
+      this.linking.set(name, p);
+    }
+    await p;
+  }
+
+  private async link(name: string, seed: string): Promise<void> {
+    const tmp = join(this.dir, `.seed-${name}-${process.pid}`);
+    await mkdir(this.dir, { recursive: true });
+    await rm(tmp, { recursive: true, force: true });
+    const identity = identityOf(seed);
+    const linked = await execa('cp', ['-al', seed, tmp], { reject: false });
+    if (linked.exitCode !== 0) {
+      await rm(tmp, { recursive: true, force: true });
+      const copied = await execa('cp', ['-a', seed, tmp], { reject: false });
+      if (copied.exitCode !== 0) {
+        await rm(tmp, { recursive: true, force: true });
+        throw new EngineError('MOUNT_FAILED', `set-up's image ${name} could not be copied into the data directory: ${copied.stderr.split('\n')[0] || 'cp failed'}`);
+      }
+    }
+    const seedConfig = join(this.seedDir!, '.config', `${name}.json`);
+    if (existsSync(seedConfig) && !existsSync(this.configFile(name))) {
+      await mkdir(join(this.dir, '.config'), { recursive: true });
+      await copyFile(seedConfig, this.configFile(name));
+    }
+    await mkdir(join(this.dir, '.config'), { recursive: true });
+    await writeFile(this.identityFile(name), identity);
+    await rename(tmp, this.path(name));
+  }
+
+  /** Drops the data directory's copy of a set-up image: the seed's tree is linked in again when
+   * next mounted. A sandbox running on the old copy loses the files under it (its lower is
+   * removed): `image build debian` is for a data directory with none running on it. */
+  async unlink(name: string): Promise<void> {
+    if (!this.seedDir || !existsSync(join(this.seedDir, name)) || !existsSync(this.path(name))) return;
+    const old = join(this.dir, `.old-${name}-${process.pid}`);
+    await rename(this.path(name), old);
+    await rm(this.identityFile(name), { force: true });
+    await rm(old, { recursive: true, force: true });
+  }
+
+  /** Linkings and unlinkings a server killed half-way left (one server per data directory:
+   * none is under way). */
+  async sweep(): Promise<void> {
+    if (!existsSync(this.dir)) return;
+    for (const n of await readdir(this.dir)) if (n.startsWith('.seed-') || n.startsWith('.old-')) await rm(join(this.dir, n), { recursive: true, force: true });
+  }
+
+  private identityFile(name: string): string {
+    return join(this.dir, '.config', `${name}.identity`);
   }
 
   private configFile(name: string): string {
@@ -46,8 +130,9 @@ export class Images implements SystemImages {
   /** The configuration an imported image came with (an OCI config's Env, WorkingDir, Cmd...),
    * kept beside the tree, not in it: a sandbox cannot change it. */
   config(name: string): ImageConfig | undefined {
+    const file = this.unlinkedSeed(name) ? join(this.seedDir!, '.config', `${name}.json`) : this.configFile(name);
     try {
-      return { ...EMPTY_IMAGE_CONFIG, ...(JSON.parse(readFileSync(this.configFile(name), 'utf8')) as Partial<ImageConfig>) };
+      return { ...EMPTY_IMAGE_CONFIG, ...(JSON.parse(readFileSync(file, 'utf8')) as Partial<ImageConfig>) };
     } catch {
       return undefined;
     }
@@ -59,10 +144,10 @@ export class Images implements SystemImages {
   }
 
   async list(): Promise<{ name: string; createdAt: string }[]> {
-    if (!existsSync(this.dir)) return [];
-    const names = (await readdir(this.dir)).filter((n) => IMAGE_NAME.test(n) && !PULLED.test(n));
+    const namesIn = async (dir: string | undefined) => (dir && existsSync(dir) ? (await readdir(dir)).filter((n) => IMAGE_NAME.test(n) && !PULLED.test(n)) : []);
+    const names = [...new Set([...(await namesIn(this.dir)), ...(await namesIn(this.seedDir))])].sort();
     return Promise.all(
-      names.map(async (name) => ({ name, createdAt: (await stat(this.path(name))).mtime.toISOString() })),
+      names.map(async (name) => ({ name, createdAt: (await stat(this.unlinkedSeed(name) ?? this.path(name))).mtime.toISOString() })),
     );
   }
 
@@ -79,32 +164,9 @@ export class Images implements SystemImages {
     await rm(this.configFile(name), { force: true });
     void rm(trash, { recursive: true, force: true }).catch(() => {});
   }
+}
 
-  /** Copies images from a seed directory (built at set-up) that this data directory lacks.
-   * Hard links where the filesystems allow it: images are immutable, so sharing is safe. One
-   * that does not fit (a small data disk) is left out, and said so: the others still come. */
-  async seedFrom(seedDir: string): Promise<{ name: string; error: string }[]> {
-    if (!existsSync(seedDir)) return [];
-    await mkdir(this.dir, { recursive: true });
-    const failed: { name: string; error: string }[] = [];
-    for (const name of await readdir(seedDir)) {
-      if (!IMAGE_NAME.test(name) || existsSync(this.path(name))) continue;
-      const tmp = join(this.dir, `.seed-${name}-${process.pid}`);
-      await rm(tmp, { recursive: true, force: true });
-      const linked = await execa('cp', ['-al', join(seedDir, name), tmp], { reject: false });
-      if (linked.exitCode !== 0) {
-        await rm(tmp, { recursive: true, force: true });
-        const copied = await execa('cp', ['-a', join(seedDir, name), tmp], { reject: false });
-        if (copied.exitCode !== 0) {
-          await rm(tmp, { recursive: true, force: true });
-          failed.push({ name, error: copied.stderr.split('\n')[0] ?? 'cp failed' });
-          continue;
-        }
-      }
-      await rename(tmp, this.path(name));
-    }
-    const seedConfigs = join(seedDir, '.config');
-    if (existsSync(seedConfigs)) await execa('cp', ['-a', `${seedConfigs}/.`, join(this.dir, '.config')], { reject: false });
-    return failed;
-  }
+function identityOf(tree: string): string {
+  const st = statSync(tree);
+  return `${st.ino}-${st.mtimeMs}`;
 }

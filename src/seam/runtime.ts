@@ -119,8 +119,9 @@ export interface SystemImages {
   pulled(): Promise<string[]>;
   /** Removes a pulled tree nothing stands on any more (the core decides that). */
   removePulled(name: string): Promise<void>;
-  /** Copies set-up's images into the data directory; the ones that could not be, with why. */
-  seedFrom(seedDir: string): Promise<{ name: string; error: string }[]>;
+  /** Links a set-up image into the data directory if it is not there yet (a sandbox mounts it
+   * from there); nothing for any other image. */
+  materialize(name: string): Promise<void>;
 }
 
 /** An image in a registry, fully qualified (lib/image-reference.ts parsed and checked it). */

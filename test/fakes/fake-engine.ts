@@ -522,9 +522,7 @@ class FakeImages implements SystemImages {
   async list(): Promise<{ name: string; createdAt: string }[]> {
     return this.names.map((name) => ({ name, createdAt: this.createdAt() }));
   }
-  async seedFrom(): Promise<{ name: string; error: string }[]> {
-    return [];
-  }
+  async materialize(): Promise<void> {}
   /** No registry here: nothing is ever pulled. */
   async pulled(): Promise<string[]> {
     return [];
