@@ -242,6 +242,30 @@ describe('images from a registry', () => {
     await s.api('DELETE', `/instances/${inst.id}`);
   }, 180_000);
 
+  it('an image of one layer is that layer\'s tree, unpacked in place: whiteouts in it hide nothing and are not in it', async () => {
+    const { execa } = await import('execa');
+    const tree = join(work, 'one-layer');
+    await execa('cp', ['-a', DEFAULT_IMAGE, tree]);
+    await writeFile(join(tree, 'etc/.wh.ghost'), '');
+    await mkdir(join(tree, 'opaque'));
+    await writeFile(join(tree, 'opaque/.wh..wh..opq'), '');
+    await writeFile(join(tree, 'opaque/kept'), 'kept\n');
+    const layout = join(work, 'one-layer-layout');
+    await writeOciLayout(layout, 'v1', [await layerOf(tree)], { Env: ['PATH=/bin:/sbin:/usr/bin'] });
+    await rm(tree, { recursive: true, force: true });
+    const oneRef = `${open.host}/team/one:v1`;
+    await push(layout, 'v1', oneRef);
+    await rm(layout, { recursive: true, force: true });
+    const pulled = await s.api('POST', '/images/pull', { reference: oneRef });
+    expect(pulled.status, JSON.stringify(pulled.body)).toBe(201);
+    const found = await execa('find', [join(s.dataDir, 'images', pulledDirName(pulled.body.digest)), '-name', '.wh.*']);
+    expect(found.stdout).toBe('');
+    const inst = await s.instance({ image: oneRef });
+    expect((await s.exec(inst.id, { command: 'cat /opaque/kept; ls -a /etc | grep -c wh; echo $PATH' })).stdout).toBe('kept\n0\n/bin:/sbin:/usr/bin\n');
+    await s.api('DELETE', `/instances/${inst.id}`);
+    expect((await s.api('DELETE', `/images/${encodeURIComponent(oneRef)}`)).status).toBe(204);
+  });
+
   it('a pulled image\'s tree goes from the disk once nothing stands on it, and a pull brings it back', async () => {
     const marker = join(work, 'gc-marker');
     await mkdir(join(marker, 'etc'), { recursive: true });
