@@ -1,9 +1,18 @@
-import 'reflect-metadata';
-// @peculiar/x509 resolves its ASN.1 parsers through tsyringe, which needs the Reflect metadata API.
 import { webcrypto } from 'node:crypto';
-import * as x509 from '@peculiar/x509';
 
-x509.cryptoProvider.set(webcrypto as unknown as Crypto);
+type X509 = typeof import('@peculiar/x509');
+let loaded: Promise<X509> | undefined;
+
+/** @peculiar/x509, loaded when an instance with secrets first needs a certificate: it (and the
+ * Reflect metadata API its ASN.1 parsers resolve through tsyringe) takes ~110 ms to load, which
+ * every server start paid. */
+function x509Module(): Promise<X509> {
+  loaded ??= import('reflect-metadata').then(() => import('@peculiar/x509')).then((x509) => {
+    x509.cryptoProvider.set(webcrypto as unknown as Crypto);
+    return x509;
+  });
+  return loaded;
+}
 
 const ALG = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' } as const;
 const DAY_MS = 86_400_000;
@@ -16,10 +25,8 @@ export interface CertificateAndKey {
 
 /** PEM ending in a newline, so that PEMs concatenate into a chain or a bundle. */
 const lined = (text: string) => (text.endsWith('\n') ? text : `${text}\n`);
-const pem = (der: ArrayBuffer, label: string) => lined(x509.PemConverter.encode(der, label));
-
-async function keyPemOf(key: CryptoKey): Promise<string> {
-  return pem(await webcrypto.subtle.exportKey('pkcs8', key as webcrypto.CryptoKey), 'PRIVATE KEY');
+async function keyPemOf(x509: X509, key: CryptoKey): Promise<string> {
+  return lined(x509.PemConverter.encode(await webcrypto.subtle.exportKey('pkcs8', key as webcrypto.CryptoKey), 'PRIVATE KEY'));
 }
 
 const serial = () => Buffer.from(webcrypto.getRandomValues(new Uint8Array(16))).toString('hex').replace(/^[89a-f]/, '1');
@@ -27,6 +34,7 @@ const serial = () => Buffer.from(webcrypto.getRandomValues(new Uint8Array(16))).
 /** A certificate authority of one instance's: the certificates its egress proxy shows the
  * sandbox for hosts with a secret rule. It may sign server certificates only (path length 0). */
 export async function newEgressCa(name: string): Promise<CertificateAndKey> {
+  const x509 = await x509Module();
   const keys = (await webcrypto.subtle.generateKey(ALG, true, ['sign', 'verify'])) as unknown as CryptoKeyPair;
   const now = Date.now();
   const cert = await x509.X509CertificateGenerator.createSelfSigned({
@@ -42,11 +50,12 @@ export async function newEgressCa(name: string): Promise<CertificateAndKey> {
       await x509.SubjectKeyIdentifierExtension.create(keys.publicKey),
     ],
   });
-  return { certPem: lined(cert.toString('pem')), keyPem: await keyPemOf(keys.privateKey) };
+  return { certPem: lined(cert.toString('pem')), keyPem: await keyPemOf(x509, keys.privateKey) };
 }
 
 /** A server certificate for `host`, signed by the CA, valid for a week. */
 export async function issueServerCertificate(ca: CertificateAndKey, host: string): Promise<CertificateAndKey> {
+  const x509 = await x509Module();
   const caCert = new x509.X509Certificate(ca.certPem);
   const caKey = await webcrypto.subtle.importKey('pkcs8', x509.PemConverter.decodeFirst(ca.keyPem), ALG, false, ['sign']);
   const keys = (await webcrypto.subtle.generateKey(ALG, true, ['sign', 'verify'])) as unknown as CryptoKeyPair;
@@ -68,5 +77,5 @@ export async function issueServerCertificate(ca: CertificateAndKey, host: string
       await x509.AuthorityKeyIdentifierExtension.create(caCert),
     ],
   });
-  return { certPem: lined(cert.toString('pem')), keyPem: await keyPemOf(keys.privateKey) };
+  return { certPem: lined(cert.toString('pem')), keyPem: await keyPemOf(x509, keys.privateKey) };
 }
