@@ -63,7 +63,7 @@ afterAll(async () => {
 
 const sh = async (id: string, command: string) => s.exec(id, { command });
 /** What the test host was sent, asked from the host (the sandbox never sees this). */
-const seenByHost = async () => (await (await request(`http://${net.address}/seen`)).body.json()) as { tls: boolean; host: string; headers: Record<string, string> }[];
+const seenByHost = async () => (await (await request(`http://${net.address}/seen`)).body.json()) as { tls: boolean; host: string; headers: Record<string, string>; url: string; body: string }[];
 
 /** A file's bytes, gunzipped when they are gzip (durable blobs are). */
 const contentOf = async (p: string) => {
@@ -119,6 +119,22 @@ describe('secrets', () => {
       [true, 'testhost.internal', `Bearer ${SECRET}`],
       [false, 'other.testhost.internal', `Bearer ${placeholder}`],
     ]);
+    // In the URL (as a query component) and in bodies: one of a stated length (told anew), a
+    // chunked upload (replaced as it streams; curl sends it with "Expect: 100-continue", which
+    // the proxy passed on and undici refused: a 502); another host gets the placeholders as they are.
+    const json = (key: string) => `{"key":"${key}"}`;
+    await sh(inst.id, 'curl -sS --max-time 20 "https://testhost.internal/record?key=$API_KEY"');
+    await sh(inst.id, `curl -sS --max-time 20 -H 'content-type: application/json' --data '{"key":"'"$API_KEY"'"}' https://testhost.internal/record`);
+    await sh(inst.id, `printf '%s' '{"key":"'"$API_KEY"'"}' | curl -sS --max-time 20 -X POST -T - http://testhost.internal/record`);
+    await sh(inst.id, `curl -sS --max-time 20 --data '{"key":"'"$API_KEY"'"}' "http://other.testhost.internal/record?key=$API_KEY"`);
+    const carried = (await seenByHost()).slice(-4);
+    expect(carried.map((x) => [x.url, x.body])).toEqual([
+      [`/record?key=${encodeURIComponent(SECRET)}`, ''],
+      ['/record', json(SECRET)],
+      ['/record', json(SECRET)],
+      [`/record?key=${placeholder}`, json(placeholder)],
+    ]);
+    expect(carried[1]!.headers['content-length']).toBe(String(json(SECRET).length));
 
     // A process holding the placeholder (and nothing else of the secret) while a checkpoint with
     // memory is taken and made durable.

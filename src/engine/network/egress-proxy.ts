@@ -2,12 +2,14 @@ import { createServer as createHttpServer, type IncomingMessage, type Server as 
 import { createSecureContext, rootCertificates, TLSSocket, type SecureContext } from 'node:tls';
 import { createServer as createTcpServer, isIP, type AddressInfo, type Server as TcpServer, type Socket } from 'node:net';
 import { Resolver } from 'node:dns/promises';
+import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Logger } from 'pino';
 import { Agent, request } from 'undici';
 import { issueServerCertificate } from '../../lib/egress-ca.js';
 import { egressAllows, hostMatches, type EgressPolicy } from '../../lib/egress-policy.js';
 import type { EgressSecrets, SecretRule } from '../../seam/runtime.js';
+import { substituteText, substitutingStream } from './secret-substitution.js';
 
 /** Connections one sandbox may hold open through the proxy at once. */
 export const PROXY_CONNECTIONS_PER_SANDBOX = 64;
@@ -22,7 +24,12 @@ const CERTIFICATES_PER_SANDBOX = 64;
 /** A request the sandbox sends, whole, and an upstream's answer: bounded, like every wait. */
 const REQUEST_TIMEOUT_MS = 10 * 60_000;
 const UPSTREAM_CONNECT_MS = 10_000;
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'proxy-authorization', 'proxy-authenticate', 'host']);
+/** A body up to this long (by its Content-Length) is read whole, its placeholders replaced and
+ * its length told anew; a longer one goes as it is; one of no stated length (chunked) has them
+ * replaced as it streams. */
+const BODY_REWRITE_MAX = 1024 * 1024;
+// `expect`: the proxy's own server answered a 100-continue already (and undici refuses to send one).
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'proxy-authorization', 'proxy-authenticate', 'host', 'expect']);
 
 /** The sandbox at a source address: its policy and secrets. */
 export type ProxyLookup = (address: string) => { id: string; policy: EgressPolicy; secrets: EgressSecrets | null } | undefined;
@@ -177,16 +184,19 @@ export class EgressProxy {
       const headers: Record<string, string | string[]> = {};
       for (const [name, value] of Object.entries(req.headers)) {
         if (value === undefined || HOP_BY_HOP.has(name)) continue;
-        headers[name] = Array.isArray(value) ? value.map((v) => substitute(v, rules)) : substitute(value, rules);
+        headers[name] = Array.isArray(value) ? value.map((v) => substituteText(v, rules)) : substituteText(value, rules);
       }
+      // In the path and query, the value as a URL component (a key in `?key=`).
+      const target = substituteText(req.url, rules, encodeURIComponent);
       // To the address checked above, not the name again (a second answer could be another
       // address); the name goes as Host and as the TLS server name, which the certificate must match.
       const origin = caller.servername ? `https://${address}:443` : `http://${address}:80`;
       const hasBody = req.method !== 'GET' && req.method !== 'HEAD';
-      const upstream = await request(`${origin}${req.url ?? '/'}`, {
+      const body = hasBody ? await bodyWithSecrets(req, headers, rules) : null;
+      const upstream = await request(`${origin}${target}`, {
         method: (req.method ?? 'GET') as 'GET',
         headers: { ...headers, host },
-        body: hasBody ? req : null,
+        body,
         dispatcher: this.agent,
         signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
       });
@@ -214,9 +224,21 @@ const hostOf = (header: string | undefined) => (header ?? '').replace(/:\d+$/, '
 
 const rulesFor = (rules: SecretRule[], host: string) => rules.filter((r) => r.hosts.some((h) => hostMatches(h, host)));
 
-/** Every placeholder of these rules in a header's value replaced by its secret. */
-function substitute(value: string, rules: SecretRule[]): string {
-  let v = value;
-  for (const r of rules) if (v.includes(r.placeholder)) v = v.split(r.placeholder).join(r.value);
-  return v;
+/** The request's body with the rules' placeholders replaced (BODY_REWRITE_MAX says how), and
+ * `headers`' Content-Length made to match it. */
+async function bodyWithSecrets(req: IncomingMessage, headers: Record<string, string | string[]>, rules: SecretRule[]): Promise<Buffer | Readable> {
+  const stated = req.headers['content-length'];
+  if (stated === undefined) {
+    const replaced = substitutingStream(rules);
+    // A client that goes away mid-body ends the upstream request too (pipe would leave it waiting).
+    pipeline(req, replaced).catch(() => {});
+    return replaced;
+  }
+  const length = Number(stated);
+  if (!Number.isSafeInteger(length) || length > BODY_REWRITE_MAX) return req;
+  const chunks: Buffer[] = [];
+  for await (const chunk of req) chunks.push(chunk as Buffer);
+  const body = Buffer.from(substituteText(Buffer.concat(chunks).toString('latin1'), rules), 'latin1');
+  headers['content-length'] = String(body.length);
+  return body;
 }
