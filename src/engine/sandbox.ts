@@ -84,6 +84,8 @@ export class Sandbox implements SandboxHandle {
   private held: { gate: Promise<void>; open: () => void; count: number; timer: NodeJS.Timeout } | undefined;
   private readonly tracked = new Map<number, Tracked>();
   private readonly sideClients = new Set<AgentClient>();
+  /** Side connections being made (sideAgent). */
+  private readonly opening = new Set<Promise<AgentClient>>();
   /** Requests sent and not yet answered: a pause lets them finish before it closes the socket. */
   private readonly inflight = new Set<Promise<unknown>>();
   /** Set when the agent broke the protocol: calls fail at once until the next PID 1. */
@@ -213,17 +215,29 @@ export class Sandbox implements SandboxHandle {
   /** A connection of its own, for readers that must not share the main one's subscriptions.
    * Closed by the next pause like the main one. */
   async sideAgent(): Promise<AgentClient> {
-    while (this.gate || this.held) await (this.gate ?? this.held!.gate);
-    if (this.broken) throw this.broken;
-    let c: AgentClient;
-    try {
-      c = await this.open();
-    } catch (err) {
-      if (err instanceof EngineError) throw err;
-      throw new EngineError('AGENT_UNREACHABLE', `agent of ${this.id}: ${(err as Error).message}`, undefined, { cause: err });
+    for (;;) {
+      while (this.gate || this.held) await (this.gate ?? this.held!.gate);
+      if (this.broken) throw this.broken;
+      // Known to a pause from the moment it is asked for: one that begins while this connects
+      // waits for it and closes it too (a connection left open is to a socket outside the
+      // sandbox, which fails the dump: "Unix socket ... not found").
+      const opened = this.open().then((c) => {
+        this.sideClients.add(c);
+        return c;
+      });
+      this.opening.add(opened);
+      let c: AgentClient;
+      try {
+        c = await opened;
+      } catch (err) {
+        if (err instanceof EngineError) throw err;
+        throw new EngineError('AGENT_UNREACHABLE', `agent of ${this.id}: ${(err as Error).message}`, undefined, { cause: err });
+      } finally {
+        this.opening.delete(opened);
+      }
+      if (!this.gate && c.isOpen) return c;
+      // A pause took it: another, once the pause is over.
     }
-    this.sideClients.add(c);
-    return c;
   }
 
   releaseSide(c: AgentClient): void {
@@ -254,6 +268,7 @@ export class Sandbox implements SandboxHandle {
       if (opts.dump) await this.client?.ping({ dumpFollows: true }).catch(() => {});
       await this.client?.close();
       this.client = undefined;
+      await Promise.allSettled([...this.opening]);
       await Promise.all([...this.sideClients].map((c) => c.close()));
       this.sideClients.clear();
       let out: { pid: number; startTime: string; result: T } | undefined;
@@ -317,6 +332,7 @@ export class Sandbox implements SandboxHandle {
     const c = this.client;
     this.client = undefined;
     await c?.close();
+    await Promise.allSettled([...this.opening]);
     await Promise.all([...this.sideClients].map((s) => s.close()));
     this.sideClients.clear();
   }

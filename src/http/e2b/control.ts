@@ -230,7 +230,9 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const made = await fp.checkpoints.create(req.owner, id, { label: 'e2b snapshot', memory: true, retention: { mode: 'delete_oldest' } });
       await made.done;
       const c = await fp.checkpoints.get(req.owner, id, made.checkpoint.id);
-      if (c.status !== 'ready') return e2bError(reply, 500, `the snapshot failed: ${c.error ?? 'no reason given'}`);
+      // The engine could not make it (the sandbox runs on as it was): a 503 to try again, not a
+      // server error.
+      if (c.status !== 'ready') return e2bError(reply, 503, `the snapshot failed: ${c.error ?? 'no reason given'}`);
       const name = req.body?.name ?? `snap-${c.id.replace(/^ckpt_/, '')}`;
       const t = await fp.templates.create(req.owner, { name, fromCheckpoint: c.id });
       return reply.code(201).send({ snapshotID: t.name, names: [t.name] });
