@@ -117,6 +117,23 @@ static void need_dir(const char *path, mode_t mode) {
   }
 }
 
+/* A boot id of the sandbox's own, bound over the kernel's (the host's, the same in every
+ * sandbox): new at every boot, and what it was after a checkpoint's restore, a rollback, a fork
+ * or a wake (its file is on the disk the restore mounts, the bind mount in the tree CRIU
+ * restores), as a VM's is across a snapshot. E2B's SDK tells a cold boot from a memory restore
+ * by it. Paths resolve in the sandbox's own root (after pivot_root). */
+static void own_boot_id(void) {
+  char id[64];
+  int in = open("/proc/sys/kernel/random/uuid", O_RDONLY | O_CLOEXEC);
+  ssize_t n = in >= 0 ? read(in, id, sizeof(id)) : -1;
+  if (in >= 0) close(in);
+  if (n != 37) fail("read a uuid");
+  int out = open("/.fp/boot_id", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0444);
+  if (out < 0 || write(out, id, (size_t)n) != n) fail("write /.fp/boot_id");
+  close(out);
+  if (mount("/.fp/boot_id", "/proc/sys/kernel/random/boot_id", NULL, MS_BIND, NULL) < 0) fail("bind the boot id");
+}
+
 /* /dev comes from the agent layer; a tmpfs only when the image hides it (or the instance
  * runs on an agent layer from before /dev was in it). */
 static void setup_dev(void) {
@@ -238,6 +255,7 @@ static void sandbox_init(const char *hostname) {
   if (loopback_up() < 0 || netns_defaults() < 0) fail("lo up");
   need_dir("/tmp", 01777);
   setup_dev();
+  own_boot_id();
   need_dir("/" CONFINE_EMPTY_DIR, 0555);
   char err[256];
   if (confined && confine_proc(err, sizeof(err)) < 0) {

@@ -602,9 +602,17 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
     await s.api('DELETE', `/instances/${inst.id}`);
   });
 
-  it('a files-only pause (keepMemory: false) stops the sandbox; connect boots it on its files: the file is there, the process is not (it kept memory)', async () => {
+  it('a files-only pause (keepMemory: false) stops the sandbox; connect boots it on its files: the file is there, the process is not (it kept memory), and the boot id is new (it was the host\'s, the same in every sandbox and after every boot)', async () => {
     const sbx = await Sandbox.create();
+    const other = await Sandbox.create();
+    const bootId = async (x: Sandbox) => (await x.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim();
     try {
+      const before = await bootId(sbx);
+      expect(before).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
+      expect(await bootId(other)).not.toBe(before);
+      // A pause that keeps memory is a restore: the same boot.
+      await sbx.pause();
+      expect(await bootId(await sbx.connect())).toBe(before);
       await sbx.files.write('/home/user/kept.txt', 'on disk');
       await sbx.commands.run('sleep 600', { background: true });
       await sbx.pause({ keepMemory: false });
@@ -614,8 +622,10 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
       expect(await back.isRunning()).toBe(true);
       expect(await back.files.read('/home/user/kept.txt')).toBe('on disk');
       expect((await back.commands.run('ps -o args')).stdout).not.toContain('sleep 600');
+      expect(await bootId(back)).not.toBe(before);
     } finally {
       await sbx.kill();
+      await other.kill();
     }
   });
 
