@@ -104,6 +104,7 @@ export class Engine implements SandboxRuntime {
     for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, this.layout.limitedDisks, this.layout.persistentVolumes, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
       await mkdir(d, { recursive: true });
     }
+    this.images.copyAheadAcrossFilesystems((image, err) => this.log.warn({ image, err }, 'a set-up image could not be copied into the data directory; sandboxes on it cannot boot here'));
     // After a reboot the volumes are not mounted, and the layers in them not reachable.
     await this.limitedDisks.mountAll();
     await this.volumes.init();

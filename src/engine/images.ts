@@ -1,4 +1,4 @@
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { copyFile, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -92,13 +92,25 @@ export class Images implements SystemImages {
       }
     }
     const seedConfig = join(this.seedDir!, '.config', `${name}.json`);
-    if (existsSync(seedConfig) && !existsSync(this.configFile(name))) {
-      await mkdir(join(this.dir, '.config'), { recursive: true });
-      await copyFile(seedConfig, this.configFile(name));
-    }
     await mkdir(join(this.dir, '.config'), { recursive: true });
+    if (existsSync(seedConfig) && !existsSync(this.configFile(name))) await copyFile(seedConfig, this.configFile(name));
     await writeFile(this.identityFile(name), identity);
     await rename(tmp, this.path(name));
+  }
+
+  /** Where the seed is on another filesystem than the data directory, its images are copied,
+   * not linked: a gigabyte for Debian, too long for a sandbox's first boot to wait for. They are
+   * copied from now on, in the background (a boot that comes first waits for its image's). */
+  copyAheadAcrossFilesystems(failed: (name: string, err: Error) => void): void {
+    if (!this.seedDir || !existsSync(this.seedDir)) return;
+    try {
+      if (statSync(this.seedDir).dev === statSync(this.dir).dev) return;
+    } catch {
+      return;
+    }
+    for (const name of readdirSync(this.seedDir)) {
+      if (this.unlinkedSeed(name)) this.materialize(name).catch((err: Error) => failed(name, err));
+    }
   }
 
   /** Drops the data directory's copy of a set-up image: the seed's tree is linked in again when

@@ -70,4 +70,26 @@ describe('set-up images, linked in on first use', () => {
     await images.materialize('base');
     expect(existsSync(join(dir, 'base', 'etc', 'os-release'))).toBe(true);
   });
+
+  it('a seed on another filesystem is copied ahead, in the background, from the start; one on the same filesystem waits to be used', async () => {
+    // /dev/shm is a tmpfs, the temporary directory another filesystem (no root needed for either).
+    const away = await mkdtemp(join('/dev/shm', 'forkpoint-seed-'));
+    try {
+      await mkdir(join(away, 'far', 'etc'), { recursive: true });
+      await writeFile(join(away, 'far', 'etc', 'os-release'), 'NAME=far\n');
+      expect(statSync(away).dev).not.toBe(statSync(root).dev);
+      await mkdir(dir, { recursive: true });
+      const failures: string[] = [];
+      new Images(dir, away).copyAheadAcrossFilesystems((name) => failures.push(name));
+      const deadline = Date.now() + 10_000;
+      while (!existsSync(join(dir, 'far')) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(existsSync(join(dir, 'far', 'etc', 'os-release'))).toBe(true);
+      expect(failures).toEqual([]);
+      new Images(dir, seed).copyAheadAcrossFilesystems(() => {});
+      await new Promise((r) => setTimeout(r, 200));
+      expect(existsSync(join(dir, 'base'))).toBe(false);
+    } finally {
+      await rm(away, { recursive: true, force: true });
+    }
+  });
 });
