@@ -629,6 +629,22 @@ describe('the e2b SDK\'s lifecycle: snapshots, pause and connect, timeouts, list
     }
   });
 
+  it('a timeout that pauses files only (onTimeout: {action: pause, keepMemory: false}) stops the sandbox; connect boots it on its files with a new boot id, and its next timeout pauses it again (it hibernated with memory, and a resumed one was then deleted at its timeout)', async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 3_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } });
+    const status = async () => (await s.api('GET', `/instances/${sbx.sandboxId}`)).body.status as string;
+    try {
+      await sbx.files.write('/home/user/marker.txt', 'kept');
+      const before = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim();
+      await until('paused by its timeout, files only', async () => (await status()) === 'stopped', 20_000);
+      const back = await sbx.connect({ timeoutMs: 3_000 });
+      expect(await back.files.read('/home/user/marker.txt')).toBe('kept');
+      expect((await back.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()).not.toBe(before);
+      await until('paused again by its next timeout', async () => (await status()) === 'stopped', 20_000);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('pause, then connect: a variable in a running process is still there', async () => {
     const sbx = await Sandbox.create();
     const h = await sbx.commands.run('read line; echo "got $line, secret=$SECRET"', { background: true, stdin: true, envs: { SECRET: 'kept-in-memory' } });

@@ -273,12 +273,18 @@ export class Forkpoint {
     this.expiry.start();
   }
 
-  /** Ends an instance whose lifetime is over, as it asked: hibernated (a running one; it lives
-   * on, with no lifetime, until woken) or deleted. */
+  /** Ends an instance whose lifetime is over, as it asked: hibernated or stopped (a running
+   * one; it lives on, with no lifetime, until woken or started) or deleted. */
   private async expire(rec: InstanceRecord): Promise<void> {
     if (!this.instances.isLocal(rec)) return; // its own node ends it
     if (rec.onExpiry === 'hibernate' && (rec.status === 'running' || rec.status === 'hibernated')) {
       if (rec.status === 'running') await this.instances.hibernate(rec.owner, rec.id);
+      await this.instances.setExpiry(rec.owner, rec.id, null);
+      return;
+    }
+    // Its files kept, its processes not: the next start boots it on its files.
+    if (rec.onExpiry === 'stop' && (rec.status === 'running' || rec.status === 'hibernated' || rec.status === 'stopped')) {
+      if (rec.status === 'running') await this.instances.stop(rec.owner, rec.id);
       await this.instances.setExpiry(rec.owner, rec.id, null);
       return;
     }

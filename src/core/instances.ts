@@ -7,7 +7,7 @@ import type { SandboxRuntime } from '../seam/runtime.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
-import type { InstancePatch, InstanceRecord, Limits, Page } from '../store/instances.js';
+import type { ExpiryAction, InstancePatch, InstanceRecord, Limits, Page } from '../store/instances.js';
 import { Lifecycle } from './lifecycle.js';
 import { DEFAULT_POLICY, parseEntry, type EgressPolicy } from '../lib/egress-policy.js';
 import { macOf } from '../lib/ipv4.js';
@@ -557,11 +557,13 @@ export class InstanceService {
     return Object.entries(env).map(([k, v]) => `${k}=${v}`);
   }
 
-  /** Sets (or, with null, clears) when the instance ends by itself: deleted, or hibernated
-   * with its memory (then it lives on until woken). */
-  async setExpiry(owner: string, id: string, at: Date | null, onExpiry: 'delete' | 'hibernate' = 'delete'): Promise<InstanceRecord> {
+  /** Sets when the instance ends by itself, and how: deleted, hibernated with its memory or
+   * stopped with its files (then it lives on until woken or started). `null` clears the time
+   * and keeps the how, for a later lifetime to be set with again (an E2B sandbox paused by its
+   * timeout pauses again at the next one once resumed). */
+  async setExpiry(owner: string, id: string, at: Date | null, onExpiry: ExpiryAction = 'delete'): Promise<InstanceRecord> {
     await this.get(owner, id);
-    return this.store.instances.update(id, { expiresAt: at ? at.toISOString() : null, onExpiry: at ? onExpiry : null });
+    return this.store.instances.update(id, at ? { expiresAt: at.toISOString(), onExpiry } : { expiresAt: null });
   }
 
   /** Sets (or, with null, clears) the seconds without activity after which the instance

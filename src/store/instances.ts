@@ -7,6 +7,9 @@ import type { VolumeMount } from '../seam/runtime.js';
 
 /** A secret an instance may use: its commands see `placeholder` in `env`; its requests to
  * `hosts` carry the value in its place (the egress proxy). */
+
+/** What an instance's lifetime ends in. */
+export type ExpiryAction = 'delete' | 'hibernate' | 'stop';
 export interface InstanceSecret {
   name: string;
   env: string;
@@ -63,9 +66,10 @@ export interface InstanceRecord {
   imageRef: string | null;
   /** Where its commands start unless told (an image's WORKDIR); null: /. */
   workdir: string | null;
-  /** When it ends by itself, and how (null: never). */
+  /** When it ends by itself, and how (null: never): deleted, hibernated (memory kept) or
+   * stopped (files kept). */
   expiresAt: string | null;
-  onExpiry: 'delete' | 'hibernate' | null;
+  onExpiry: ExpiryAction | null;
   error: string | null;
   createdAt: string;
   updatedAt: string;

@@ -89,7 +89,7 @@ export interface InstancesTable {
   image_ref: string | null;
   workdir: string | null;
   expires_at: string | null;
-  on_expiry: 'delete' | 'hibernate' | null;
+  on_expiry: 'delete' | 'hibernate' | 'stop' | null;
   error: string | null;
   created_at: string;
   updated_at: string;

@@ -5,7 +5,7 @@ import type { Forkpoint } from '../../core/forkpoint.js';
 import { NotFoundError } from '../../core/errors.js';
 import type { CreateInstance } from '../../core/instances.js';
 import type { EgressPolicy } from '../../lib/egress-policy.js';
-import type { InstanceRecord } from '../../store/instances.js';
+import type { ExpiryAction, InstanceRecord } from '../../store/instances.js';
 import type { TemplateRecord } from '../../store/templates.js';
 import { E2B_HOME, ENVD_VERSION } from './caller.js';
 
@@ -110,8 +110,13 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       state: r.status === 'hibernated' || r.status === 'stopped' ? 'paused' : 'running',
       volumeMounts: r.volumes.flatMap((v) => (v.name === null ? [] : [{ name: v.name, path: v.path }])),
     });
-    const lifetime = async (owner: string, id: string, seconds: number | undefined, autoPause: boolean | undefined) =>
-      await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), autoPause ? 'hibernate' : 'delete');
+    /** What a sandbox's timeout ends in: with `autoPause`, a pause (files only when
+     * `autoPauseMemory` is false, as `onTimeout: {action: 'pause', keepMemory: false}` says);
+     * else its deletion. One with a lifetime already keeps what it had. */
+    const onTimeout = (b: { autoPause?: boolean | undefined; autoPauseMemory?: boolean | undefined }): ExpiryAction =>
+      b.autoPause ? (b.autoPauseMemory === false ? 'stop' : 'hibernate') : 'delete';
+    const lifetime = async (owner: string, id: string, seconds: number | undefined, action: ExpiryAction | null) =>
+      await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), action ?? 'delete');
     /** E2B's commands start in its user's home: made once, for any image. */
     const home = async (owner: string, id: string) => {
       await fp.commands.exec(owner, id, { command: ['mkdir', '-p', E2B_HOME] });
@@ -139,7 +144,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       // The sandbox's variables where a process started before them (a template's code
       // interpreter, restored from its checkpoint) reads them, as E2B's reads envd's /envs.
       if (Object.keys(rec.env).length) await fp.files.write(owner, rec.id, SANDBOX_ENVS, Buffer.from(JSON.stringify(rec.env)), 0o600);
-      return lifetime(owner, rec.id, b.timeout, b.autoPause);
+      return lifetime(owner, rec.id, b.timeout, onTimeout(b));
     };
 
     for (const path of ['/sandboxes', '/v2/sandboxes']) {
@@ -193,7 +198,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/sandboxes/:sandboxID/timeout', { schema: { ...hidden, params: IdParams, body: Timeout } }, async (req, reply) => {
       const r = await fp.instances.get(req.owner, req.params.sandboxID);
-      await lifetime(req.owner, r.id, req.body.timeout, r.onExpiry === 'hibernate');
+      await lifetime(req.owner, r.id, req.body.timeout, r.onExpiry);
       return reply.code(204).send();
     });
 
@@ -216,7 +221,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const woken = before.status === 'hibernated' || before.status === 'stopped';
       let r = before.status === 'hibernated' ? await fp.instances.wake(owner, id) : before.status === 'stopped' ? await fp.instances.start(owner, id) : before;
       const longer = timeout !== undefined && before.expiresAt !== null && Date.now() + timeout * 1000 > Date.parse(before.expiresAt);
-      if (woken || longer) r = await lifetime(owner, id, timeout, before.onExpiry === 'hibernate');
+      if (woken || longer) r = await lifetime(owner, id, timeout, before.onExpiry);
       return reply.code(woken ? 201 : 200).send(sandbox(r, req));
     };
     for (const path of ['/sandboxes/:sandboxID/connect', '/v2/sandboxes/:sandboxID/connect']) {
@@ -264,7 +269,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/sandboxes/:sandboxID/fork', { schema: { ...hidden, params: IdParams, body: z.object({ timeout: z.number().int().min(0).optional(), count: z.number().int().min(1).max(100).optional() }).optional() } }, async (req, reply) => {
       const forks = await fp.checkpoints.fork(req.owner, req.params.sandboxID, { count: req.body?.count ?? 1 });
-      const lived = await Promise.all(forks.map((f) => lifetime(req.owner, f.id, req.body?.timeout, false)));
+      const lived = await Promise.all(forks.map((f) => lifetime(req.owner, f.id, req.body?.timeout, 'delete')));
       return reply.code(201).send(lived.map((r) => ({ sandbox: sandbox(r, req) })));
     });
 
