@@ -235,8 +235,9 @@ export class Sandbox implements SandboxHandle {
       } finally {
         this.opening.delete(opened);
       }
-      if (!this.gate && c.isOpen) return c;
-      // A pause took it: another, once the pause is over.
+      // A pause that began while it connected closes it: another once the pause is over. (One
+      // the agent closed by itself is handed on: its first call says so.)
+      if (!this.gate) return c;
     }
   }
 

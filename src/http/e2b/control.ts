@@ -110,11 +110,13 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       state: r.status === 'hibernated' || r.status === 'stopped' ? 'paused' : 'running',
       volumeMounts: r.volumes.flatMap((v) => (v.name === null ? [] : [{ name: v.name, path: v.path }])),
     });
-    /** What a sandbox's timeout ends in: with `autoPause`, a pause (files only when
+    /** What a new sandbox's timeout ends in: with `autoPause`, a pause (files only when
      * `autoPauseMemory` is false, as `onTimeout: {action: 'pause', keepMemory: false}` says);
-     * else its deletion. One with a lifetime already keeps what it had. */
+     * else its deletion. */
     const onTimeout = (b: { autoPause?: boolean | undefined; autoPauseMemory?: boolean | undefined }): ExpiryAction =>
       b.autoPause ? (b.autoPauseMemory === false ? 'stop' : 'hibernate') : 'delete';
+    /** The sandbox's lifetime: `seconds` (or the default) from now, ending as `action` says (a
+     * sandbox that never asked for one is deleted). */
     const lifetime = async (owner: string, id: string, seconds: number | undefined, action: ExpiryAction | null) =>
       await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), action ?? 'delete');
     /** E2B's commands start in its user's home: made once, for any image. */
