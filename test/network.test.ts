@@ -373,6 +373,18 @@ describe('previews of two tenants\' sandboxes', () => {
     }
   });
 
+  it('a slow answer through the proxy is the instance\'s activity while it lasts: the idle timeout does not hibernate it mid-request (it did)', async () => {
+    const inst = await s.instance({ idle_timeout_s: 1 });
+    // Answers each connection 4 s after it came: longer than the instance may be idle.
+    await sh(inst.id, "printf '#!/bin/sh\\nsleep 4\\nprintf \"HTTP/1.1 200 OK\\\\r\\\\nContent-Length: 4\\\\r\\\\nConnection: close\\\\r\\\\n\\\\r\\\\nslow\"\\n' > /tmp/slow.sh && chmod 755 /tmp/slow.sh");
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'nc -ll -p 3005 -e /tmp/slow.sh' });
+    await until('the server', async () => (await sh(inst.id, 'netstat -tln')).stdout.includes(':3005'));
+    const r = await request(`${s.url}/instances/${inst.id}/ports/3005/`, { headers: { authorization: `Bearer ${s.token}` }, headersTimeout: 20_000 });
+    expect([r.statusCode, await r.body.text()]).toEqual([200, 'slow']);
+    expect((await s.fp.store.instances.get(inst.id))!.status).toBe('running');
+    await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
   it('each preview is an origin of its own: a page of one reads neither the other nor the API, with the visitor\'s cookies', async () => {
     const owner = async (name: string) => ({ authorization: `Bearer ${(await s.fp.store.tokens.create(name, 'test')).token}` });
     const [ta, tb] = [await owner('preview-a'), await owner('preview-b')];

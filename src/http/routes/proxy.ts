@@ -107,6 +107,10 @@ export const proxyRoutes = (fp: Forkpoint): FastifyPluginAsync =>
 
     const forward = (req: FastifyRequest, reply: FastifyReply) => {
       const t = targets.get(req)!;
+      // The request is the instance's activity for as long as it lasts: a long download or a
+      // slow answer was cut by the idle timeout, the instance hibernated under it. (A
+      // WebSocket holds its own, below.)
+      reply.raw.once('close', fp.access.lease((req.params as { id: string }).id));
       return reply.from(`http://${t.host}:${t.port}${t.path}`, {
         // Nothing listening, or a server that does not answer: the sandbox's doing, not a bug.
         onError: (_r, { error }) => void sendError(reply, 'UNAVAILABLE', `port ${t.port} of the instance did not answer: ${error.message}`),
