@@ -8,6 +8,10 @@ import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type SystemImages } f
 
 export { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig } from '../seam/runtime.js';
 
+/** How long linking (or, across filesystems, copying) a set-up image may take: Debian's is 2 s
+ * linked and under a minute copied on this project's machines. */
+const LINK_DEADLINE_MS = 10 * 60_000;
+
 /** The directory of an image pulled from a registry: its digest's. */
 const PULLED = /^sha256-[0-9a-f]{56}$/;
 
@@ -82,14 +86,16 @@ export class Images implements SystemImages {
     await mkdir(this.dir, { recursive: true });
     await rm(tmp, { recursive: true, force: true });
     const identity = identityOf(seed);
-    const linked = await execa('cp', ['-al', seed, tmp], { reject: false });
-    if (linked.exitCode !== 0) {
+    const cp = (flags: string) => execa('cp', [flags, seed, tmp], { reject: false, timeout: LINK_DEADLINE_MS });
+    let done = await cp('-al');
+    if (done.exitCode !== 0 && !done.timedOut) {
       await rm(tmp, { recursive: true, force: true });
-      const copied = await execa('cp', ['-a', seed, tmp], { reject: false });
-      if (copied.exitCode !== 0) {
-        await rm(tmp, { recursive: true, force: true });
-        throw new EngineError('MOUNT_FAILED', `set-up's image ${name} could not be copied into the data directory: ${copied.stderr.split('\n')[0] || 'cp failed'}`);
-      }
+      done = await cp('-a');
+    }
+    if (done.exitCode !== 0) {
+      await rm(tmp, { recursive: true, force: true });
+      if (done.timedOut) throw new EngineError('TIMEOUT', `set-up's image ${name} was not copied into the data directory within ${LINK_DEADLINE_MS / 60_000} min`);
+      throw new EngineError('MOUNT_FAILED', `set-up's image ${name} could not be copied into the data directory: ${done.stderr.split('\n')[0] || 'cp failed'}`);
     }
     const seedConfig = join(this.seedDir!, '.config', `${name}.json`);
     await mkdir(join(this.dir, '.config'), { recursive: true });
