@@ -63,7 +63,7 @@ afterAll(async () => {
 
 const sh = async (id: string, command: string) => s.exec(id, { command });
 /** What the test host was sent, asked from the host (the sandbox never sees this). */
-const seenByHost = async () => (await (await request(`http://${net.address}/seen`)).body.json()) as { tls: boolean; host: string; headers: Record<string, string>; url: string; body: string }[];
+const seenByHost = async () => (await (await request(`http://${net.address}/seen`)).body.json()) as { tls: boolean; host: string; headers: Record<string, string>; url: string; body: string; size: number; tail: string }[];
 
 /** A file's bytes, gunzipped when they are gzip (durable blobs are). */
 const contentOf = async (p: string) => {
@@ -135,6 +135,12 @@ describe('secrets', () => {
       [`/record?key=${placeholder}`, json(placeholder)],
     ]);
     expect(carried[1]!.headers['content-length']).toBe(String(json(SECRET).length));
+    // A body longer than the proxy holds whole (1 MiB) has its placeholder replaced too, as it
+    // streams: it goes on chunked (it went as it was, the placeholder in it).
+    const big = 1536 * 1024;
+    await sh(inst.id, `head -c ${big} /dev/zero | tr '\\0' y > /tmp/big && printf %s "$API_KEY" >> /tmp/big && curl -sS --max-time 30 --data-binary @/tmp/big https://testhost.internal/record`);
+    const [large] = (await seenByHost()).slice(-1);
+    expect([large!.size, large!.tail.slice(-SECRET.length - 1), large!.headers['transfer-encoding']]).toEqual([big + SECRET.length, `y${SECRET}`, 'chunked']);
 
     // A process holding the placeholder (and nothing else of the secret) while a checkpoint with
     // memory is taken and made durable.

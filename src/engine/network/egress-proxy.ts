@@ -2,14 +2,14 @@ import { createServer as createHttpServer, type IncomingMessage, type Server as 
 import { createSecureContext, rootCertificates, TLSSocket, type SecureContext } from 'node:tls';
 import { createServer as createTcpServer, isIP, type AddressInfo, type Server as TcpServer, type Socket } from 'node:net';
 import { Resolver } from 'node:dns/promises';
-import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Logger } from 'pino';
 import { Agent, request } from 'undici';
 import { issueServerCertificate } from '../../lib/egress-ca.js';
 import { egressAllows, hostMatches, type EgressPolicy } from '../../lib/egress-policy.js';
 import type { EgressSecrets, SecretRule } from '../../seam/runtime.js';
-import { substituteText, substitutingStream } from './secret-substitution.js';
+import { BodyBudget, bodyWithSecrets } from './request-body.js';
+import { substituteText } from './secret-substitution.js';
 
 /** Connections one sandbox may hold open through the proxy at once. */
 export const PROXY_CONNECTIONS_PER_SANDBOX = 64;
@@ -24,10 +24,6 @@ const CERTIFICATES_PER_SANDBOX = 64;
 /** A request the sandbox sends, whole, and an upstream's answer: bounded, like every wait. */
 const REQUEST_TIMEOUT_MS = 10 * 60_000;
 const UPSTREAM_CONNECT_MS = 10_000;
-/** A body up to this long (by its Content-Length) is read whole, its placeholders replaced and
- * its length told anew; a longer one goes as it is; one of no stated length (chunked) has them
- * replaced as it streams. */
-const BODY_REWRITE_MAX = 1024 * 1024;
 // `expect`: the proxy's own server answered a 100-continue already (and undici refuses to send one).
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'proxy-authorization', 'proxy-authenticate', 'host', 'expect']);
 
@@ -60,6 +56,7 @@ export class EgressProxy {
   private readonly certificates = new Map<string, Promise<SecureContext>>();
   private readonly agent: Agent;
   private readonly resolver = new Resolver({ timeout: 2000, tries: 2 });
+  private readonly bodies = new BodyBudget();
 
   constructor(
     private readonly gateway: string,
@@ -192,14 +189,14 @@ export class EgressProxy {
       // address); the name goes as Host and as the TLS server name, which the certificate must match.
       const origin = caller.servername ? `https://${address}:443` : `http://${address}:80`;
       const hasBody = req.method !== 'GET' && req.method !== 'HEAD';
-      const body = hasBody ? await bodyWithSecrets(req, headers, rules) : null;
+      const body = hasBody ? await bodyWithSecrets(caller.id, req, headers, rules, this.bodies) : null;
       const upstream = await request(`${origin}${target}`, {
         method: (req.method ?? 'GET') as 'GET',
         headers: { ...headers, host },
-        body,
+        body: body?.body ?? null,
         dispatcher: this.agent,
         signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
-      });
+      }).finally(() => body?.release());
       const out: Record<string, string | string[]> = {};
       for (const [name, value] of Object.entries(upstream.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
       res.writeHead(upstream.statusCode, out);
@@ -223,22 +220,3 @@ export class EgressProxy {
 const hostOf = (header: string | undefined) => (header ?? '').replace(/:\d+$/, '');
 
 const rulesFor = (rules: SecretRule[], host: string) => rules.filter((r) => r.hosts.some((h) => hostMatches(h, host)));
-
-/** The request's body with the rules' placeholders replaced (BODY_REWRITE_MAX says how), and
- * `headers`' Content-Length made to match it. */
-async function bodyWithSecrets(req: IncomingMessage, headers: Record<string, string | string[]>, rules: SecretRule[]): Promise<Buffer | Readable> {
-  const stated = req.headers['content-length'];
-  if (stated === undefined) {
-    const replaced = substitutingStream(rules);
-    // A client that goes away mid-body ends the upstream request too (pipe would leave it waiting).
-    pipeline(req, replaced).catch(() => {});
-    return replaced;
-  }
-  const length = Number(stated);
-  if (!Number.isSafeInteger(length) || length > BODY_REWRITE_MAX) return req;
-  const chunks: Buffer[] = [];
-  for await (const chunk of req) chunks.push(chunk as Buffer);
-  const body = Buffer.from(substituteText(Buffer.concat(chunks).toString('latin1'), rules), 'latin1');
-  headers['content-length'] = String(body.length);
-  return body;
-}
