@@ -112,7 +112,7 @@ const criuFromEnv = () => (process.env.FORKPOINT_CRIU ? { criuPath: process.env.
 
 export async function benchServer(opts: { unconfined?: boolean; networking?: 'on' | 'off'; config?: Record<string, string> } = {}): Promise<BenchServer> {
   const dataDir = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-bench-'));
-  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, ...criuFromEnv(), ...opts.config } });
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), networking: opts.networking ?? 'on', logLevel: 'silent', maxCheckpointsPerInstance: 1000, warmForks: 0, ...criuFromEnv(), ...opts.config } });
   // BENCH_LOG=FILE: the servers' debug log (the engine's per-step timings) goes there.
   const log = process.env.BENCH_LOG ? pino({ level: 'debug' }, pino.destination({ dest: process.env.BENCH_LOG, append: true, sync: false })) : pino({ level: 'silent' });
   // As `forkpoint serve` runs (the bench's own processes with it: its host load is set back to 0).

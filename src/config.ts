@@ -99,6 +99,11 @@ export const configSchema = z.object({
   httpBodyStallMs: z.coerce.number().int().min(100).default(30_000),
   httpConnectionsPerClient: z.coerce.number().int().min(0).default(512),
   checkpointConcurrency: z.coerce.number().int().positive().default(2),
+  /** Warm forks: sandboxes restored ahead from checkpoints that were forked from, held frozen
+   * for the next fork (README, "Warm forks"): how many at most, and the memory they may hold
+   * together. 0: none. */
+  warmForks: z.coerce.number().int().min(0).max(256).default(4),
+  warmForksMemoryMb: z.coerce.number().int().min(0).default(1024),
   maxCheckpointsPerInstance: z.coerce.number().int().positive().default(10),
   /** Past this many layers under an instance, its oldest ones are squashed into one. */
   squashAfterLayers: z.coerce.number().int().min(2).max(400).default(64),
@@ -210,6 +215,8 @@ const envNames: Record<keyof Config, string> = {
   httpBodyStallMs: 'FORKPOINT_HTTP_BODY_STALL_MS',
   httpConnectionsPerClient: 'FORKPOINT_HTTP_CONNECTIONS_PER_CLIENT',
   checkpointConcurrency: 'FORKPOINT_CHECKPOINT_CONCURRENCY',
+  warmForks: 'FORKPOINT_WARM_FORKS',
+  warmForksMemoryMb: 'FORKPOINT_WARM_FORKS_MEMORY_MB',
   maxCheckpointsPerInstance: 'FORKPOINT_MAX_CHECKPOINTS',
   squashAfterLayers: 'FORKPOINT_SQUASH_AFTER_LAYERS',
   squashKeepLayers: 'FORKPOINT_SQUASH_KEEP_LAYERS',

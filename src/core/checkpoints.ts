@@ -16,6 +16,7 @@ import type { ChainSquasher } from './squash.js';
 import { requireRoom, shortOfRoom } from './space.js';
 import { watchesResumed } from './file-watch.js';
 import { failpoint } from '../lib/failpoints.js';
+import { standbyOwnerOf, WarmForks, type Standby, type WarmLimits } from './warm-forks.js';
 
 export interface CreateCheckpoint {
   label?: string | undefined;
@@ -106,7 +107,17 @@ export class CheckpointService {
     private readonly events: EventBus,
     private readonly executions: ExecutionService,
     private readonly log: Logger,
-  ) {}
+    warmLimits: WarmLimits = { count: 0, memoryBytes: 0 },
+  ) {
+    this.warm = new WarmForks(warmLimits, {
+      make: (checkpointId, sourceId, owner) => this.makeStandby(checkpointId, sourceId, owner),
+      discard: (id) => this.instances.discard(id),
+      memoryOf: (id) => this.engine.memoryInUse(id),
+    }, log);
+  }
+
+  /** Sandboxes restored ahead for the next forks of checkpoints forked from. */
+  readonly warm: WarmForks;
 
   async get(owner: string, instanceId: string, id: string): Promise<CheckpointRecord> {
     await this.instances.get(owner, instanceId);
@@ -567,27 +578,23 @@ export class CheckpointService {
       await requireRoom(this.engine);
       const images = c.memory ? c.id : undefined;
       const made: string[] = [];
+      const warm: string[] = [];
+      // Warm forks are the source owner's own forks of a memory checkpoint with its volumes.
+      const warmable = images !== undefined && !instead && (as.owner ?? owner) === owner && input.volumes !== 'none';
       const t = performance.now();
       const results = await Promise.allSettled(
         Array.from({ length: count }, async (_, i) => {
-          const rec = await this.instances.newRecord(
-            as.owner ?? owner,
-            instead
-              ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits }, ...userNamespaceOf(c) }
-              : { name: nameOf(i), image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined, ...userNamespaceOf(c) },
-            {
-              layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id,
-              // A template's instances (`instead`, another owner's) never get the source's volumes.
-              volumes: instead || input.volumes === 'none' ? placeholdersFor(source.volumes) : source.volumes,
-              // Its processes hold the source's placeholders and trust its CA: a fork of the same
-              // owner keeps both; a template's instance (another owner's) gets neither rule.
-              secrets: instead ? [] : source.secrets,
-              egressCa: instead ? null : source.egressCa,
-              // The same machine on the same leash: a fork of a denied instance must not get the
-              // default (open) policy. A template's instance takes its create's.
-              ...(instead ? {} : { egress: source.egress }),
-            },
-          );
+          // A warm one first: the fork's own, as the same owner's fork of it would be made.
+          const standby = warmable ? this.warm.take(c.id, owner) : undefined;
+          if (standby) {
+            const taken = await this.takeStandby(standby, owner, source, { name: nameOf(i), env: { ...source.env, ...input.env }, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints });
+            if (taken) {
+              made.push(taken.id);
+              warm.push(taken.id);
+              return taken;
+            }
+          }
+          const rec = await this.instances.newRecord(as.owner ?? owner, ...this.forkRecordOf(c, source, input, nameOf(i), instead));
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {
             const admitted = this.instances.admit(rec); // while it restores: see InstanceService.create
@@ -604,7 +611,9 @@ export class CheckpointService {
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       if (!failed) {
         const forks = results.map((r) => (r as PromiseFulfilledResult<InstanceRecord>).value);
-        this.events.emit(source.id, 'fork', { checkpoint_id: c.id, instance_ids: forks.map((f) => f.id), ms: Math.round((performance.now() - t) * 100) / 100 });
+        this.events.emit(source.id, 'fork', { checkpoint_id: c.id, instance_ids: forks.map((f) => f.id), warm_ids: warm, ms: Math.round((performance.now() - t) * 100) / 100 });
+        // The next fork of it finds one ready.
+        if (warmable) this.warm.refill(c.id, source.id, owner);
         return forks;
       }
       // All or nothing: a call that answers with an error leaves no instance of its own behind.
@@ -613,6 +622,86 @@ export class CheckpointService {
       throw this.instances.engineFailure(failed.reason);
     } finally {
       unpin();
+    }
+  }
+
+  /** What a fork's record is made of: its create input and what it takes from its source and
+   * checkpoint (InstanceService.newRecord's arguments). */
+  private forkRecordOf(c: CheckpointRecord, source: InstanceRecord, input: ForkInput, name: string | undefined, instead: CreateInstance | undefined): [CreateInstance, Partial<InstanceRecord>] {
+    return [
+      instead
+        ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits }, ...userNamespaceOf(c) }
+        : { name, image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined, ...userNamespaceOf(c) },
+      {
+        layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, restoringFrom: c.id,
+        // A template's instances (`instead`, another owner's) never get the source's volumes.
+        volumes: instead || input.volumes === 'none' ? placeholdersFor(source.volumes) : source.volumes,
+        // Its processes hold the source's placeholders and trust its CA: a fork of the same
+        // owner keeps both; a template's instance (another owner's) gets neither rule.
+        secrets: instead ? [] : source.secrets,
+        egressCa: instead ? null : source.egressCa,
+        // The same machine on the same leash: a fork of a denied instance must not get the
+        // default (open) policy. A template's instance takes its create's.
+        ...(instead ? {} : { egress: source.egress }),
+      },
+    ];
+  }
+
+  /** A warm fork's standby of `owner`'s, restored from the checkpoint and held frozen under the
+   * server's own owner (warm-forks.ts) until a fork takes it. */
+  private async makeStandby(checkpointId: string, sourceId: string, owner: string): Promise<string> {
+    const [c, source] = await Promise.all([this.store.checkpoints.get(checkpointId), this.store.instances.get(sourceId)]);
+    if (!c || c.status !== 'ready' || !c.memory || !source || source.owner !== owner) throw new NotFoundError('checkpoint', checkpointId);
+    this.requireBaseHere(c);
+    await requireRoom(this.engine);
+    const rec = await this.instances.newRecord(standbyOwnerOf(owner), ...this.forkRecordOf(c, source, {}, undefined, undefined));
+    try {
+      await this.locks.run(rec.id, async () => {
+        await this.instances.admit(rec);
+        const sb = await this.engine.restore(this.instances.spec(rec), c.id, { setHostname: true, connections: 'close', standby: true });
+        await this.instances.running(rec.id, sb, { restoringFrom: null });
+      });
+      // Deleted meanwhile (its deletion waits only for standbys it knows are being made).
+      if (!(await this.store.checkpoints.get(checkpointId))) throw new NotFoundError('checkpoint', checkpointId);
+      return rec.id;
+    } catch (err) {
+      await this.instances.discard(rec.id);
+      throw err;
+    }
+  }
+
+  /** The standby becomes `owner`'s fork: handed over, its policy brought up to its source's,
+   * thawed (its hostname the fork's name, when it has one). Undefined when it cannot be used
+   * (it was discarded): the fork restores as usual. Its owner's quota refusing it is the fork's
+   * answer, and the standby goes back to the pool. */
+  private async takeStandby(s: Standby, owner: string, source: InstanceRecord, patch: Parameters<InstanceService['takeStandby']>[3]): Promise<InstanceRecord | undefined> {
+    let rec: InstanceRecord;
+    try {
+      rec = await this.instances.takeStandby(s.id, standbyOwnerOf(owner), owner, patch);
+    } catch (err) {
+      if (err instanceof QuotaExceededError) {
+        this.warm.giveBack(s);
+        throw err;
+      }
+      this.log.warn({ err, instance: s.id }, 'a warm fork could not be taken; restoring instead');
+      await this.instances.discard(s.id);
+      return undefined;
+    }
+    try {
+      return await this.locks.run(rec.id, async () => {
+        // A standby is made with its source's policy and rules of then; they may have changed.
+        if (JSON.stringify([rec.egress, rec.secrets]) !== JSON.stringify([source.egress, source.secrets])) {
+          rec = await this.store.instances.update(rec.id, { egress: source.egress, secrets: source.secrets });
+          await this.instances.admit(rec);
+        }
+        await this.engine.activate(rec.id, patch.name !== undefined ? { hostname: rec.name } : {});
+        await this.executions.adoptInFork(source.id, rec.id);
+        return rec;
+      });
+    } catch (err) {
+      this.log.warn({ err, instance: s.id }, 'a warm fork could not be started; restoring instead');
+      await this.instances.discard(s.id);
+      return undefined;
     }
   }
 
@@ -627,6 +716,7 @@ export class CheckpointService {
   }
 
   private async removeRecord(c: CheckpointRecord): Promise<void> {
+    await this.warm.drop(c.id);
     await this.store.transaction(async (tx) => {
       await tx.layers.dropHolder(`checkpoint:${c.id}`);
       await tx.checkpoints.delete(c.id);

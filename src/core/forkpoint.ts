@@ -38,6 +38,7 @@ import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 import { Cluster, nodeIdOf } from './cluster.js';
+import { isStandby } from './warm-forks.js';
 
 export interface HealthReport {
   ok: boolean;
@@ -176,13 +177,16 @@ export class Forkpoint {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
     }, log);
-    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, squasher, this.events, this.executions, log);
+    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, squasher, this.events, this.executions, log, {
+      count: config.warmForks,
+      memoryBytes: config.warmForksMemoryMb * 1024 * 1024,
+    });
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
     this.durable = new DurableCheckpoints(this.store, this.engine, objectStoreOf(config), join(this.layout.spill, 'blobs'), log);
     this.metrics = new Metrics({
       instancesByStatus: async () => {
         const by: Record<string, number> = {};
-        for (const r of await this.instances.local()) by[r.status] = (by[r.status] ?? 0) + 1;
+        for (const r of await this.instances.local()) if (!isStandby(r)) by[r.status] = (by[r.status] ?? 0) + 1;
         return by;
       },
       jobQueueDepth: () => this.jobs.depth,
@@ -259,6 +263,8 @@ export class Forkpoint {
     await rm(this.layout.contexts, { recursive: true, force: true });
     await this.checkpoints.recover();
     await recovery.recover();
+    // Warm forks a previous run held: made again when their checkpoints are forked from.
+    for (const rec of await this.instances.local()) if (isStandby(rec)) await this.instances.discard(rec.id);
     await this.builds.recover();
     // Build steps nobody built again for a week: their layers are kept for nothing.
     await this.builds.prune(new Date(Date.now() - BUILD_CACHE_DAYS * 86400_000));
@@ -428,6 +434,7 @@ export class Forkpoint {
     this.executions.forget();
     await this.jobs.drain();
     await this.checkpoints.idle();
+    await this.checkpoints.warm.close();
     await this.engine.shutdown();
     // With no instance left, nothing of this server stays on the host's network.
     if (this.config.networking === 'on' && (await this.instances.local()).length === 0) {
@@ -450,6 +457,7 @@ export class Forkpoint {
   async destroyAll(): Promise<void> {
     await this.jobs.drain();
     await this.checkpoints.idle();
+    await this.checkpoints.warm.clear();
     for (const rec of await this.instances.local()) await this.deleteInstance(rec.owner, rec.id);
     for (const v of await this.store.volumes.forNode(this.instances.nodeId)) await this.volumes.delete(v.owner, v.name);
     // Nothing of this server's is left on the host's network either.

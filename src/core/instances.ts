@@ -295,6 +295,23 @@ export class InstanceService {
     return rec;
   }
 
+  /** A warm fork's standby (held by `from`, warm-forks.ts) becomes `owner`'s instance, within
+   * the owner's quota as a new record would be, with the fork's own name and settings. */
+  async takeStandby(id: string, from: string, owner: string, patch: Pick<InstanceRecord, 'env' | 'metadata' | 'maxCheckpoints'> & { name?: string | undefined }): Promise<InstanceRecord> {
+    if (patch.name !== undefined && !INSTANCE_NAME.test(patch.name)) {
+      throw new InvalidRequestError('name must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen', { name: patch.name });
+    }
+    return this.locks.run(ownerRecordsLock(owner), () => this.store.transaction(async (tx) => {
+      const rec = await tx.instances.get(id);
+      if (!rec || rec.owner !== from) throw new ConflictError(`standby ${id} is gone`, { reason: 'STANDBY_GONE' });
+      await this.checkQuota(owner, rec.limits, 1, await tx.instances.usageOf(owner));
+      if (rec.uidBase !== null) this.uidRanges.allocate((await tx.instances.uidRanges()).filter((r) => r.uidBase !== rec.uidBase), owner);
+      const taken = await tx.instances.handOver(id, from, owner, { env: patch.env, metadata: patch.metadata, maxCheckpoints: patch.maxCheckpoints, ...(patch.name !== undefined ? { name: patch.name } : {}) });
+      if (!taken) throw new ConflictError(`standby ${id} is gone`, { reason: 'STANDBY_GONE' });
+      return taken;
+    }));
+  }
+
   /**
    * Takes a lost instance for this node, standing on `from` (a durable checkpoint's chain,
    * fetched here): a new address on this node's network, no memory image of its old node. Only

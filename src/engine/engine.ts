@@ -143,8 +143,29 @@ export class Engine implements SandboxRuntime {
 
   async thaw(id: string): Promise<void> {
     this.fenced.delete(id);
-    // A checkpoint's copy under way thaws it when it is done.
-    if (!this.copying.has(id)) await this.cgroups.thaw(id);
+    // A checkpoint's copy under way thaws it when it is done; a standby waits to be taken.
+    if (!this.copying.has(id) && !this.standing.has(id)) await this.cgroups.thaw(id);
+  }
+
+  /** Restored sandboxes held frozen until a fork takes them (`activate`). */
+  private readonly standing = new Set<string>();
+
+  async activate(id: string, opts: { hostname?: string } = {}): Promise<void> {
+    const sb = this.live.get(id);
+    if (!sb || !this.standing.has(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not held in standby`);
+    if (opts.hostname !== undefined) {
+      // The hostname is the instance's name, known only now; any warm restorer can set it.
+      const r = this.restorers.take();
+      try {
+        await r.ready;
+        await r.worker.setHostname(sb.pid, opts.hostname);
+      } finally {
+        r.worker.end();
+        this.restorers.finished();
+      }
+    }
+    this.standing.delete(id);
+    if (!this.fenced.has(id)) await this.cgroups.thaw(id);
   }
 
   /** Sandboxes frozen because their node's lease is in doubt: a checkpoint's own freeze, ending,
@@ -364,6 +385,7 @@ export class Engine implements SandboxRuntime {
    * the failure, the instance's deletion or a restart. */
   private async abandonLaunch(id: string): Promise<void> {
     this.live.delete(id);
+    this.standing.delete(id);
     const launched = await this.leftoverPid(id);
     if (launched) await killTree(launched.pid, launched.startTime).catch((err: unknown) => this.log.warn({ err, instance: id, pid: launched.pid }, 'could not kill what a failed launch started'));
     await this.teardown(id);
@@ -371,7 +393,7 @@ export class Engine implements SandboxRuntime {
 
   /** Restores a memory image onto a fresh upper over the spec's layers (an image of an older
    * format boots fresh on those layers instead: see Criu.isCurrentFormat). */
-  async restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<Sandbox> {
+  async restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections; standby?: boolean }): Promise<Sandbox> {
     const images = this.layout.checkpoint(imagesId);
     if (!this.criu.isCurrentFormat(images)) {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
@@ -388,6 +410,12 @@ export class Engine implements SandboxRuntime {
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
       steps.mark('connect');
+      if (opts.standby) {
+        // Connected first (a frozen agent answers nothing), then held where it stands.
+        this.standing.add(spec.id);
+        await this.cgroups.freeze(spec.id);
+        steps.mark('freeze');
+      }
       this.log.debug({ instance: spec.id, steps: steps.ms }, 'restore');
       return sb;
     } catch (err) {
@@ -418,6 +446,7 @@ export class Engine implements SandboxRuntime {
   async stop(id: string): Promise<void> {
     const sb = this.live.get(id);
     this.live.delete(id);
+    this.standing.delete(id);
     if (sb) {
       await sb.close();
       sb.loseAll(new AgentError(0, 'the sandbox stopped'));

@@ -244,8 +244,11 @@ export interface SandboxRuntime {
   /** The live sandbox of an instance, if it runs here. */
   sandbox(id: string): SandboxHandle | undefined;
   boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<SandboxHandle>;
-  /** Restores the memory image of checkpoint (or hibernation) `imagesId` as the instance. */
-  restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<SandboxHandle>;
+  /** Restores the memory image of checkpoint (or hibernation) `imagesId` as the instance; with
+   * `standby`, its processes are held frozen once restored, until `activate` (a warm fork). */
+  restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections; standby?: boolean }): Promise<SandboxHandle>;
+  /** A sandbox restored in standby runs from now on (with `hostname`, when it is to be another). */
+  activate(id: string, opts?: { hostname?: string }): Promise<void>;
   /** Takes back a sandbox a previous server left running, if it is still the same process. */
   adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<SandboxHandle | undefined>;
   /** Replaces the instance's sandbox by the given state (a rollback): memory image or fresh boot. */

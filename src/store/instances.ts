@@ -388,6 +388,20 @@ export class InstanceStore {
     return this.get(id);
   }
 
+  /** Gives the instance to `to` if `from` still holds it (a warm fork taken: see
+   * core/warm-forks.ts), with `patch`; undefined if another took it first. Its creation is now. */
+  async handOver(id: string, from: string, to: string, patch: InstancePatch): Promise<InstanceRecord | undefined> {
+    const now = new Date().toISOString();
+    const r = await this.db
+      .updateTable('instances')
+      .set((eb) => ({ ...columnsOf(patch), owner: to, created_at: now, updated_at: now, version: eb('version', '+', 1) }))
+      .where('id', '=', id)
+      .where('owner', '=', from)
+      .$if(this.fence.current !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, this.fence.current!)))
+      .executeTakeFirst();
+    return r.numUpdatedRows === 0n ? undefined : this.get(id);
+  }
+
   /** How many of the owner's instances stand on the image (by its own name or a built one's). */
   async countOnImage(owner: string | null, image: string): Promise<number> {
     const row = await this.db

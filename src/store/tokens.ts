@@ -4,6 +4,10 @@ import type { Db } from './db.js';
 import { newId } from './ids.js';
 import type { Tables } from './schema.js';
 
+/** Owners the server keeps for itself (warm forks' records, core/warm-forks.ts): no token speaks
+ * for one. */
+export const RESERVED_OWNER_PREFIX = '@';
+
 export interface TokenRecord {
   id: string;
   owner: string;
@@ -45,6 +49,7 @@ export class TokenStore {
   constructor(private readonly db: Db) {}
 
   async create(owner: string, name: string, shape: TokenShape = 'forkpoint'): Promise<{ token: string; record: TokenRecord }> {
+    if (owner.startsWith(RESERVED_OWNER_PREFIX)) throw new Error(`an owner's name may not begin with ${RESERVED_OWNER_PREFIX}: such owners are the server's own`);
     const e2b = shape === 'e2b';
     const idPart = e2b ? randomBytes(12).toString('hex') : undefined;
     const id = idPart ? `tok_${idPart}` : newId('tok', 12);

@@ -679,8 +679,17 @@ export class FakeEngine implements SandboxRuntime {
     return this.attach(spec);
   }
 
-  async restore(spec: SandboxSpec, imagesId: string): Promise<SandboxHandle> {
-    this.note(`restore ${spec.id} ${imagesId}`);
+  /** Standbys: restored, held frozen until activated. */
+  readonly standing = new Set<string>();
+
+  async activate(id: string, opts: { hostname?: string } = {}): Promise<void> {
+    this.note(`activate ${id}${opts.hostname ? ` ${opts.hostname}` : ''}`);
+    if (!this.standing.delete(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not held in standby`);
+    this.host.frozen.delete(id);
+  }
+
+  async restore(spec: SandboxSpec, imagesId: string, opts: { standby?: boolean } = {}): Promise<SandboxHandle> {
+    this.note(`restore ${spec.id} ${imagesId}${opts.standby ? ' standby' : ''}`);
     const memory = this.host.memoryImages.get(imagesId);
     if (!memory) throw new EngineError('RESTORE_FAILED', `no memory image ${imagesId}`);
     this.requireAgentLayer(spec);
@@ -692,7 +701,12 @@ export class FakeEngine implements SandboxRuntime {
       this.host.kill(spec.id);
       throw err;
     }
-    return this.attach(spec);
+    const sb = this.attach(spec);
+    if (opts.standby) {
+      this.standing.add(spec.id);
+      this.host.frozen.add(spec.id);
+    }
+    return sb;
   }
 
   async adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<SandboxHandle | undefined> {

@@ -37,7 +37,9 @@ export interface TestServer {
 /** A real server on loopback over a fresh data directory, as root, with the real engine. */
 export async function startServer(config: Partial<ConfigInput> = {}, existingDataDir?: string, opts: { logFile?: string } = {}): Promise<TestServer> {
   const dataDir = existingDataDir ?? (await mkdtemp(join(tmpdir(), 'forkpoint-test-')));
-  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', ...config } });
+  // Warm forks only where a test asks for them (test/warm-forks.test.ts): elsewhere each fork
+  // would start a restore in the background that the test does not look at.
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', warmForks: 0, ...config } });
   // `logFile`: everything the server logs, at debug, for a test that reads its log.
   const log = opts.logFile ? pino({ level: 'debug' }, pino.destination({ dest: opts.logFile, sync: true })) : pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' });
   let engine!: Engine;

@@ -1,0 +1,140 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { startFakeNode, type FakeNode } from '../fakes/fake-node.js';
+import { ownerRecordsLock } from '../../src/core/jobs.js';
+
+// Warm forks over the fake engine: a fork of a checkpoint leaves a standby restored from it and
+// held frozen; the next fork of it takes that standby instead of restoring. What it must keep:
+// the checkpoint's state, the owner's quota and privacy, and nothing left behind.
+let nodes: FakeNode[] = [];
+afterEach(async () => {
+  for (const n of nodes.reverse()) await n.close();
+  nodes = [];
+});
+const node = async (config = {}) => {
+  const n = await startFakeNode({ warmForks: 4, ...config });
+  nodes.push(n);
+  return n;
+};
+
+const sh = async (n: FakeNode, id: string, command: string) => {
+  const r = await n.call('POST', `/instances/${id}/exec`, { command });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return (r.body.stdout as string).trim();
+};
+const putFile = async (n: FakeNode, id: string, path: string, content: string) => {
+  const r = await n.app.inject({ method: 'PUT', url: `/instances/${id}/files?path=${encodeURIComponent(path)}`, headers: { authorization: `Bearer ${n.token}`, 'content-type': 'application/octet-stream' }, payload: Buffer.from(content) });
+  expect(r.statusCode, r.body).toBeLessThan(300);
+};
+const fork = async (n: FakeNode, id: string, body: object) => {
+  const r = await n.call('POST', `/instances/${id}/fork`, body);
+  expect(r.status, JSON.stringify(r.body)).toBe(201);
+  return r.body.id as string;
+};
+
+/** An instance with a counter in memory and a file, and a memory checkpoint of it. */
+async function source(n: FakeNode): Promise<{ id: string; ck: string }> {
+  const id = (await n.call('POST', '/instances', {})).body.id as string;
+  await sh(n, id, 'set counter 1');
+  await putFile(n, id, '/work/a.txt', 'one');
+  const ck = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
+  await sh(n, id, 'set counter 2');
+  return { id, ck };
+}
+
+const standbys = (n: FakeNode) => n.fp.checkpoints.warm.held();
+
+describe('warm forks', () => {
+  it('the second fork of a checkpoint takes the standby the first left: the checkpoint\'s memory and files, its own upper, thawed with its name', async () => {
+    const n = await node();
+    const { id, ck } = await source(n);
+    const first = await fork(n, id, { checkpoint_id: ck });
+    await n.fp.checkpoints.warm.settled();
+    const [standby] = standbys(n);
+    expect(standby?.checkpointId).toBe(ck);
+    expect(n.host.frozen.has(standby!.id)).toBe(true);
+    // Nobody's to see: not listed, not found, not counted.
+    expect((await n.call('GET', '/instances')).body.items.map((i: { id: string }) => i.id).sort()).toEqual([first, id].sort());
+    expect((await n.call('GET', `/instances/${standby!.id}`)).status).toBe(404);
+
+    await putFile(n, first, '/work/a.txt', 'first fork wrote this');
+    const second = await fork(n, id, { checkpoint_id: ck, name: 'warm-one' });
+    expect(second).toBe(standby!.id);
+    expect(n.host.calls).toContain(`activate ${second} warm-one`);
+    expect(n.host.frozen.has(second)).toBe(false);
+    const view = (await n.call('GET', `/instances/${second}`)).body;
+    expect([view.name, view.status, view.source_checkpoint_id]).toEqual(['warm-one', 'running', ck]);
+    expect(await sh(n, second, 'get counter')).toBe('1');
+    expect(await sh(n, second, 'cat /work/a.txt')).toBe('one');
+    // And the pool fills again for the next one.
+    await n.fp.checkpoints.warm.settled();
+    expect(standbys(n).map((s) => s.checkpointId)).toEqual([ck]);
+  });
+
+  it('a warm fork past the owner\'s quota is refused as a cold one would be (429), and the standby stays for later', async () => {
+    const n = await node({ ownerMaxInstances: 3 });
+    const { id, ck } = await source(n);
+    await fork(n, id, { checkpoint_id: ck });
+    await n.fp.checkpoints.warm.settled();
+    const [standby] = standbys(n);
+    expect(standby).toBeDefined();
+    // A create first in line for the owner's last place, the fork (past the first check) second.
+    let open!: () => void;
+    const gate = new Promise<void>((r) => (open = r));
+    const held = n.fp.locks.run(ownerRecordsLock('default'), () => gate);
+    const create = n.call('POST', '/instances', {});
+    await new Promise((r) => setTimeout(r, 50));
+    const refused = n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck });
+    await new Promise((r) => setTimeout(r, 50));
+    open();
+    await held;
+    const [c, f] = await Promise.all([create, refused]);
+    expect(c.status).toBe(201);
+    expect([f.status, f.body.error?.code]).toEqual([429, 'QUOTA_EXCEEDED']);
+    expect(standbys(n).map((s) => s.id)).toEqual([standby!.id]);
+    expect(n.host.frozen.has(standby!.id)).toBe(true);
+  });
+
+  it('deleting the checkpoint, or the server stopping or restarting, removes its standbys: no sandbox, no record', async () => {
+    const n = await node();
+    const { id, ck } = await source(n);
+    await fork(n, id, { checkpoint_id: ck });
+    await n.fp.checkpoints.warm.settled();
+    const [standby] = standbys(n);
+    expect((await n.call('DELETE', `/instances/${id}/checkpoints/${ck}`)).status).toBe(204);
+    expect(standbys(n)).toEqual([]);
+    expect(n.host.running.has(standby!.id)).toBe(false);
+    expect(await n.fp.store.instances.get(standby!.id)).toBeUndefined();
+
+    const ck2 = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
+    await fork(n, id, { checkpoint_id: ck2 });
+    await n.fp.checkpoints.warm.settled();
+    const [again] = standbys(n);
+    // A server killed with its standbys held: the next start removes them.
+    const sandboxes = n.host.running;
+    const next = await n.restart();
+    nodes.push(next);
+    expect(sandboxes.has(again!.id)).toBe(false);
+    expect(await next.fp.store.instances.get(again!.id)).toBeUndefined();
+  });
+
+  it('none are made with warmForks 0, for a fork with no memory, or for another owner\'s fork of a template', async () => {
+    const off = await node({ warmForks: 0 });
+    const { id, ck } = await source(off);
+    await fork(off, id, { checkpoint_id: ck });
+    await off.fp.checkpoints.warm.settled();
+    expect(standbys(off)).toEqual([]);
+
+    const n = await node();
+    const s = await source(n);
+    const filesOnly = (await n.call('POST', `/instances/${s.id}/checkpoints?wait=true`, { memory: false })).body.id as string;
+    await fork(n, s.id, { checkpoint_id: filesOnly });
+    await fork(n, s.id, { checkpoint_id: s.ck, volumes: 'none' });
+    await n.fp.checkpoints.warm.settled();
+    expect(standbys(n)).toEqual([]);
+  });
+
+  it('attack: no token can speak for the owners standbys are kept under', async () => {
+    const n = await node();
+    await expect(n.fp.store.tokens.create('@standby/default', 'x')).rejects.toThrow(/may not begin with @/);
+  });
+});

@@ -1,0 +1,100 @@
+import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServer, type TestServer } from './helpers/server.js';
+import { until } from './helpers/wait.js';
+
+/**
+ * Warm forks on the real engine: the first fork of a memory checkpoint leaves a sandbox restored
+ * from it and frozen; the next fork takes it. What the fork must be is what a cold one is: the
+ * checkpoint's processes (a counter), a shell's state, files, its own name, address and uid
+ * range; and what the standby is before it is taken: frozen, nobody's, on no list.
+ */
+let s: TestServer;
+beforeAll(async () => {
+  s = await startServer({ warmForks: 2 });
+});
+afterAll(async () => {
+  await s?.close();
+});
+
+const COUNTER = 'n=0; while true; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.05; done';
+const sh = async (id: string, command: string, session?: string) => s.exec(id, { command, timeout_ms: 20_000, ...(session ? { session } : {}) });
+const count = async (id: string) => Number((await sh(id, 'cat /tmp/c')).stdout);
+
+/** The host's uids of every process in the sandbox's pid namespace. */
+function hostUids(id: string): number[] {
+  const init = s.engine.sandbox(id)!.pid;
+  const ns = readlinkSync(`/proc/${init}/ns/pid`);
+  const uids: number[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (readlinkSync(`/proc/${name}/ns/pid`) !== ns) continue;
+      uids.push(Number(/^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${name}/status`, 'utf8'))![1]));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return uids;
+}
+
+/** The freezer state of the sandbox's PID 1's group, from the host (cgroup v1 or v2). */
+function freezerState(id: string): string {
+  const lines = readFileSync(`/proc/${s.engine.sandbox(id)!.pid}/cgroup`, 'utf8').split('\n');
+  const v1 = lines.find((l) => l.split(':')[1]?.split(',').includes('freezer'));
+  if (v1) return readFileSync(`/sys/fs/cgroup/freezer${v1.split(':')[2]}/freezer.state`, 'utf8').trim();
+  const v2 = lines.find((l) => l.startsWith('0::'))!.slice(3);
+  return readFileSync(`/sys/fs/cgroup${v2}/cgroup.freeze`, 'utf8').trim() === '1' ? 'FROZEN' : 'THAWED';
+}
+
+describe('warm forks', () => {
+  it('the next fork of a checkpoint takes the standby the last one left: the checkpoint\'s processes, shell, files, its own name and range', async () => {
+    const inst = await s.instance({ name: 'warm-source' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: COUNTER });
+    await sh(inst.id, 'cd /etc && export MOOD=calm', 'main');
+    await sh(inst.id, 'echo kept > /root/file');
+    await until('the counter to count', async () => (await count(inst.id)) > 2, 10_000);
+    const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
+    expect(ck.status).toBe('ready');
+    const atCheckpoint = await count(inst.id);
+    await sh(inst.id, 'echo changed > /root/file; export MOOD=angry', 'main');
+
+    const cold = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body;
+    await s.fp.checkpoints.warm.settled();
+    const [standby] = s.fp.checkpoints.warm.held();
+    expect(standby?.checkpointId).toBe(ck.id);
+    expect(standby!.id).not.toBe(cold.id);
+    // Held frozen, on no list, nobody's to reach.
+    expect(freezerState(standby!.id)).toBe('FROZEN');
+    expect((await s.api('GET', '/instances')).body.items.map((i: { id: string }) => i.id)).not.toContain(standby!.id);
+    expect((await s.api('GET', `/instances/${standby!.id}`)).status).toBe(404);
+    expect((await s.api('POST', `/instances/${standby!.id}/exec`, { command: 'true' })).status).toBe(404);
+
+    const warm = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id, name: 'warm-copy' })).body;
+    expect(warm.id).toBe(standby!.id);
+    expect([warm.name, warm.status]).toEqual(['warm-copy', 'running']);
+    expect(freezerState(warm.id)).toBe('THAWED');
+    // The checkpoint's state, going on from where it was.
+    expect((await sh(warm.id, 'pwd; echo $MOOD; hostname', 'main')).stdout).toBe('/etc\ncalm\nwarm-copy\n');
+    expect((await sh(warm.id, 'cat /root/file')).stdout).toBe('kept\n');
+    const first = await count(warm.id);
+    expect(first).toBeGreaterThanOrEqual(atCheckpoint - 1);
+    await until('the warm fork\'s counter to go on', async () => (await count(warm.id)) > first, 10_000);
+    // Its own machine: address, uid range (every process in it), upper.
+    const [w, c] = await Promise.all([s.fp.store.instances.get(warm.id), s.fp.store.instances.get(cold.id)]);
+    expect(w!.address).not.toBe(c!.address);
+    expect(w!.uidBase).not.toBe(c!.uidBase);
+    for (const uid of hostUids(warm.id)) expect(uid >= w!.uidBase! && uid < w!.uidBase! + 65536, `uid ${uid}`).toBe(true);
+    await sh(warm.id, 'echo warm > /root/file');
+    expect((await sh(cold.id, 'cat /root/file')).stdout).toBe('kept\n');
+
+    // The pool fills again; deleting the checkpoint's instance takes its standby along.
+    await s.fp.checkpoints.warm.settled();
+    const [next] = s.fp.checkpoints.warm.held();
+    expect(next?.checkpointId).toBe(ck.id);
+    for (const id of [warm.id, cold.id, inst.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
+    expect(s.fp.checkpoints.warm.held()).toEqual([]);
+    expect(s.engine.sandbox(next!.id)).toBeUndefined();
+    expect(await s.fp.store.instances.get(next!.id)).toBeUndefined();
+  });
+});
