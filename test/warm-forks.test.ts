@@ -1,5 +1,9 @@
 import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ChildServer } from './helpers/child-server.js';
 import { startServer, type TestServer } from './helpers/server.js';
 import { until } from './helpers/wait.js';
 
@@ -77,6 +81,11 @@ describe('warm forks', () => {
     // The checkpoint's state, going on from where it was.
     expect((await sh(warm.id, 'pwd; echo $MOOD; hostname', 'main')).stdout).toBe('/etc\ncalm\nwarm-copy\n');
     expect((await sh(warm.id, 'cat /root/file')).stdout).toBe('kept\n');
+    // Its executions are the checkpoint's processes, as a cold fork's are.
+    const procsOf = async (id: string) => ((await s.api('GET', `/instances/${id}/processes`)).body.items as { process_id: number; command: string; status: string }[]).map((p) => [p.process_id, p.command, p.status]).sort();
+    const procs = await procsOf(warm.id);
+    expect(procs.length).toBeGreaterThan(0);
+    expect(procs).toEqual(await procsOf(cold.id));
     const first = await count(warm.id);
     expect(first).toBeGreaterThanOrEqual(atCheckpoint - 1);
     await until('the warm fork\'s counter to go on', async () => (await count(warm.id)) > first, 10_000);
@@ -96,5 +105,27 @@ describe('warm forks', () => {
     expect(s.fp.checkpoints.warm.held()).toEqual([]);
     expect(s.engine.sandbox(next!.id)).toBeUndefined();
     expect(await s.fp.store.instances.get(next!.id)).toBeUndefined();
+  });
+
+  it('a server killed (-9) while it holds a standby removes it at its next start: its processes, disk and record', async () => {
+    const dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-warm-test-'));
+    const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(`${dataDir}/instances/`)).length;
+    let server = await ChildServer.start(dataDir, undefined, { FORKPOINT_WARM_FORKS: '2' });
+    try {
+      const inst = (await server.api('POST', '/instances', {})).body;
+      const ck = (await server.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
+      const fork = (await server.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body;
+      expect(fork.status).toBe('running');
+      await until('the standby to be made (a third disk mounted)', () => mounted() === 3, 20_000);
+      await server.stop('SIGKILL');
+      server = await ChildServer.start(dataDir, server.token, { FORKPOINT_WARM_FORKS: '2' });
+      expect(mounted()).toBe(2);
+      expect((await server.api('GET', '/instances')).body.items.map((i: { id: string }) => i.id).sort()).toEqual([inst.id, fork.id].sort());
+      for (const id of [inst.id, fork.id]) expect((await server.api('DELETE', `/instances/${id}`)).status).toBe(204);
+      expect(mounted()).toBe(0);
+    } finally {
+      await server.stop();
+      await rm(dataDir, { recursive: true, force: true });
+    }
   });
 });

@@ -649,21 +649,25 @@ export class CheckpointService {
 
   /** A warm fork's standby of `owner`'s, restored from the checkpoint and held frozen under the
    * server's own owner (warm-forks.ts) until a fork takes it. */
-  private async makeStandby(checkpointId: string, sourceId: string, owner: string): Promise<string> {
+  private async makeStandby(checkpointId: string, sourceId: string, owner: string): Promise<{ id: string; processes: number[] }> {
     const [c, source] = await Promise.all([this.store.checkpoints.get(checkpointId), this.store.instances.get(sourceId)]);
     if (!c || c.status !== 'ready' || !c.memory || !source || source.owner !== owner) throw new NotFoundError('checkpoint', checkpointId);
     this.requireBaseHere(c);
     await requireRoom(this.engine);
     const rec = await this.instances.newRecord(standbyOwnerOf(owner), ...this.forkRecordOf(c, source, {}, undefined, undefined));
     try {
-      await this.locks.run(rec.id, async () => {
+      const processes = await this.locks.run(rec.id, async () => {
         await this.instances.admit(rec);
-        const sb = await this.engine.restore(this.instances.spec(rec), c.id, { setHostname: true, connections: 'close', standby: true });
+        const sb = await this.engine.restore(this.instances.spec(rec), c.id, { setHostname: true, connections: 'close' });
+        // Listed while it runs (a frozen agent answers nothing), then held where it stands.
+        const listed = (await sb.list()).map((p) => p.id);
+        await this.engine.hold(rec.id);
         await this.instances.running(rec.id, sb, { restoringFrom: null });
+        return listed;
       });
       // Deleted meanwhile (its deletion waits only for standbys it knows are being made).
       if (!(await this.store.checkpoints.get(checkpointId))) throw new NotFoundError('checkpoint', checkpointId);
-      return rec.id;
+      return { id: rec.id, processes };
     } catch (err) {
       await this.instances.discard(rec.id);
       throw err;
@@ -695,7 +699,7 @@ export class CheckpointService {
           await this.instances.admit(rec);
         }
         await this.engine.activate(rec.id, patch.name !== undefined ? { hostname: rec.name } : {});
-        await this.executions.adoptInFork(source.id, rec.id);
+        await this.store.executions.copy(source.id, rec.id, s.processes);
         return rec;
       });
     } catch (err) {

@@ -12,19 +12,25 @@ export const isStandby = (rec: { owner: string }): boolean => rec.owner.startsWi
 /** Standbys one owner's checkpoints may hold at once: a tenant's forks cannot take the pool. */
 export const STANDBYS_PER_OWNER = 2;
 
+/** How long after a fork its standby is made. */
+const MAKE_DELAY_MS = 150;
+
 export interface Standby {
   /** Its instance record's id: the fork's, once taken. */
   id: string;
   checkpointId: string;
   owner: string;
   memoryBytes: number;
+  /** The processes the restore brought back (their ids), listed before it was frozen: the
+   * fork's executions are its source's of these. */
+  processes: number[];
 }
 
 /** What makes and removes standbys (the checkpoint service, over the engine). */
 export interface StandbyMaker {
   /** A new record of `owner`'s next fork of the checkpoint (under standbyOwnerOf), restored and
    * held frozen; its id. */
-  make(checkpointId: string, sourceId: string, owner: string): Promise<string>;
+  make(checkpointId: string, sourceId: string, owner: string): Promise<{ id: string; processes: number[] }>;
   discard(id: string): Promise<void>;
   memoryOf(id: string): Promise<number>;
 }
@@ -50,6 +56,7 @@ export class WarmForks {
   /** Checkpoints deleted while one of theirs was being made. */
   private readonly dropped = new Set<string>();
   private closed = false;
+  private readonly discarding = new Set<Promise<void>>();
 
   constructor(
     private readonly limits: WarmLimits,
@@ -88,17 +95,22 @@ export class WarmForks {
     const mine = [...this.ready.values()].filter((s) => s.owner === owner);
     if (this.making.has(key) || mine.some((s) => s.checkpointId === checkpointId)) return;
     const makingMine = [...this.making.keys()].filter((k) => k.startsWith(`${owner} `)).length;
-    if (mine.length + makingMine >= STANDBYS_PER_OWNER) return;
+    // At its bound, the owner's own coldest gives way.
+    const coldestMine = mine.sort((a, b) => this.forkedAt(a) - this.forkedAt(b));
+    while (coldestMine.length && coldestMine.length + makingMine >= STANDBYS_PER_OWNER) this.evict(coldestMine.shift()!);
+    if (coldestMine.length + makingMine >= STANDBYS_PER_OWNER) return;
     if (!this.evictFor(1, 0, checkpointId)) return;
     const made = this.make(checkpointId, sourceId, owner).finally(() => this.making.delete(key));
     this.making.set(key, made);
   }
 
   private async make(checkpointId: string, sourceId: string, owner: string): Promise<void> {
-    let id: string | undefined;
+    // Not beside the fork's first calls: a restore takes a core's worth of CPU for its while.
+    await new Promise((r) => setTimeout(r, MAKE_DELAY_MS));
+    if (this.closed || this.dropped.has(checkpointId)) return;
     try {
-      id = await this.maker.make(checkpointId, sourceId, owner);
-      const s: Standby = { id, checkpointId, owner, memoryBytes: await this.maker.memoryOf(id).catch(() => 0) };
+      const { id, processes } = await this.maker.make(checkpointId, sourceId, owner);
+      const s: Standby = { id, checkpointId, owner, memoryBytes: await this.maker.memoryOf(id).catch(() => 0), processes };
       if (this.closed || this.dropped.has(checkpointId) || !this.evictFor(0, s.memoryBytes, checkpointId)) {
         await this.discard(s);
         return;
@@ -117,14 +129,22 @@ export class WarmForks {
       const held = [...this.ready.values()];
       return this.ready.size + this.making.size + count > this.limits.count || held.reduce((n, s) => n + s.memoryBytes, 0) + memoryBytes > this.limits.memoryBytes;
     };
-    const coldest = [...this.ready.values()].filter((s) => s.checkpointId !== keep).sort((a, b) => (this.lastForked.get(a.checkpointId) ?? 0) - (this.lastForked.get(b.checkpointId) ?? 0));
+    const coldest = [...this.ready.values()].filter((s) => s.checkpointId !== keep).sort((a, b) => this.forkedAt(a) - this.forkedAt(b));
     while (over()) {
       const victim = coldest.shift();
       if (!victim) return false;
-      this.ready.delete(victim.id);
-      void this.discard(victim);
+      this.evict(victim);
     }
     return true;
+  }
+
+  private forkedAt(s: Standby): number {
+    return this.lastForked.get(s.checkpointId) ?? 0;
+  }
+
+  private evict(s: Standby): void {
+    this.ready.delete(s.id);
+    void this.discard(s);
   }
 
   /** The checkpoint is being deleted: its standbys go (one being made, once it is). */
@@ -153,6 +173,7 @@ export class WarmForks {
     const all = [...this.ready.values()];
     this.ready.clear();
     await Promise.all(all.map((s) => this.discard(s)));
+    await Promise.all(this.discarding);
   }
 
   /** Standbys ready now (for the instance view's neighbours: tests and metrics). */
@@ -165,7 +186,12 @@ export class WarmForks {
     while (this.making.size) await Promise.all(this.making.values());
   }
 
-  private async discard(s: Standby): Promise<void> {
-    await this.maker.discard(s.id).catch((err: unknown) => this.log.warn({ err, instance: s.id }, 'could not remove a warm fork'));
+  /** Removes the standby's sandbox and record; a clear waits for every removal under way. */
+  private discard(s: Standby): Promise<void> {
+    const done = this.maker.discard(s.id)
+      .catch((err: unknown) => this.log.warn({ err, instance: s.id }, 'could not remove a warm fork'))
+      .finally(() => this.discarding.delete(done));
+    this.discarding.add(done);
+    return done;
   }
 }

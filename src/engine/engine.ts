@@ -150,6 +150,12 @@ export class Engine implements SandboxRuntime {
   /** Restored sandboxes held frozen until a fork takes them (`activate`). */
   private readonly standing = new Set<string>();
 
+  async hold(id: string): Promise<void> {
+    if (!this.live.has(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not running`);
+    this.standing.add(id);
+    await this.cgroups.freeze(id);
+  }
+
   async activate(id: string, opts: { hostname?: string } = {}): Promise<void> {
     const sb = this.live.get(id);
     if (!sb || !this.standing.has(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not held in standby`);
@@ -393,7 +399,7 @@ export class Engine implements SandboxRuntime {
 
   /** Restores a memory image onto a fresh upper over the spec's layers (an image of an older
    * format boots fresh on those layers instead: see Criu.isCurrentFormat). */
-  async restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections; standby?: boolean }): Promise<Sandbox> {
+  async restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<Sandbox> {
     const images = this.layout.checkpoint(imagesId);
     if (!this.criu.isCurrentFormat(images)) {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
@@ -410,12 +416,6 @@ export class Engine implements SandboxRuntime {
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
       steps.mark('connect');
-      if (opts.standby) {
-        // Connected first (a frozen agent answers nothing), then held where it stands.
-        this.standing.add(spec.id);
-        await this.cgroups.freeze(spec.id);
-        steps.mark('freeze');
-      }
       this.log.debug({ instance: spec.id, steps: steps.ms }, 'restore');
       return sb;
     } catch (err) {

@@ -244,10 +244,12 @@ export interface SandboxRuntime {
   /** The live sandbox of an instance, if it runs here. */
   sandbox(id: string): SandboxHandle | undefined;
   boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<SandboxHandle>;
-  /** Restores the memory image of checkpoint (or hibernation) `imagesId` as the instance; with
-   * `standby`, its processes are held frozen once restored, until `activate` (a warm fork). */
-  restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections; standby?: boolean }): Promise<SandboxHandle>;
-  /** A sandbox restored in standby runs from now on (with `hostname`, when it is to be another). */
+  /** Restores the memory image of checkpoint (or hibernation) `imagesId` as the instance. */
+  restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<SandboxHandle>;
+  /** Holds a sandbox frozen where it stands, a standby for a warm fork, until `activate`; a
+   * fenced node's `thaw` leaves it frozen. */
+  hold(id: string): Promise<void>;
+  /** A held sandbox runs from now on (with `hostname`, when it is to be another). */
   activate(id: string, opts?: { hostname?: string }): Promise<void>;
   /** Takes back a sandbox a previous server left running, if it is still the same process. */
   adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<SandboxHandle | undefined>;

@@ -688,8 +688,15 @@ export class FakeEngine implements SandboxRuntime {
     this.host.frozen.delete(id);
   }
 
-  async restore(spec: SandboxSpec, imagesId: string, opts: { standby?: boolean } = {}): Promise<SandboxHandle> {
-    this.note(`restore ${spec.id} ${imagesId}${opts.standby ? ' standby' : ''}`);
+  async hold(id: string): Promise<void> {
+    this.note(`hold ${id}`);
+    if (!this.live.has(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not running`);
+    this.standing.add(id);
+    this.host.frozen.add(id);
+  }
+
+  async restore(spec: SandboxSpec, imagesId: string): Promise<SandboxHandle> {
+    this.note(`restore ${spec.id} ${imagesId}`);
     const memory = this.host.memoryImages.get(imagesId);
     if (!memory) throw new EngineError('RESTORE_FAILED', `no memory image ${imagesId}`);
     this.requireAgentLayer(spec);
@@ -701,12 +708,7 @@ export class FakeEngine implements SandboxRuntime {
       this.host.kill(spec.id);
       throw err;
     }
-    const sb = this.attach(spec);
-    if (opts.standby) {
-      this.standing.add(spec.id);
-      this.host.frozen.add(spec.id);
-    }
-    return sb;
+    return this.attach(spec);
   }
 
   async adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<SandboxHandle | undefined> {

@@ -1,0 +1,64 @@
+/**
+ * Issue 25: a fork + its first exec, warm (a standby restored ahead from the checkpoint and held
+ * frozen, taken and thawed) next to cold (restored by CRIU on the call), in the same run,
+ * interleaved: each round checkpoints a sandbox with a 2 ms ticker, forks it once (cold: the
+ * first fork of a checkpoint finds no standby), waits for the standby that fork leaves, and forks
+ * again (warm). Timed over HTTP from the fork's request to its first exec's answer.
+ */
+import { benchServer, stats, table } from './lib.js';
+
+const N = Number(process.env.BENCH_N ?? 15);
+const s = await benchServer({ config: { warmForks: '4' } });
+
+async function exec(id: string, command: string): Promise<string> {
+  const r = await s.api('POST', `/instances/${id}/exec`, { command, timeout_ms: 60_000 });
+  if (r.status !== 200 || r.body.exit_code !== 0) throw new Error(`${command}: ${JSON.stringify(r.body)}`);
+  return r.body.stdout;
+}
+
+/** Fork + first exec, in ms; the fork's id and whether a standby was taken. */
+async function forkAndExec(source: string, checkpointId: string): Promise<{ ms: number; id: string; warm: boolean }> {
+  const standby = s.fp.checkpoints.warm.held().find((h) => h.checkpointId === checkpointId)?.id;
+  const t = performance.now();
+  const f = await s.api('POST', `/instances/${source}/fork`, { checkpoint_id: checkpointId });
+  if (f.status !== 201) throw new Error(JSON.stringify(f.body));
+  await exec(f.body.id, 'true');
+  return { ms: performance.now() - t, id: f.body.id, warm: f.body.id === standby };
+}
+
+try {
+  const source = (await s.api('POST', '/instances', {})).body.id as string;
+  await s.api('POST', `/instances/${source}/processes`, { command: 'while :; do sleep 0.002; done' });
+  const cold: number[] = [];
+  const warm: number[] = [];
+  const unwarm: number[] = [];
+  const execOnly: number[] = [];
+  for (let i = -1; i < N; i++) {
+    // Round -1 warms up (page cache, the restorer pool).
+    const ck = await s.api('POST', `/instances/${source}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
+    if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
+    const first = await forkAndExec(source, ck.body.id);
+    await s.fp.checkpoints.warm.settled();
+    // Let the pool's restorers refill, as between forks a user makes.
+    await new Promise((r) => setTimeout(r, 200));
+    const second = await forkAndExec(source, ck.body.id);
+    await s.fp.checkpoints.warm.settled();
+    for (const id of [first.id, second.id]) await s.api('DELETE', `/instances/${id}`);
+    const t = performance.now();
+    await exec(source, 'true');
+    const execMs = performance.now() - t;
+    if (i < 0) continue;
+    execOnly.push(execMs);
+    if (first.warm) throw new Error('the first fork of a checkpoint found a standby');
+    cold.push(first.ms);
+    (second.warm ? warm : unwarm).push(second.ms);
+  }
+  if (unwarm.length) console.log(`${unwarm.length} of ${N} second forks found no standby ready (taken cold)`);
+  table('fork + first exec, warm next to cold (same run, interleaved)', [
+    { name: 'fork + first exec, warm (standby taken)', stats: stats(warm), target: '≤ 5' },
+    { name: '  baseline: fork + first exec, cold (CRIU restore)', stats: stats(cold) },
+    { name: '  floor: one exec on a running sandbox', stats: stats(execOnly) },
+  ]);
+} finally {
+  await s.close();
+}
