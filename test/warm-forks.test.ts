@@ -107,6 +107,20 @@ describe('warm forks', () => {
     expect(await s.fp.store.instances.get(next!.id)).toBeUndefined();
   });
 
+  it('a template\'s next instance is warm: the template\'s running processes, the create\'s own variables and name', async () => {
+    expect((await s.api('POST', '/templates', { name: 'warm-tpl', from_image: 'default', start_command: 'sleep 1000' })).status).toBe(201);
+    const a = (await s.api('POST', '/instances', { template: 'warm-tpl' })).body;
+    await s.fp.checkpoints.warm.settled();
+    const [standby] = s.fp.checkpoints.warm.held();
+    expect(standby).toBeDefined();
+    const b = (await s.api('POST', '/instances', { template: 'warm-tpl', name: 'tpl-b', env: { WHO: 'b' } })).body;
+    expect(b.id).toBe(standby!.id);
+    expect((await sh(b.id, 'echo $WHO; hostname; ps -o args | grep -c "^sleep 1000"')).stdout).toBe('b\ntpl-b\n1\n');
+    expect((await s.api('DELETE', '/templates/warm-tpl')).status).toBe(204);
+    expect(s.fp.checkpoints.warm.held()).toEqual([]);
+    for (const id of [a.id, b.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
+  });
+
   it('a server killed (-9) while it holds a standby removes it at its next start: its processes, disk and record', async () => {
     const dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-warm-test-'));
     const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(`${dataDir}/instances/`)).length;

@@ -16,7 +16,8 @@ import type { ChainSquasher } from './squash.js';
 import { requireRoom, shortOfRoom } from './space.js';
 import { watchesResumed } from './file-watch.js';
 import { failpoint } from '../lib/failpoints.js';
-import { standbyOwnerOf, WarmForks, type Standby, type WarmLimits } from './warm-forks.js';
+import { templateOwner } from '../store/templates.js';
+import { standbyOwnerOf, StandbyUnfitError, WarmForks, type Standby, type WarmLimits } from './warm-forks.js';
 
 export interface CreateCheckpoint {
   label?: string | undefined;
@@ -53,6 +54,9 @@ export interface CheckpointObserver {
 export interface ForkAs {
   owner?: string | undefined;
   create?: CreateInstance | undefined;
+  /** Keep a standby of the checkpoint for the owner's next such fork (warm-forks.ts): a
+   * template's instances are made again and again; an owner's own forks always are. */
+  warm?: boolean | undefined;
 }
 
 export interface LineageNode {
@@ -110,7 +114,7 @@ export class CheckpointService {
     warmLimits: WarmLimits = { count: 0, memoryBytes: 0 },
   ) {
     this.warm = new WarmForks(warmLimits, {
-      make: (checkpointId, sourceId, owner) => this.makeStandby(checkpointId, sourceId, owner),
+      make: (checkpointId, sourceId, owner, template) => this.makeStandby(checkpointId, sourceId, owner, template),
       discard: (id) => this.instances.discard(id),
       memoryOf: (id) => this.engine.memoryInUse(id),
     }, log);
@@ -579,22 +583,25 @@ export class CheckpointService {
       const images = c.memory ? c.id : undefined;
       const made: string[] = [];
       const warm: string[] = [];
-      // Warm forks are the source owner's own forks of a memory checkpoint with its volumes.
-      const warmable = images !== undefined && !instead && (as.owner ?? owner) === owner && input.volumes !== 'none';
+      const forOwner = as.owner ?? owner;
+      // Warm forks: an owner's own forks, and a template's instances, of a memory checkpoint, with
+      // the source's volumes (a template's have none).
+      const warmable = images !== undefined && input.volumes !== 'none' && (instead ? as.warm === true : forOwner === owner);
       const t = performance.now();
       const results = await Promise.allSettled(
         Array.from({ length: count }, async (_, i) => {
-          // A warm one first: the fork's own, as the same owner's fork of it would be made.
-          const standby = warmable ? this.warm.take(c.id, owner) : undefined;
+          const [createInput, from] = this.forkRecordOf(c, source, input, nameOf(i), instead);
+          // A warm one first, made as this fork would be.
+          const standby = warmable ? this.warm.take(c.id, forOwner) : undefined;
           if (standby) {
-            const taken = await this.takeStandby(standby, owner, source, { name: nameOf(i), env: { ...source.env, ...input.env }, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints });
+            const taken = await this.takeStandby(standby, forOwner, source, createInput, from);
             if (taken) {
               made.push(taken.id);
               warm.push(taken.id);
               return taken;
             }
           }
-          const rec = await this.instances.newRecord(as.owner ?? owner, ...this.forkRecordOf(c, source, input, nameOf(i), instead));
+          const rec = await this.instances.newRecord(forOwner, createInput, from);
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {
             const admitted = this.instances.admit(rec); // while it restores: see InstanceService.create
@@ -613,7 +620,7 @@ export class CheckpointService {
         const forks = results.map((r) => (r as PromiseFulfilledResult<InstanceRecord>).value);
         this.events.emit(source.id, 'fork', { checkpoint_id: c.id, instance_ids: forks.map((f) => f.id), warm_ids: warm, ms: Math.round((performance.now() - t) * 100) / 100 });
         // The next fork of it finds one ready.
-        if (warmable) this.warm.refill(c.id, source.id, owner);
+        if (warmable) this.warm.refill(c.id, source.id, forOwner, instead !== undefined);
         return forks;
       }
       // All or nothing: a call that answers with an error leaves no instance of its own behind.
@@ -647,14 +654,15 @@ export class CheckpointService {
     ];
   }
 
-  /** A warm fork's standby of `owner`'s, restored from the checkpoint and held frozen under the
-   * server's own owner (warm-forks.ts) until a fork takes it. */
-  private async makeStandby(checkpointId: string, sourceId: string, owner: string): Promise<{ id: string; processes: number[] }> {
+  /** A warm fork's standby for `owner`'s next fork of the checkpoint (or, `template`, its next
+   * instance of the template whose checkpoint it is), made as that fork would be with nothing
+   * asked, restored and held frozen under the server's own owner (warm-forks.ts). */
+  private async makeStandby(checkpointId: string, sourceId: string, owner: string, template: boolean): Promise<{ id: string; processes: number[] }> {
     const [c, source] = await Promise.all([this.store.checkpoints.get(checkpointId), this.store.instances.get(sourceId)]);
-    if (!c || c.status !== 'ready' || !c.memory || !source || source.owner !== owner) throw new NotFoundError('checkpoint', checkpointId);
+    if (!c || c.status !== 'ready' || !c.memory || !source || source.owner !== (template ? templateOwner(owner) : owner)) throw new NotFoundError('checkpoint', checkpointId);
     this.requireBaseHere(c);
     await requireRoom(this.engine);
-    const rec = await this.instances.newRecord(standbyOwnerOf(owner), ...this.forkRecordOf(c, source, {}, undefined, undefined));
+    const rec = await this.instances.newRecord(standbyOwnerOf(owner), ...this.forkRecordOf(c, source, {}, undefined, template ? {} : undefined));
     try {
       const processes = await this.locks.run(rec.id, async () => {
         await this.instances.admit(rec);
@@ -674,31 +682,31 @@ export class CheckpointService {
     }
   }
 
-  /** The standby becomes `owner`'s fork: handed over, its policy brought up to its source's,
-   * thawed (its hostname the fork's name, when it has one). Undefined when it cannot be used
-   * (it was discarded): the fork restores as usual. Its owner's quota refusing it is the fork's
-   * answer, and the standby goes back to the pool. */
-  private async takeStandby(s: Standby, owner: string, source: InstanceRecord, patch: Parameters<InstanceService['takeStandby']>[3]): Promise<InstanceRecord | undefined> {
-    let rec: InstanceRecord;
+  /** The standby becomes `owner`'s fork, made of `createInput` and `from` as a new record would
+   * be: handed over, its policy put in force if it is another, thawed (its hostname the fork's
+   * name, when it has one). Undefined when it cannot be used: the fork restores as usual (a
+   * standby of other limits goes back to the pool; a broken one is removed). Its owner's quota
+   * refusing it is the fork's answer, and the standby goes back to the pool. */
+  private async takeStandby(s: Standby, owner: string, source: InstanceRecord, createInput: CreateInstance, from: Partial<InstanceRecord>): Promise<InstanceRecord | undefined> {
+    let taken: { rec: InstanceRecord; policyChanged: boolean };
     try {
-      rec = await this.instances.takeStandby(s.id, standbyOwnerOf(owner), owner, patch);
+      taken = await this.instances.takeStandby(s.id, standbyOwnerOf(owner), owner, createInput, from);
     } catch (err) {
-      if (err instanceof QuotaExceededError) {
+      const unfit = err instanceof StandbyUnfitError;
+      if (err instanceof QuotaExceededError || unfit) {
         this.warm.giveBack(s);
+        if (unfit) return undefined;
         throw err;
       }
       this.log.warn({ err, instance: s.id }, 'a warm fork could not be taken; restoring instead');
       await this.instances.discard(s.id);
       return undefined;
     }
+    const { rec, policyChanged } = taken;
     try {
       return await this.locks.run(rec.id, async () => {
-        // A standby is made with its source's policy and rules of then; they may have changed.
-        if (JSON.stringify([rec.egress, rec.secrets]) !== JSON.stringify([source.egress, source.secrets])) {
-          rec = await this.store.instances.update(rec.id, { egress: source.egress, secrets: source.secrets });
-          await this.instances.admit(rec);
-        }
-        await this.engine.activate(rec.id, patch.name !== undefined ? { hostname: rec.name } : {});
+        if (policyChanged) await this.instances.admit(rec);
+        await this.engine.activate(rec.id, createInput.name !== undefined ? { hostname: rec.name } : {});
         await this.store.executions.copy(source.id, rec.id, s.processes);
         return rec;
       });

@@ -17,6 +17,7 @@ import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
 import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError } from './errors.js';
 import { ownerRecordsLock, type KeyedLock } from './jobs.js';
+import { StandbyUnfitError } from './warm-forks.js';
 import type { VolumeRequest, VolumeService } from './volumes.js';
 import type { EgressSecretService, SecretRequest } from './egress-secrets.js';
 
@@ -295,20 +296,35 @@ export class InstanceService {
     return rec;
   }
 
-  /** A warm fork's standby (held by `from`, warm-forks.ts) becomes `owner`'s instance, within
-   * the owner's quota as a new record would be, with the fork's own name and settings. */
-  async takeStandby(id: string, from: string, owner: string, patch: Pick<InstanceRecord, 'env' | 'metadata' | 'maxCheckpoints'> & { name?: string | undefined }): Promise<InstanceRecord> {
-    if (patch.name !== undefined && !INSTANCE_NAME.test(patch.name)) {
-      throw new InvalidRequestError('name must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen', { name: patch.name });
+  /** A warm fork's standby (held by `from`, warm-forks.ts) becomes `owner`'s instance, as
+   * `newRecord(owner, input, fields)` would have made it: within the owner's quota, with the
+   * fork's own name, variables, settings and policy. STANDBY_UNFIT (409) when it was made with
+   * other limits than these; STANDBY_GONE when it is no longer `from`'s. Answers the record and
+   * whether its policy or secret rules are other than the standby's (to be put in force). */
+  async takeStandby(id: string, from: string, owner: string, input: CreateInstance, fields: Partial<InstanceRecord>): Promise<{ rec: InstanceRecord; policyChanged: boolean }> {
+    if (input.name !== undefined && !INSTANCE_NAME.test(input.name)) {
+      throw new InvalidRequestError('name must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen', { name: input.name });
     }
+    const limits = this.limitsFrom(input.limits);
+    const patch: InstancePatch = {
+      env: { ...input.env },
+      metadata: input.metadata ?? {},
+      maxCheckpoints: input.maxCheckpoints ?? null,
+      idleTimeoutS: input.idleTimeoutS && input.idleTimeoutS > 0 ? input.idleTimeoutS : null,
+      egress: fields.egress ?? checkEgress(input.egress ?? DEFAULT_POLICY),
+      secrets: fields.secrets ?? [],
+      ...(input.name !== undefined ? { name: input.name } : {}),
+    };
     return this.locks.run(ownerRecordsLock(owner), () => this.store.transaction(async (tx) => {
       const rec = await tx.instances.get(id);
       if (!rec || rec.owner !== from) throw new ConflictError(`standby ${id} is gone`, { reason: 'STANDBY_GONE' });
+      const l = rec.limits;
+      if (l.memoryMb !== limits.memoryMb || l.pids !== limits.pids || l.cpuPercent !== limits.cpuPercent || (l.diskMb ?? null) !== (limits.diskMb ?? null)) throw new StandbyUnfitError(id);
       await this.checkQuota(owner, rec.limits, 1, await tx.instances.usageOf(owner));
       if (rec.uidBase !== null) this.uidRanges.allocate((await tx.instances.uidRanges()).filter((r) => r.uidBase !== rec.uidBase), owner);
-      const taken = await tx.instances.handOver(id, from, owner, { env: patch.env, metadata: patch.metadata, maxCheckpoints: patch.maxCheckpoints, ...(patch.name !== undefined ? { name: patch.name } : {}) });
+      const taken = await tx.instances.handOver(id, from, owner, patch);
       if (!taken) throw new ConflictError(`standby ${id} is gone`, { reason: 'STANDBY_GONE' });
-      return taken;
+      return { rec: taken, policyChanged: JSON.stringify([rec.egress, rec.secrets]) !== JSON.stringify([taken.egress, taken.secrets]) };
     }));
   }
 

@@ -135,7 +135,7 @@ export class TemplateService {
     if (input.volumes?.length) throw new InvalidRequestError('an instance made from a template mounts no volumes (the template\'s memory image fixes its mounts); make it from an image to mount them', { template: name });
     // Its processes were started without the placeholders and trust no CA of the instance's.
     if (input.secrets?.length) throw new InvalidRequestError('an instance made from a template uses no secrets (its processes run already, without them); make it from an image to use them', { template: name });
-    const [rec] = await this.checkpoints.fork(templateOwner(owner), t.instanceId, { checkpointId: t.checkpointId }, { owner, create: input });
+    const [rec] = await this.checkpoints.fork(templateOwner(owner), t.instanceId, { checkpointId: t.checkpointId }, { owner, create: input, warm: true });
     return this.store.instances.update(rec!.id, { imageRef: name });
   }
 

@@ -1,5 +1,13 @@
 import type { Logger } from 'pino';
 import { RESERVED_OWNER_PREFIX } from '../store/tokens.js';
+import { ConflictError } from './errors.js';
+
+/** A standby made with other limits than the fork asks for: the fork restores instead. */
+export class StandbyUnfitError extends ConflictError {
+  constructor(id: string) {
+    super(`standby ${id} was made with other limits`, { reason: 'STANDBY_UNFIT' });
+  }
+}
 
 const STANDBY_PREFIX = `${RESERVED_OWNER_PREFIX}standby/`;
 
@@ -30,7 +38,7 @@ export interface Standby {
 export interface StandbyMaker {
   /** A new record of `owner`'s next fork of the checkpoint (under standbyOwnerOf), restored and
    * held frozen; its id. */
-  make(checkpointId: string, sourceId: string, owner: string): Promise<{ id: string; processes: number[] }>;
+  make(checkpointId: string, sourceId: string, owner: string, template: boolean): Promise<{ id: string; processes: number[] }>;
   discard(id: string): Promise<void>;
   memoryOf(id: string): Promise<number>;
 }
@@ -88,7 +96,7 @@ export class WarmForks {
 
   /** The checkpoint was forked from: a standby for its next fork, made in the background, if
    * the owner has none of it and the pool has room (made by giving up the coldest). */
-  refill(checkpointId: string, sourceId: string, owner: string): void {
+  refill(checkpointId: string, sourceId: string, owner: string, template = false): void {
     if (!this.enabled) return;
     this.lastForked.set(checkpointId, Date.now());
     const key = `${owner} ${checkpointId}`;
@@ -100,16 +108,16 @@ export class WarmForks {
     while (coldestMine.length && coldestMine.length + makingMine >= STANDBYS_PER_OWNER) this.evict(coldestMine.shift()!);
     if (coldestMine.length + makingMine >= STANDBYS_PER_OWNER) return;
     if (!this.evictFor(1, 0, checkpointId)) return;
-    const made = this.make(checkpointId, sourceId, owner).finally(() => this.making.delete(key));
+    const made = this.make(checkpointId, sourceId, owner, template).finally(() => this.making.delete(key));
     this.making.set(key, made);
   }
 
-  private async make(checkpointId: string, sourceId: string, owner: string): Promise<void> {
+  private async make(checkpointId: string, sourceId: string, owner: string, template: boolean): Promise<void> {
     // Not beside the fork's first calls: a restore takes a core's worth of CPU for its while.
     await new Promise((r) => setTimeout(r, MAKE_DELAY_MS));
     if (this.closed || this.dropped.has(checkpointId)) return;
     try {
-      const { id, processes } = await this.maker.make(checkpointId, sourceId, owner);
+      const { id, processes } = await this.maker.make(checkpointId, sourceId, owner, template);
       const s: Standby = { id, checkpointId, owner, memoryBytes: await this.maker.memoryOf(id).catch(() => 0), processes };
       if (this.closed || this.dropped.has(checkpointId) || !this.evictFor(0, s.memoryBytes, checkpointId)) {
         await this.discard(s);

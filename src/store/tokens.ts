@@ -5,8 +5,9 @@ import { newId } from './ids.js';
 import type { Tables } from './schema.js';
 
 /** Owners the server keeps for itself (warm forks' records, core/warm-forks.ts): no token speaks
- * for one. */
+ * for one. Templates' hidden instances are kept under `~template:<owner>` (store/templates.ts). */
 export const RESERVED_OWNER_PREFIX = '@';
+const RESERVED_OWNER = /^[@~]/;
 
 export interface TokenRecord {
   id: string;
@@ -49,7 +50,7 @@ export class TokenStore {
   constructor(private readonly db: Db) {}
 
   async create(owner: string, name: string, shape: TokenShape = 'forkpoint'): Promise<{ token: string; record: TokenRecord }> {
-    if (owner.startsWith(RESERVED_OWNER_PREFIX)) throw new Error(`an owner's name may not begin with ${RESERVED_OWNER_PREFIX}: such owners are the server's own`);
+    if (RESERVED_OWNER.test(owner)) throw new Error('an owner\'s name may not begin with @ or ~: such owners are the server\'s own');
     const e2b = shape === 'e2b';
     const idPart = e2b ? randomBytes(12).toString('hex') : undefined;
     const id = idPart ? `tok_${idPart}` : newId('tok', 12);

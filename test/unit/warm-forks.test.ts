@@ -133,8 +133,35 @@ describe('warm forks', () => {
     expect(standbys(n)).toEqual([]);
   });
 
-  it('attack: no token can speak for the owners standbys are kept under', async () => {
+  it('a template\'s next instance takes the standby its last one left, with its own name and variables; one asking other limits restores instead', async () => {
     const n = await node();
-    await expect(n.fp.store.tokens.create('@standby/default', 'x')).rejects.toThrow(/may not begin with @/);
+    expect((await n.call('POST', '/templates', { name: 'tpl', from_image: 'default', start_command: 'sleep 1000' })).status).toBe(201);
+    const a = await n.call('POST', '/instances', { template: 'tpl' });
+    expect(a.status, JSON.stringify(a.body)).toBe(201);
+    await n.fp.checkpoints.warm.settled();
+    const [standby] = standbys(n);
+    expect(standby).toBeDefined();
+    const b = await n.call('POST', '/instances', { template: 'tpl', name: 'bee', env: { WHO: 'b' }, metadata: { k: 'v' } });
+    expect(b.status, JSON.stringify(b.body)).toBe(201);
+    expect(b.body.id).toBe(standby!.id);
+    expect([b.body.name, b.body.image, b.body.metadata]).toEqual(['bee', 'tpl', { k: 'v' }]);
+    expect((await n.fp.store.instances.get(b.body.id))!.env.WHO).toBe('b');
+    expect(n.host.calls).toContain(`activate ${b.body.id} bee`);
+    await n.fp.checkpoints.warm.settled();
+    const [next] = standbys(n);
+    const c = await n.call('POST', '/instances', { template: 'tpl', limits: { memory_mb: 300 } });
+    expect(c.status, JSON.stringify(c.body)).toBe(201);
+    expect(c.body.id).not.toBe(next!.id);
+    expect(standbys(n).map((s) => s.id)).toContain(next!.id);
+    // Deleting the template takes its standbys along; its instances run on.
+    expect((await n.call('DELETE', '/templates/tpl')).status).toBe(204);
+    expect(standbys(n)).toEqual([]);
+    expect((await n.call('GET', `/instances/${b.body.id}`)).body.status).toBe('running');
+  });
+
+  it('attack: no token can speak for the owners the server keeps standbys and templates under', async () => {
+    const n = await node();
+    await expect(n.fp.store.tokens.create('@standby/default', 'x')).rejects.toThrow(/may not begin with @ or ~/);
+    await expect(n.fp.store.tokens.create('~template:default', 'x')).rejects.toThrow(/may not begin with @ or ~/);
   });
 });
