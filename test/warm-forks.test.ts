@@ -76,7 +76,7 @@ describe('warm forks', () => {
 
     const warm = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id, name: 'warm-copy' })).body;
     expect(warm.id).toBe(standby!.id);
-    expect([warm.name, warm.status]).toEqual(['warm-copy', 'running']);
+    expect([warm.name, warm.status, warm.warm_fork, cold.warm_fork]).toEqual(['warm-copy', 'running', true, false]);
     expect(freezerState(warm.id)).toBe('THAWED');
     // The checkpoint's state, going on from where it was.
     expect((await sh(warm.id, 'pwd; echo $MOOD; hostname', 'main')).stdout).toBe('/etc\ncalm\nwarm-copy\n');

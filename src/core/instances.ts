@@ -273,6 +273,7 @@ export class InstanceService {
       volumes,
       secrets: bound.secrets,
       egressCa: bound.egressCa,
+      warmFork: false,
       ...from,
       node: this.nodeId,
       uidBase: null,
@@ -313,6 +314,7 @@ export class InstanceService {
       idleTimeoutS: input.idleTimeoutS && input.idleTimeoutS > 0 ? input.idleTimeoutS : null,
       egress: fields.egress ?? checkEgress(input.egress ?? DEFAULT_POLICY),
       secrets: fields.secrets ?? [],
+      warmFork: true,
       ...(input.name !== undefined ? { name: input.name } : {}),
     };
     return this.locks.run(ownerRecordsLock(owner), () => this.store.transaction(async (tx) => {

@@ -23,6 +23,7 @@ export const instanceView = (r: InstanceRecord, net: { sentBytes: number; receiv
   head_checkpoint_id: r.headCheckpointId,
   source_instance_id: r.sourceInstanceId,
   source_checkpoint_id: r.sourceCheckpointId,
+  warm_fork: r.warmFork,
   error: r.error,
   node: r.node,
   user_namespace: r.uidBase !== null,

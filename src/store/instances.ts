@@ -87,6 +87,8 @@ export interface InstanceRecord {
   secrets: InstanceSecret[];
   /** Its egress CA, sealed (core/egress-secrets.ts); null: none (no secrets). */
   egressCa: string | null;
+  /** A fork that took a standby restored ahead (core/warm-forks.ts) instead of restoring. */
+  warmFork: boolean;
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;
 }
@@ -140,6 +142,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   volumes: JSON.parse(r.volumes) as InstanceVolume[],
   secrets: JSON.parse(r.secrets) as InstanceSecret[],
   egressCa: r.egress_ca,
+  warmFork: r.warm_fork === 1,
   version: Number(r.version),
 });
 
@@ -190,6 +193,7 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   volumes: JSON.stringify(rec.volumes),
   secrets: JSON.stringify(rec.secrets),
   egress_ca: rec.egressCa,
+  warm_fork: rec.warmFork ? 1 : 0,
 });
 
 export class InstanceStore {

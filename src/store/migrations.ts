@@ -347,4 +347,11 @@ export const migrations: readonly Migration[] = [
       -- the instance's egress CA (certificate and key, sealed): forks keep their source's
       ALTER TABLE instances ADD COLUMN egress_ca TEXT;`,
   },
+  {
+    version: 23,
+    name: 'warm forks',
+    sql: `
+      -- 1: a fork that took a standby restored ahead (a warm fork) instead of restoring
+      ALTER TABLE instances ADD COLUMN warm_fork INTEGER NOT NULL DEFAULT 0;`,
+  },
 ];

@@ -99,6 +99,7 @@ export interface InstancesTable {
   volumes: string;
   secrets: string;
   egress_ca: string | null;
+  warm_fork: number;
   version: Generated<number>;
 }
 

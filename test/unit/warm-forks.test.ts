@@ -62,7 +62,8 @@ describe('warm forks', () => {
     expect(n.host.calls).toContain(`activate ${second} warm-one`);
     expect(n.host.frozen.has(second)).toBe(false);
     const view = (await n.call('GET', `/instances/${second}`)).body;
-    expect([view.name, view.status, view.source_checkpoint_id]).toEqual(['warm-one', 'running', ck]);
+    expect([view.name, view.status, view.source_checkpoint_id, view.warm_fork]).toEqual(['warm-one', 'running', ck, true]);
+    expect((await n.call('GET', `/instances/${first}`)).body.warm_fork).toBe(false);
     expect(await sh(n, second, 'get counter')).toBe('1');
     expect(await sh(n, second, 'cat /work/a.txt')).toBe('one');
     // And the pool fills again for the next one.
