@@ -6,6 +6,7 @@ import type { Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import type { NodeRecord } from '../store/nodes.js';
 import { isStoreAway } from './errors.js';
+import { isStandby } from './warm-forks.js';
 
 /** Where an instance is, as seen from this node. */
 export type Placement =
@@ -205,7 +206,24 @@ export class Cluster {
     if (silent.length === 0) return;
     // A lease ends only if its heartbeat is still that old when it is ended (one that landed
     // meanwhile keeps it), and its instances are lost in the same transaction.
-    const lost = await this.store.transaction(async (tx) => tx.instances.markLost(await tx.nodes.endLeases(silent, cutoff)));
+    const lost = await this.store.transaction(async (tx) => {
+      const ids = await tx.instances.markLost(await tx.nodes.endLeases(silent, cutoff));
+      // Their warm forks' standbys are nobody's and no node will take them: their records (an
+      // address, a uid range each) go now; the node, if it comes back, removes their sandboxes
+      // as it does whatever the store does not know.
+      const kept: string[] = [];
+      for (const id of ids) {
+        const rec = await tx.instances.get(id);
+        if (!rec || !isStandby(rec)) {
+          kept.push(id);
+          continue;
+        }
+        await tx.layers.dropHolder(`instance:${id}`);
+        await tx.executions.removeAllOf(id);
+        await tx.instances.delete(id);
+      }
+      return kept;
+    });
     if (lost.length) this.log.warn({ nodes: silent, instances: lost }, 'nodes stopped answering: their leases ended, their instances are lost');
   }
 

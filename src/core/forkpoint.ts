@@ -351,6 +351,8 @@ export class Forkpoint {
   async drain(): Promise<DrainReport> {
     this.draining = true;
     await this.cluster.drain();
+    // Standbys are made again on the nodes that take over; none is handed over.
+    await this.checkpoints.warm.close();
     const local = await this.instances.local();
     const others = (await this.cluster.nodes()).filter((n) => n.live && !n.self && !n.draining);
     if (!this.durable.enabled || others.length === 0) {

@@ -43,6 +43,13 @@ async function source(n: FakeNode): Promise<{ id: string; ck: string }> {
 
 const standbys = (n: FakeNode) => n.fp.checkpoints.warm.held();
 
+async function until(fn: () => Promise<boolean>, ms = 10_000): Promise<void> {
+  for (const end = Date.now() + ms; !(await fn()); ) {
+    if (Date.now() > end) throw new Error('timed out');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 describe('warm forks', () => {
   it('the second fork of a checkpoint takes the standby the first left: the checkpoint\'s memory and files, its own upper, thawed with its name', async () => {
     const n = await node();
@@ -158,6 +165,22 @@ describe('warm forks', () => {
     expect((await n.call('DELETE', '/templates/tpl')).status).toBe(204);
     expect(standbys(n)).toEqual([]);
     expect((await n.call('GET', `/instances/${b.body.id}`)).body.status).toBe('running');
+  });
+
+  it('a node judged lost has its standbys\' records removed (their addresses and uid ranges free again); its instances are lost', async () => {
+    const n = await node({ nodeHeartbeatS: 0.1, nodeDeadAfterS: 0.5 });
+    await n.fp.cluster.join('http://127.0.0.1:1');
+    await n.fp.store.nodes.register('node-gone', 'http://127.0.0.1:2', new Date(Date.now() - 60_000).toISOString());
+    const id = (await n.call('POST', '/instances', {})).body.id as string;
+    const base = (await n.fp.store.instances.get(id))!;
+    // As node-gone would have written them: an instance of its own and a standby it held.
+    const theirs = { ...base, id: 'inst_theirs00000000', node: 'node-gone', address: null, uidBase: null };
+    const standby = { ...theirs, id: 'inst_standby0000000', owner: '@standby/default' };
+    await n.fp.store.instances.insert(theirs);
+    await n.fp.store.instances.insert(standby);
+    await n.fp.store.layers.setRefs(`instance:${standby.id}`, standby.layers);
+    await until(async () => (await n.fp.store.instances.get(theirs.id))?.status === 'lost');
+    expect(await n.fp.store.instances.get(standby.id)).toBeUndefined();
   });
 
   it('attack: no token can speak for the owners the server keeps standbys and templates under', async () => {
