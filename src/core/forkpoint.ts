@@ -192,6 +192,10 @@ export class Forkpoint {
       jobQueueDepth: () => this.jobs.depth,
       durableBacklog: async () => (this.durable.enabled ? (await this.store.durable.pending()).length : 0),
       diskFreeBytes: () => this.engine.freeBytes(),
+      standbys: () => {
+        const held = this.checkpoints.warm.held();
+        return { count: held.length, memoryBytes: held.reduce((n, s) => n + s.memoryBytes, 0) };
+      },
     });
     this.metrics.watch(this.events);
     this.checkpoints.observe({

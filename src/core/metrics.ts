@@ -7,6 +7,8 @@ export interface MetricSources {
   jobQueueDepth(): number;
   durableBacklog(): Promise<number>;
   diskFreeBytes(): Promise<number>;
+  /** Warm forks' standbys held now, and the memory they hold. */
+  standbys(): { count: number; memoryBytes: number };
 }
 
 const seconds = (ms: unknown) => (typeof ms === 'number' ? ms / 1000 : undefined);
@@ -26,6 +28,7 @@ export class Metrics {
   private readonly failed = new Counter({ name: 'forkpoint_checkpoints_failed_total', help: 'Checkpoints that ended failed (CRIU or disk)', registers: [this.registry] });
   private readonly rollback = new Histogram({ name: 'forkpoint_rollback_seconds', help: 'Rollbacks in place', buckets: BUCKETS, registers: [this.registry] });
   private readonly fork = new Histogram({ name: 'forkpoint_fork_seconds', help: 'Forks, from a ready checkpoint to every fork running', buckets: BUCKETS, registers: [this.registry] });
+  private readonly forked = new Counter({ name: 'forkpoint_forks_total', help: 'Instances forked, by whether each took a standby (warm) or was restored (cold)', labelNames: ['kind'], registers: [this.registry] });
   private readonly wake = new Histogram({ name: 'forkpoint_wake_seconds', help: 'Wakes of hibernated instances', buckets: BUCKETS, registers: [this.registry] });
   private readonly processing = new Map<string, number>();
   private untap: (() => void) | undefined;
@@ -45,6 +48,8 @@ export class Metrics {
     });
     new Gauge({ name: 'forkpoint_job_queue_depth', help: 'Checkpoint jobs queued or running', registers, collect() { this.set(sources.jobQueueDepth()); } });
     new Gauge({ name: 'forkpoint_durable_upload_backlog', help: 'Ready checkpoints not yet in the object store', registers, async collect() { this.set(await sources.durableBacklog()); } });
+    new Gauge({ name: 'forkpoint_warm_fork_standbys', help: 'Sandboxes restored ahead and held for the next forks', registers, collect() { this.set(sources.standbys().count); } });
+    new Gauge({ name: 'forkpoint_warm_fork_standby_memory_bytes', help: 'Memory the held standbys use', registers, collect() { this.set(sources.standbys().memoryBytes); } });
     new Gauge({ name: 'forkpoint_data_disk_free_bytes', help: 'Free bytes under the data directory', registers, async collect() { this.set(await sources.diskFreeBytes()); } });
   }
 
@@ -86,9 +91,14 @@ export class Metrics {
       case 'rollback':
         this.record(this.rollback, e.data.ms);
         break;
-      case 'fork':
+      case 'fork': {
         this.record(this.fork, e.data.ms);
+        const all = Array.isArray(e.data.instance_ids) ? e.data.instance_ids.length : 0;
+        const warm = Array.isArray(e.data.warm_ids) ? e.data.warm_ids.length : 0;
+        if (warm) this.forked.inc({ kind: 'warm' }, warm);
+        if (all > warm) this.forked.inc({ kind: 'cold' }, all - warm);
         break;
+      }
       case 'instance.woken':
         this.record(this.wake, e.data.ms);
         break;

@@ -76,6 +76,11 @@ describe('warm forks', () => {
     // And the pool fills again for the next one.
     await n.fp.checkpoints.warm.settled();
     expect(standbys(n).map((s) => s.checkpointId)).toEqual([ck]);
+    // An operator sees both kinds of fork, and what is held.
+    const metrics = (await n.call('GET', '/metrics')).raw;
+    expect(metrics).toMatch(/^forkpoint_forks_total\{kind="warm"\} 1$/m);
+    expect(metrics).toMatch(/^forkpoint_forks_total\{kind="cold"\} 1$/m);
+    expect(metrics).toMatch(/^forkpoint_warm_fork_standbys 1$/m);
   });
 
   it('a warm fork past the owner\'s quota is refused as a cold one would be (429), and the standby stays for later', async () => {
