@@ -1,5 +1,5 @@
 /**
- * Issue 25: a fork + its first exec, warm (a standby restored ahead from the checkpoint and held
+ * Issue 25: a fork + its first exec (and a create + its first exec), warm (a standby restored ahead from the checkpoint and held
  * frozen, taken and thawed) next to cold (restored by CRIU on the call), in the same run,
  * interleaved: each round checkpoints a sandbox with a 2 ms ticker, forks it once (cold: the
  * first fork of a checkpoint finds no standby), waits for the standby that fork leaves, and forks
@@ -18,12 +18,21 @@ async function exec(id: string, command: string): Promise<string> {
 
 /** Fork + first exec, in ms; the fork's id and whether a standby was taken. */
 async function forkAndExec(source: string, checkpointId: string): Promise<{ ms: number; id: string; warm: boolean }> {
-  const standby = s.fp.checkpoints.warm.held().find((h) => h.checkpointId === checkpointId)?.id;
+  const standby = s.fp.warm.held().find((h) => h.key === checkpointId)?.id;
   const t = performance.now();
   const f = await s.api('POST', `/instances/${source}/fork`, { checkpoint_id: checkpointId });
   if (f.status !== 201) throw new Error(JSON.stringify(f.body));
   await exec(f.body.id, 'true');
   return { ms: performance.now() - t, id: f.body.id, warm: f.body.id === standby };
+}
+
+/** Create + first exec, in ms; whether a standby was taken. */
+async function createAndExec(): Promise<{ ms: number; id: string; warm: boolean }> {
+  const t = performance.now();
+  const c = await s.api('POST', '/instances', {});
+  if (c.status !== 201) throw new Error(JSON.stringify(c.body));
+  await exec(c.body.id, 'true');
+  return { ms: performance.now() - t, id: c.body.id, warm: c.body.warm_fork === true };
 }
 
 try {
@@ -38,11 +47,11 @@ try {
     const ck = await s.api('POST', `/instances/${source}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
     if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
     const first = await forkAndExec(source, ck.body.id);
-    await s.fp.checkpoints.warm.settled();
+    await s.fp.warm.settled();
     // Let the pool's restorers refill, as between forks a user makes.
     await new Promise((r) => setTimeout(r, 200));
     const second = await forkAndExec(source, ck.body.id);
-    await s.fp.checkpoints.warm.settled();
+    await s.fp.warm.settled();
     for (const id of [first.id, second.id]) await s.api('DELETE', `/instances/${id}`);
     const t = performance.now();
     await exec(source, 'true');
@@ -54,10 +63,30 @@ try {
     (second.warm ? warm : unwarm).push(second.ms);
   }
   if (unwarm.length) console.log(`${unwarm.length} of ${N} second forks found no standby ready (taken cold)`);
+  // Creates: one that finds the standby the last left (warm), and one right after it, before the
+  // next is made (cold).
+  const createWarm: number[] = [];
+  const createCold: number[] = [];
+  for (let i = -1; i < N; i++) {
+    await s.fp.warm.settled();
+    await new Promise((r) => setTimeout(r, 200));
+    const a = await createAndExec();
+    const b = await createAndExec();
+    await s.fp.warm.settled();
+    for (const id of [a.id, b.id]) await s.api('DELETE', `/instances/${id}`);
+    if (i < 0) continue;
+    if (b.warm) throw new Error('a create right after another found a standby');
+    if (a.warm) createWarm.push(a.ms);
+    createCold.push(b.ms);
+  }
   table('fork + first exec, warm next to cold (same run, interleaved)', [
     { name: 'fork + first exec, warm (standby taken)', stats: stats(warm), target: '≤ 5' },
     { name: '  baseline: fork + first exec, cold (CRIU restore)', stats: stats(cold) },
     { name: '  floor: one exec on a running sandbox', stats: stats(execOnly) },
+  ]);
+  table('create + first exec, warm next to cold (same run, interleaved)', [
+    { name: 'create + first exec, warm (standby taken)', stats: stats(createWarm) },
+    { name: '  baseline: create + first exec, cold (boot)', stats: stats(createCold) },
   ]);
 } finally {
   await s.close();

@@ -14,8 +14,10 @@ import { until } from './helpers/wait.js';
  * range; and what the standby is before it is taken: frozen, nobody's, on no list.
  */
 let s: TestServer;
+/** The forks' standbys (each create leaves one of its image too). */
+const forkStandbys = () => s.fp.warm.held().filter((h) => !h.key.startsWith('image:'));
 beforeAll(async () => {
-  s = await startServer({ warmForks: 2 });
+  s = await startServer({ warmForks: 2 }, undefined, process.env.FP_TEST_LOG ? { logFile: process.env.FP_TEST_LOG } : {});
 });
 afterAll(async () => {
   await s?.close();
@@ -58,15 +60,15 @@ describe('warm forks', () => {
     await sh(inst.id, 'cd /etc && export MOOD=calm', 'main');
     await sh(inst.id, 'echo kept > /root/file');
     await until('the counter to count', async () => (await count(inst.id)) > 2, 10_000);
+    const beforeCheckpoint = await count(inst.id);
     const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
     expect(ck.status).toBe('ready');
-    const atCheckpoint = await count(inst.id);
     await sh(inst.id, 'echo changed > /root/file; export MOOD=angry', 'main');
 
     const cold = (await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body;
-    await s.fp.checkpoints.warm.settled();
-    const [standby] = s.fp.checkpoints.warm.held();
-    expect(standby?.checkpointId).toBe(ck.id);
+    await s.fp.warm.settled();
+    const [standby] = forkStandbys();
+    expect(standby?.key).toBe(ck.id);
     expect(standby!.id).not.toBe(cold.id);
     // Held frozen, on no list, nobody's to reach.
     expect(freezerState(standby!.id)).toBe('FROZEN');
@@ -87,7 +89,7 @@ describe('warm forks', () => {
     expect(procs.length).toBeGreaterThan(0);
     expect(procs).toEqual(await procsOf(cold.id));
     const first = await count(warm.id);
-    expect(first).toBeGreaterThanOrEqual(atCheckpoint - 1);
+    expect(first).toBeGreaterThanOrEqual(beforeCheckpoint);
     await until('the warm fork\'s counter to go on', async () => (await count(warm.id)) > first, 10_000);
     // Its own machine: address, uid range (every process in it), upper.
     const [w, c] = await Promise.all([s.fp.store.instances.get(warm.id), s.fp.store.instances.get(cold.id)]);
@@ -98,26 +100,27 @@ describe('warm forks', () => {
     expect((await sh(cold.id, 'cat /root/file')).stdout).toBe('kept\n');
 
     // The pool fills again; deleting the checkpoint's instance takes its standby along.
-    await s.fp.checkpoints.warm.settled();
-    const [next] = s.fp.checkpoints.warm.held();
-    expect(next?.checkpointId).toBe(ck.id);
+    await s.fp.warm.settled();
+    const [next] = forkStandbys();
+    expect(next?.key).toBe(ck.id);
     for (const id of [warm.id, cold.id, inst.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
-    expect(s.fp.checkpoints.warm.held()).toEqual([]);
+    expect(forkStandbys()).toEqual([]);
     expect(s.engine.sandbox(next!.id)).toBeUndefined();
     expect(await s.fp.store.instances.get(next!.id)).toBeUndefined();
   });
 
   it('a template\'s next instance is warm: the template\'s running processes, the create\'s own variables and name', async () => {
     expect((await s.api('POST', '/templates', { name: 'warm-tpl', from_image: 'default', start_command: 'sleep 1000' })).status).toBe(201);
+    const before = new Set(forkStandbys().map((h) => h.id));
     const a = (await s.api('POST', '/instances', { template: 'warm-tpl' })).body;
-    await s.fp.checkpoints.warm.settled();
-    const [standby] = s.fp.checkpoints.warm.held();
+    await s.fp.warm.settled();
+    const [standby] = forkStandbys().filter((h) => !before.has(h.id));
     expect(standby).toBeDefined();
     const b = (await s.api('POST', '/instances', { template: 'warm-tpl', name: 'tpl-b', env: { WHO: 'b' } })).body;
     expect(b.id).toBe(standby!.id);
     expect((await sh(b.id, 'echo $WHO; hostname; ps -o args | grep -c "^sleep 1000"')).stdout).toBe('b\ntpl-b\n1\n');
     expect((await s.api('DELETE', '/templates/warm-tpl')).status).toBe(204);
-    expect(s.fp.checkpoints.warm.held()).toEqual([]);
+    expect(forkStandbys().filter((h) => h.key === standby!.key)).toEqual([]);
     for (const id of [a.id, b.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
   });
 
@@ -130,7 +133,8 @@ describe('warm forks', () => {
       const ck = (await server.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
       const fork = (await server.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id })).body;
       expect(fork.status).toBe('running');
-      await until('the standby to be made (a third disk mounted)', () => mounted() === 3, 20_000);
+      // The instance, its fork, and a standby of each (the fork's, the create's of its image).
+      await until('the standbys to be made (four disks mounted)', () => mounted() === 4, 20_000);
       await server.stop('SIGKILL');
       server = await ChildServer.start(dataDir, server.token, { FORKPOINT_WARM_FORKS: '2' });
       expect(mounted()).toBe(2);

@@ -17,7 +17,7 @@ import { requireRoom, shortOfRoom } from './space.js';
 import { watchesResumed } from './file-watch.js';
 import { failpoint } from '../lib/failpoints.js';
 import { templateOwner } from '../store/templates.js';
-import { standbyOwnerOf, StandbyUnfitError, WarmForks, type Standby, type WarmLimits } from './warm-forks.js';
+import { standbyOwnerOf, StandbyUnfitError, type Standby, type StandbyRecipe, type WarmForks } from './warm-forks.js';
 
 export interface CreateCheckpoint {
   label?: string | undefined;
@@ -111,17 +111,9 @@ export class CheckpointService {
     private readonly events: EventBus,
     private readonly executions: ExecutionService,
     private readonly log: Logger,
-    warmLimits: WarmLimits = { count: 0, memoryBytes: 0 },
-  ) {
-    this.warm = new WarmForks(warmLimits, {
-      make: (checkpointId, sourceId, owner, template) => this.makeStandby(checkpointId, sourceId, owner, template),
-      discard: (id) => this.instances.discard(id),
-      memoryOf: (id) => this.engine.memoryInUse(id),
-    }, log);
-  }
-
-  /** Sandboxes restored ahead for the next forks of checkpoints forked from. */
-  readonly warm: WarmForks;
+    /** Sandboxes restored ahead for the next forks of checkpoints forked from. */
+    private readonly warm: WarmForks,
+  ) {}
 
   async get(owner: string, instanceId: string, id: string): Promise<CheckpointRecord> {
     await this.instances.get(owner, instanceId);
@@ -620,7 +612,7 @@ export class CheckpointService {
         const forks = results.map((r) => (r as PromiseFulfilledResult<InstanceRecord>).value);
         this.events.emit(source.id, 'fork', { checkpoint_id: c.id, instance_ids: forks.map((f) => f.id), warm_ids: warm, ms: Math.round((performance.now() - t) * 100) / 100 });
         // The next fork of it finds one ready.
-        if (warmable) this.warm.refill(c.id, source.id, forOwner, instead !== undefined);
+        if (warmable) this.warm.refill({ kind: 'fork', checkpointId: c.id, sourceId: source.id, template: instead !== undefined }, forOwner);
         return forks;
       }
       // All or nothing: a call that answers with an error leaves no instance of its own behind.
@@ -657,7 +649,8 @@ export class CheckpointService {
   /** A warm fork's standby for `owner`'s next fork of the checkpoint (or, `template`, its next
    * instance of the template whose checkpoint it is), made as that fork would be with nothing
    * asked, restored and held frozen under the server's own owner (warm-forks.ts). */
-  private async makeStandby(checkpointId: string, sourceId: string, owner: string, template: boolean): Promise<{ id: string; processes: number[] }> {
+  async makeStandby(recipe: Extract<StandbyRecipe, { kind: 'fork' }>, owner: string): Promise<Pick<Standby, 'id' | 'processes' | 'imageKey'>> {
+    const { checkpointId, sourceId, template } = recipe;
     const [c, source] = await Promise.all([this.store.checkpoints.get(checkpointId), this.store.instances.get(sourceId)]);
     if (!c || c.status !== 'ready' || !c.memory || !source || source.owner !== (template ? templateOwner(owner) : owner)) throw new NotFoundError('checkpoint', checkpointId);
     this.requireBaseHere(c);
@@ -675,7 +668,7 @@ export class CheckpointService {
       });
       // Deleted meanwhile (its deletion waits only for standbys it knows are being made).
       if (!(await this.store.checkpoints.get(checkpointId))) throw new NotFoundError('checkpoint', checkpointId);
-      return { id: rec.id, processes };
+      return { id: rec.id, processes, imageKey: null };
     } catch (err) {
       await this.instances.discard(rec.id);
       throw err;
@@ -692,7 +685,7 @@ export class CheckpointService {
     try {
       taken = await this.instances.takeStandby(s.id, standbyOwnerOf(owner), owner, createInput, from);
     } catch (err) {
-      const unfit = err instanceof StandbyUnfitError;
+      const unfit = err instanceof StandbyUnfitError && err.reusable;
       if (err instanceof QuotaExceededError || unfit) {
         this.warm.giveBack(s);
         if (unfit) return undefined;

@@ -38,7 +38,7 @@ import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 import { Cluster, nodeIdOf } from './cluster.js';
-import { isStandby } from './warm-forks.js';
+import { isStandby, standbyKeyOf, WarmForks } from './warm-forks.js';
 
 export interface HealthReport {
   ok: boolean;
@@ -102,6 +102,8 @@ export class Forkpoint {
   readonly secrets: EgressSecretService;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
+  /** Sandboxes restored or booted ahead for the next forks and creates (warm-forks.ts). */
+  readonly warm: WarmForks;
   readonly files: FileService;
   /** Persistent volumes' own files, with no instance (E2B's volume content API). */
   readonly volumeFiles: FileService;
@@ -164,7 +166,14 @@ export class Forkpoint {
     this.catalog = new ImageCatalog(this.store, this.images, pulls);
     this.volumes = new VolumeService(this.store, this.engine, locks, { maxMb: config.maxVolumeMb, ownerMaxMb: config.ownerMaxVolumeMb }, nodeId, log);
     this.secrets = new EgressSecretService(this.store, secretsKey, log);
-    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId, this.volumes, this.secrets);
+    // One pool of standbys for forks and creates; made by the service whose call it stands in for.
+    this.warm = new WarmForks({ count: config.warmForks, memoryBytes: config.warmForksMemoryMb * 1024 * 1024 }, {
+      make: (recipe, owner) => (recipe.kind === 'fork' ? this.checkpoints.makeStandby(recipe, owner) : this.instances.makeStandby(recipe.image, owner)),
+      discard: (id) => this.instances.discard(id),
+      memoryOf: (id) => this.engine.memoryInUse(id),
+    }, log);
+    this.catalog.whenDeleted((name) => this.warm.drop(standbyKeyOf({ kind: 'create', image: name })));
+    this.instances = new InstanceService(this.store, this.engine, this.catalog, locks, config, this.events, log, nodeId, this.volumes, this.secrets, this.warm);
     this.cluster = new Cluster(this.store, nodeId, { heartbeatMs: config.nodeHeartbeatS * 1000, deadAfterMs: config.nodeDeadAfterS * 1000 }, log, (id) => this.engine.sandbox(id) !== undefined);
     this.access = new SandboxAccess(this.instances, this.store, log, () => this.cluster.fenced);
     this.commands = new CommandService(this.instances, this.access, this.layout.spill, this.events, log);
@@ -177,10 +186,7 @@ export class Forkpoint {
       after: config.squashAfterLayers,
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
     }, log);
-    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, squasher, this.events, this.executions, log, {
-      count: config.warmForks,
-      memoryBytes: config.warmForksMemoryMb * 1024 * 1024,
-    });
+    this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, squasher, this.events, this.executions, log, this.warm);
     this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
     this.durable = new DurableCheckpoints(this.store, this.engine, objectStoreOf(config), join(this.layout.spill, 'blobs'), log);
     this.metrics = new Metrics({
@@ -193,7 +199,7 @@ export class Forkpoint {
       durableBacklog: async () => (this.durable.enabled ? (await this.store.durable.pending()).length : 0),
       diskFreeBytes: () => this.engine.freeBytes(),
       standbys: () => {
-        const held = this.checkpoints.warm.held();
+        const held = this.warm.held();
         return { count: held.length, memoryBytes: held.reduce((n, s) => n + s.memoryBytes, 0) };
       },
     });
@@ -356,7 +362,7 @@ export class Forkpoint {
     this.draining = true;
     await this.cluster.drain();
     // Standbys are made again on the nodes that take over; none is handed over.
-    await this.checkpoints.warm.close();
+    await this.warm.close();
     const local = await this.instances.local();
     const others = (await this.cluster.nodes()).filter((n) => n.live && !n.self && !n.draining);
     if (!this.durable.enabled || others.length === 0) {
@@ -440,7 +446,7 @@ export class Forkpoint {
     this.executions.forget();
     await this.jobs.drain();
     await this.checkpoints.idle();
-    await this.checkpoints.warm.close();
+    await this.warm.close();
     await this.engine.shutdown();
     // With no instance left, nothing of this server stays on the host's network.
     if (this.config.networking === 'on' && (await this.instances.local()).length === 0) {
@@ -463,7 +469,7 @@ export class Forkpoint {
   async destroyAll(): Promise<void> {
     await this.jobs.drain();
     await this.checkpoints.idle();
-    await this.checkpoints.warm.clear();
+    await this.warm.clear();
     for (const rec of await this.instances.local()) await this.deleteInstance(rec.owner, rec.id);
     for (const v of await this.store.volumes.forNode(this.instances.nodeId)) await this.volumes.delete(v.owner, v.name);
     // Nothing of this server's is left on the host's network either.

@@ -155,6 +155,13 @@ export class ImageCatalog {
     });
   }
 
+  private deleted: (name: string) => Promise<void> = async () => {};
+
+  /** Told when an image is deleted, before its layers are let go (warm standbys of it go). */
+  whenDeleted(listener: (name: string) => Promise<void>): void {
+    this.deleted = listener;
+  }
+
   /** Deletes a built image; refused while instances stand on it. Its layers go when nothing
    * else (an instance, a checkpoint, the build cache) holds them. */
   async delete(owner: string, given: string): Promise<void> {
@@ -165,6 +172,7 @@ export class ImageCatalog {
     }
     const users = await this.store.instances.countOnImage(owner, name);
     if (users > 0) throw new ConflictError(`${users} instance(s) stand on image ${name}; delete them first`, { image: name, instances: users });
+    await this.deleted(name);
     await this.store.transaction(async (tx) => {
       await tx.layers.dropHolder(imageHolder(owner, name));
       await tx.images.delete(owner, name);

@@ -15,9 +15,9 @@ import { engineFailure } from './engine-failure.js';
 import type { EventBus } from './events.js';
 import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
-import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError } from './errors.js';
+import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError, QuotaExceededError } from './errors.js';
 import { ownerRecordsLock, type KeyedLock } from './jobs.js';
-import { StandbyUnfitError } from './warm-forks.js';
+import { standbyKeyOf, standbyOwnerOf, StandbyUnfitError, type Standby, type WarmForks } from './warm-forks.js';
 import type { VolumeRequest, VolumeService } from './volumes.js';
 import type { EgressSecretService, SecretRequest } from './egress-secrets.js';
 
@@ -93,6 +93,8 @@ export class InstanceService {
     readonly nodeId: string,
     readonly volumes: VolumeService,
     readonly secrets: EgressSecretService,
+    /** Sandboxes booted ahead for the next creates from images created from. */
+    private readonly warm: WarmForks,
   ) {
     this.lifecycle = new Lifecycle(store, nodeId);
   }
@@ -411,6 +413,15 @@ export class InstanceService {
 
   async create(owner: string, input: CreateInstance, image?: ResolvedImage): Promise<InstanceRecord> {
     await requireRoom(this.engine);
+    // A create from an image with nothing of its own to mount or bind: a standby booted ahead
+    // (warm-forks.ts) stands in for it when there is one, and one is made for the next.
+    const warmFrom = !image && !input.volumes?.length && !input.secrets?.length && (input.userNamespace ?? this.userNamespacesByDefault) === this.userNamespacesByDefault ? input.image ?? this.config.defaultImage : undefined;
+    if (warmFrom !== undefined) {
+      const standby = this.warm.take(standbyKeyOf({ kind: 'create', image: warmFrom }), owner);
+      const taken = standby && (await this.takeBootedStandby(standby, owner, warmFrom, input));
+      this.warm.refill({ kind: 'create', image: warmFrom }, owner);
+      if (taken) return taken;
+    }
     const rec = await this.newRecord(owner, input, undefined, image);
     try {
       // The policy goes in while the sandbox boots: until it is in, the firewall lets nothing of
@@ -427,6 +438,64 @@ export class InstanceService {
       // Out of space is not the instance's fault: nothing of it stays for a retry to trip on.
       if (err instanceof InsufficientStorageError) await this.discard(rec.id);
       throw this.engineFailure(err);
+    }
+  }
+
+  private get userNamespacesByDefault(): boolean {
+    return this.config.userNamespaces === 'on';
+  }
+
+  /** A standby for `owner`'s next create from `image` with nothing asked: booted on its own
+   * record (under standbyOwnerOf), held frozen. */
+  async makeStandby(image: string, owner: string): Promise<Pick<Standby, 'id' | 'processes' | 'imageKey'>> {
+    await requireRoom(this.engine);
+    const resolved = await this.images.resolve(owner, image);
+    const rec = await this.newRecord(standbyOwnerOf(owner), { image }, undefined, resolved);
+    try {
+      await this.admit(rec);
+      await this.locks.run(rec.id, async () => {
+        await this.bootRecord(rec, { freshUpper: true });
+        await this.engine.hold(rec.id);
+      });
+      return { id: rec.id, processes: [], imageKey: resolved.key };
+    } catch (err) {
+      await this.discard(rec.id);
+      throw err;
+    }
+  }
+
+  /** The booted standby becomes `owner`'s instance as `create(owner, input)` would have made it
+   * (takeStandby); undefined, the standby given back or removed, when it cannot stand in: the
+   * image is another build now (removed), other limits are asked (given back), it broke. Its
+   * owner's quota refusing it is the create's answer. */
+  private async takeBootedStandby(s: Standby, owner: string, image: string, input: CreateInstance): Promise<InstanceRecord | undefined> {
+    let taken: { rec: InstanceRecord; policyChanged: boolean };
+    try {
+      const resolved = await this.images.resolve(owner, image);
+      if (resolved.key !== s.imageKey) throw new StandbyUnfitError(s.id, 'another build of its image', false);
+      taken = await this.takeStandby(s.id, standbyOwnerOf(owner), owner, { ...input, env: { ...resolved.config.env, ...input.env } }, {});
+    } catch (err) {
+      const unfit = err instanceof StandbyUnfitError;
+      if (err instanceof QuotaExceededError || (unfit && err.reusable)) {
+        this.warm.giveBack(s);
+        if (unfit) return undefined;
+        throw err;
+      }
+      if (!unfit) this.log.warn({ err, instance: s.id }, 'a warm create could not be taken; booting instead');
+      await this.discard(s.id);
+      return undefined;
+    }
+    const { rec, policyChanged } = taken;
+    try {
+      return await this.locks.run(rec.id, async () => {
+        if (policyChanged) await this.admit(rec);
+        await this.engine.activate(rec.id, input.name !== undefined ? { hostname: rec.name } : {});
+        return rec;
+      });
+    } catch (err) {
+      this.log.warn({ err, instance: s.id }, 'a warm create could not be started; booting instead');
+      await this.discard(s.id);
+      return undefined;
     }
   }
 

@@ -48,8 +48,8 @@ export class Metrics {
     });
     new Gauge({ name: 'forkpoint_job_queue_depth', help: 'Checkpoint jobs queued or running', registers, collect() { this.set(sources.jobQueueDepth()); } });
     new Gauge({ name: 'forkpoint_durable_upload_backlog', help: 'Ready checkpoints not yet in the object store', registers, async collect() { this.set(await sources.durableBacklog()); } });
-    new Gauge({ name: 'forkpoint_warm_fork_standbys', help: 'Sandboxes restored ahead and held for the next forks', registers, collect() { this.set(sources.standbys().count); } });
-    new Gauge({ name: 'forkpoint_warm_fork_standby_memory_bytes', help: 'Memory the held standbys use', registers, collect() { this.set(sources.standbys().memoryBytes); } });
+    new Gauge({ name: 'forkpoint_warm_standbys', help: 'Sandboxes restored or booted ahead and held for the next forks and creates', registers, collect() { this.set(sources.standbys().count); } });
+    new Gauge({ name: 'forkpoint_warm_standby_memory_bytes', help: 'Memory the held standbys use', registers, collect() { this.set(sources.standbys().memoryBytes); } });
     new Gauge({ name: 'forkpoint_data_disk_free_bytes', help: 'Free bytes under the data directory', registers, async collect() { this.set(await sources.diskFreeBytes()); } });
   }
 

@@ -2,43 +2,62 @@ import type { Logger } from 'pino';
 import { RESERVED_OWNER_PREFIX } from '../store/tokens.js';
 import { ConflictError } from './errors.js';
 
-/** A standby made with other limits than the fork asks for: the fork restores instead. */
+/** A standby made otherwise than the fork or create asks for (other limits, another build of
+ * its image): the call restores or boots instead. */
 export class StandbyUnfitError extends ConflictError {
-  constructor(id: string) {
-    super(`standby ${id} was made with other limits`, { reason: 'STANDBY_UNFIT' });
+  constructor(
+    id: string,
+    what = 'other limits',
+    /** Whether another call may still take it (not when its image was rebuilt since). */
+    readonly reusable = true,
+  ) {
+    super(`standby ${id} was made with ${what}`, { reason: 'STANDBY_UNFIT' });
   }
 }
 
 const STANDBY_PREFIX = `${RESERVED_OWNER_PREFIX}standby/`;
 
-/** The owner a standby's record is kept under until a fork of `owner`'s takes it: no token speaks
- * for it, so no list, quota or lookup of `owner`'s sees it. */
+/** The owner a standby's record is kept under until a call of `owner`'s takes it: no token
+ * speaks for it, so no list, quota or lookup of `owner`'s sees it. */
 export const standbyOwnerOf = (owner: string): string => `${STANDBY_PREFIX}${owner}`;
 
 export const isStandby = (rec: { owner: string }): boolean => rec.owner.startsWith(STANDBY_PREFIX);
 
-/** Standbys one owner's checkpoints may hold at once: a tenant's forks cannot take the pool. */
+/** Standbys one owner may hold at once: a tenant's calls cannot take the pool. */
 export const STANDBYS_PER_OWNER = 2;
 
-/** How long after a fork its standby is made. */
+/** How long after a call its standby is made. */
 const MAKE_DELAY_MS = 150;
 
+/** How a standby is made: restored from a checkpoint as an owner's fork of it (or, `template`,
+ * as an instance of the template it is of) would be, or booted from an image as a create with
+ * nothing asked would be. */
+export type StandbyRecipe =
+  | { kind: 'fork'; checkpointId: string; sourceId: string; template: boolean }
+  | { kind: 'create'; image: string };
+
+/** The key a standby is found by: its checkpoint, or its image. */
+export const standbyKeyOf = (r: StandbyRecipe): string => (r.kind === 'fork' ? r.checkpointId : `image:${r.image}`);
+
 export interface Standby {
-  /** Its instance record's id: the fork's, once taken. */
+  /** Its instance record's id: the fork's or the create's, once taken. */
   id: string;
-  checkpointId: string;
+  /** Its checkpoint's id, or `image:<name>` (standbyKeyOf). */
+  key: string;
   owner: string;
   memoryBytes: number;
-  /** The processes the restore brought back (their ids), listed before it was frozen: the
-   * fork's executions are its source's of these. */
+  /** The processes the restore brought back (their ids), listed before it was frozen: a fork's
+   * executions are its source's of these. */
   processes: number[];
+  /** For a create's: the image's identity when it was booted (ResolvedImage.key). */
+  imageKey: string | null;
 }
 
-/** What makes and removes standbys (the checkpoint service, over the engine). */
+/** What makes and removes standbys (the services, over the engine). */
 export interface StandbyMaker {
-  /** A new record of `owner`'s next fork of the checkpoint (under standbyOwnerOf), restored and
-   * held frozen; its id. */
-  make(checkpointId: string, sourceId: string, owner: string, template: boolean): Promise<{ id: string; processes: number[] }>;
+  /** A new record of `owner`'s next such call (under standbyOwnerOf), restored or booted and
+   * held frozen. */
+  make(recipe: StandbyRecipe, owner: string): Promise<Pick<Standby, 'id' | 'processes' | 'imageKey'>>;
   discard(id: string): Promise<void>;
   memoryOf(id: string): Promise<number>;
 }
@@ -49,19 +68,21 @@ export interface WarmLimits {
 }
 
 /**
- * Warm forks: for a checkpoint that was forked from, a sandbox restored ahead from it and held
- * frozen, that the next fork of it takes (renamed to nothing: the standby's record is the fork's,
- * handed to its owner) and thaws, instead of restoring. One is made after each fork, in the
- * background; the pool is bounded in count and memory (the checkpoints forked from longest ago
- * give theirs up first) and per owner. Standbys are the server's own: a restart or a stop removes
- * them, a checkpoint's deletion removes its own.
+ * Warm forks and creates: for a checkpoint that was forked from (an image an instance was made
+ * from), a sandbox restored (booted) ahead from it and held frozen, that the next such call of
+ * the same owner takes (renamed to nothing: the standby's record is the new instance's, handed to
+ * its owner) and thaws, instead of restoring (booting). One is made after each call, in the
+ * background; the pool is bounded in count and memory (the keys used longest ago give theirs up
+ * first) and per owner. Standbys are the server's own: a restart or a stop removes them, a
+ * checkpoint's or an image's deletion removes its own.
  */
 export class WarmForks {
   private readonly ready = new Map<string, Standby>();
-  /** Standbys being made, by `owner checkpoint`. */
+  /** Standbys being made, by `owner key`. */
   private readonly making = new Map<string, Promise<void>>();
-  private readonly lastForked = new Map<string, number>();
-  /** Checkpoints deleted while one of theirs was being made. */
+  /** When each key was last used (forked from, created from). */
+  private readonly lastUsed = new Map<string, number>();
+  /** Keys deleted while one of theirs was being made. */
   private readonly dropped = new Set<string>();
   private closed = false;
   private readonly discarding = new Set<Promise<void>>();
@@ -76,68 +97,71 @@ export class WarmForks {
     return this.limits.count > 0 && !this.closed;
   }
 
-  /** One of `owner`'s standbys of the checkpoint, taken out of the pool (the caller discards it
-   * or gives it back), if there is one. */
-  take(checkpointId: string, owner: string): Standby | undefined {
-    this.lastForked.set(checkpointId, Date.now());
+  /** One of `owner`'s standbys of the key, taken out of the pool (the caller discards it or
+   * gives it back), if there is one. */
+  take(key: string, owner: string): Standby | undefined {
+    this.lastUsed.set(key, Date.now());
     for (const s of this.ready.values()) {
-      if (s.checkpointId !== checkpointId || s.owner !== owner) continue;
+      if (s.key !== key || s.owner !== owner) continue;
       this.ready.delete(s.id);
       return s;
     }
     return undefined;
   }
 
-  /** A standby taken and not used (its owner's quota refused the fork): back in the pool. */
+  /** A standby taken and not used (its owner's quota refused the call, it was unfit): back in
+   * the pool. */
   giveBack(s: Standby): void {
-    if (this.closed || this.dropped.has(s.checkpointId)) void this.discard(s);
+    if (this.closed || this.dropped.has(s.key)) void this.discard(s);
     else this.ready.set(s.id, s);
   }
 
-  /** The checkpoint was forked from: a standby for its next fork, made in the background, if
-   * the owner has none of it and the pool has room (made by giving up the coldest). */
-  refill(checkpointId: string, sourceId: string, owner: string, template = false): void {
+  /** The recipe's key was used: a standby for the owner's next such call, made in the
+   * background, if the owner has none of it and the pool has room (made by giving up the
+   * coldest). */
+  refill(recipe: StandbyRecipe, owner: string): void {
     if (!this.enabled) return;
-    this.lastForked.set(checkpointId, Date.now());
-    const key = `${owner} ${checkpointId}`;
+    const sourceKey = standbyKeyOf(recipe);
+    this.lastUsed.set(sourceKey, Date.now());
+    const key = `${owner} ${sourceKey}`;
     const mine = [...this.ready.values()].filter((s) => s.owner === owner);
-    if (this.making.has(key) || mine.some((s) => s.checkpointId === checkpointId)) return;
+    if (this.making.has(key) || mine.some((s) => s.key === sourceKey)) return;
     const makingMine = [...this.making.keys()].filter((k) => k.startsWith(`${owner} `)).length;
     // At its bound, the owner's own coldest gives way.
-    const coldestMine = mine.sort((a, b) => this.forkedAt(a) - this.forkedAt(b));
+    const coldestMine = mine.sort((a, b) => this.usedAt(a) - this.usedAt(b));
     while (coldestMine.length && coldestMine.length + makingMine >= STANDBYS_PER_OWNER) this.evict(coldestMine.shift()!);
     if (coldestMine.length + makingMine >= STANDBYS_PER_OWNER) return;
-    if (!this.evictFor(1, 0, checkpointId)) return;
-    const made = this.make(checkpointId, sourceId, owner, template).finally(() => this.making.delete(key));
+    if (!this.evictFor(1, 0, sourceKey)) return;
+    const made = this.make(recipe, sourceKey, owner).finally(() => this.making.delete(key));
     this.making.set(key, made);
   }
 
-  private async make(checkpointId: string, sourceId: string, owner: string, template: boolean): Promise<void> {
-    // Not beside the fork's first calls: a restore takes a core's worth of CPU for its while.
+  private async make(recipe: StandbyRecipe, key: string, owner: string): Promise<void> {
+    // Not beside the call's first ones: a restore takes a core's worth of CPU for its while.
     await new Promise((r) => setTimeout(r, MAKE_DELAY_MS));
-    if (this.closed || this.dropped.has(checkpointId)) return;
+    if (this.closed || this.dropped.has(key)) return;
     try {
-      const { id, processes } = await this.maker.make(checkpointId, sourceId, owner, template);
-      const s: Standby = { id, checkpointId, owner, memoryBytes: await this.maker.memoryOf(id).catch(() => 0), processes };
-      if (this.closed || this.dropped.has(checkpointId) || !this.evictFor(0, s.memoryBytes, checkpointId)) {
+      const made = await this.maker.make(recipe, owner);
+      const s: Standby = { ...made, key, owner, memoryBytes: await this.maker.memoryOf(made.id).catch(() => 0) };
+      if (this.closed || this.dropped.has(key) || !this.evictFor(0, s.memoryBytes, key)) {
         await this.discard(s);
         return;
       }
-      this.ready.set(id, s);
-      this.log.debug({ instance: id, checkpoint: checkpointId, memoryBytes: s.memoryBytes }, 'warm fork ready');
+      this.ready.set(s.id, s);
+      this.log.debug({ instance: s.id, key, memoryBytes: s.memoryBytes }, 'warm standby ready');
     } catch (err) {
-      this.log.warn({ err, checkpoint: checkpointId }, 'could not make a warm fork');
+      this.log.warn({ err, key }, 'could not make a warm standby');
     }
   }
 
   /** Room for `count` more standbys and `memoryBytes` more memory, by discarding those of the
-   * checkpoints forked from longest ago (never `keep`'s); false if there is not enough. */
+   * keys used longest ago (never `keep`'s); false if there is not enough. */
   private evictFor(count: number, memoryBytes: number, keep: string): boolean {
     const over = () => {
       const held = [...this.ready.values()];
       return this.ready.size + this.making.size + count > this.limits.count || held.reduce((n, s) => n + s.memoryBytes, 0) + memoryBytes > this.limits.memoryBytes;
     };
-    const coldest = [...this.ready.values()].filter((s) => s.checkpointId !== keep).sort((a, b) => this.forkedAt(a) - this.forkedAt(b));
+    const coldest = [...this.ready.values()].filter((s) => s.key !== keep).sort((a, b) => this.usedAt(a) - this.usedAt(b));
     while (over()) {
       const victim = coldest.shift();
       if (!victim) return false;
@@ -146,8 +170,8 @@ export class WarmForks {
     return true;
   }
 
-  private forkedAt(s: Standby): number {
-    return this.lastForked.get(s.checkpointId) ?? 0;
+  private usedAt(s: Standby): number {
+    return this.lastUsed.get(s.key) ?? 0;
   }
 
   private evict(s: Standby): void {
@@ -155,16 +179,17 @@ export class WarmForks {
     void this.discard(s);
   }
 
-  /** The checkpoint is being deleted: its standbys go (one being made, once it is). */
-  async drop(checkpointId: string): Promise<void> {
-    this.lastForked.delete(checkpointId);
-    const pending = [...this.making.entries()].filter(([k]) => k.endsWith(` ${checkpointId}`)).map(([, p]) => p);
+  /** The checkpoint (the image, `image:<name>`) is being deleted: its standbys go (one being
+   * made, once it is). */
+  async drop(key: string): Promise<void> {
+    this.lastUsed.delete(key);
+    const pending = [...this.making.entries()].filter(([k]) => k.endsWith(` ${key}`)).map(([, p]) => p);
     if (pending.length) {
-      this.dropped.add(checkpointId);
+      this.dropped.add(key);
       await Promise.all(pending);
-      this.dropped.delete(checkpointId);
+      this.dropped.delete(key);
     }
-    const mine = [...this.ready.values()].filter((s) => s.checkpointId === checkpointId);
+    const mine = [...this.ready.values()].filter((s) => s.key === key);
     for (const s of mine) this.ready.delete(s.id);
     await Promise.all(mine.map((s) => this.discard(s)));
   }
@@ -184,7 +209,7 @@ export class WarmForks {
     await Promise.all(this.discarding);
   }
 
-  /** Standbys ready now (for the instance view's neighbours: tests and metrics). */
+  /** Standbys ready now (for metrics and tests). */
   held(): Standby[] {
     return [...this.ready.values()];
   }

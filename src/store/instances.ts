@@ -87,7 +87,7 @@ export interface InstanceRecord {
   secrets: InstanceSecret[];
   /** Its egress CA, sealed (core/egress-secrets.ts); null: none (no secrets). */
   egressCa: string | null;
-  /** A fork that took a standby restored ahead (core/warm-forks.ts) instead of restoring. */
+  /** It took a standby made ahead (core/warm-forks.ts) instead of being restored or booted. */
   warmFork: boolean;
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;

@@ -351,7 +351,7 @@ export const migrations: readonly Migration[] = [
     version: 23,
     name: 'warm forks',
     sql: `
-      -- 1: a fork that took a standby restored ahead (a warm fork) instead of restoring
+      -- 1: it took a standby made ahead (a warm fork or create) instead of a restore or a boot
       ALTER TABLE instances ADD COLUMN warm_fork INTEGER NOT NULL DEFAULT 0;`,
   },
 ];

@@ -41,7 +41,8 @@ async function source(n: FakeNode): Promise<{ id: string; ck: string }> {
   return { id, ck };
 }
 
-const standbys = (n: FakeNode) => n.fp.checkpoints.warm.held();
+/** The forks' standbys (creates leave standbys of their images too: see the creates' tests). */
+const standbys = (n: FakeNode) => n.fp.warm.held().filter((s) => !s.key.startsWith('image:'));
 
 async function until(fn: () => Promise<boolean>, ms = 10_000): Promise<void> {
   for (const end = Date.now() + ms; !(await fn()); ) {
@@ -55,9 +56,9 @@ describe('warm forks', () => {
     const n = await node();
     const { id, ck } = await source(n);
     const first = await fork(n, id, { checkpoint_id: ck });
-    await n.fp.checkpoints.warm.settled();
+    await n.fp.warm.settled();
     const [standby] = standbys(n);
-    expect(standby?.checkpointId).toBe(ck);
+    expect(standby?.key).toBe(ck);
     expect(n.host.frozen.has(standby!.id)).toBe(true);
     // Nobody's to see: not listed, not found, not counted.
     expect((await n.call('GET', '/instances')).body.items.map((i: { id: string }) => i.id).sort()).toEqual([first, id].sort());
@@ -74,20 +75,21 @@ describe('warm forks', () => {
     expect(await sh(n, second, 'get counter')).toBe('1');
     expect(await sh(n, second, 'cat /work/a.txt')).toBe('one');
     // And the pool fills again for the next one.
-    await n.fp.checkpoints.warm.settled();
-    expect(standbys(n).map((s) => s.checkpointId)).toEqual([ck]);
+    await n.fp.warm.settled();
+    expect(standbys(n).map((s) => s.key)).toEqual([ck]);
     // An operator sees both kinds of fork, and what is held.
     const metrics = (await n.call('GET', '/metrics')).raw;
     expect(metrics).toMatch(/^forkpoint_forks_total\{kind="warm"\} 1$/m);
     expect(metrics).toMatch(/^forkpoint_forks_total\{kind="cold"\} 1$/m);
-    expect(metrics).toMatch(/^forkpoint_warm_fork_standbys 1$/m);
+    // This fork's standby, and the one the source's create left of its image.
+    expect(metrics).toMatch(/^forkpoint_warm_standbys 2$/m);
   });
 
   it('a warm fork past the owner\'s quota is refused as a cold one would be (429), and the standby stays for later', async () => {
     const n = await node({ ownerMaxInstances: 3 });
     const { id, ck } = await source(n);
     await fork(n, id, { checkpoint_id: ck });
-    await n.fp.checkpoints.warm.settled();
+    await n.fp.warm.settled();
     const [standby] = standbys(n);
     expect(standby).toBeDefined();
     // A create first in line for the owner's last place, the fork (past the first check) second.
@@ -111,7 +113,7 @@ describe('warm forks', () => {
     const n = await node();
     const { id, ck } = await source(n);
     await fork(n, id, { checkpoint_id: ck });
-    await n.fp.checkpoints.warm.settled();
+    await n.fp.warm.settled();
     const [standby] = standbys(n);
     expect((await n.call('DELETE', `/instances/${id}/checkpoints/${ck}`)).status).toBe(204);
     expect(standbys(n)).toEqual([]);
@@ -120,7 +122,7 @@ describe('warm forks', () => {
 
     const ck2 = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
     await fork(n, id, { checkpoint_id: ck2 });
-    await n.fp.checkpoints.warm.settled();
+    await n.fp.warm.settled();
     const [again] = standbys(n);
     // A server killed with its standbys held: the next start removes them.
     const sandboxes = n.host.running;
@@ -134,7 +136,7 @@ describe('warm forks', () => {
     const off = await node({ warmForks: 0 });
     const { id, ck } = await source(off);
     await fork(off, id, { checkpoint_id: ck });
-    await off.fp.checkpoints.warm.settled();
+    await off.fp.warm.settled();
     expect(standbys(off)).toEqual([]);
 
     const n = await node();
@@ -142,7 +144,7 @@ describe('warm forks', () => {
     const filesOnly = (await n.call('POST', `/instances/${s.id}/checkpoints?wait=true`, { memory: false })).body.id as string;
     await fork(n, s.id, { checkpoint_id: filesOnly });
     await fork(n, s.id, { checkpoint_id: s.ck, volumes: 'none' });
-    await n.fp.checkpoints.warm.settled();
+    await n.fp.warm.settled();
     expect(standbys(n)).toEqual([]);
   });
 
@@ -151,7 +153,7 @@ describe('warm forks', () => {
     expect((await n.call('POST', '/templates', { name: 'tpl', from_image: 'default', start_command: 'sleep 1000' })).status).toBe(201);
     const a = await n.call('POST', '/instances', { template: 'tpl' });
     expect(a.status, JSON.stringify(a.body)).toBe(201);
-    await n.fp.checkpoints.warm.settled();
+    await n.fp.warm.settled();
     const [standby] = standbys(n);
     expect(standby).toBeDefined();
     const b = await n.call('POST', '/instances', { template: 'tpl', name: 'bee', env: { WHO: 'b' }, metadata: { k: 'v' } });
@@ -160,7 +162,7 @@ describe('warm forks', () => {
     expect([b.body.name, b.body.image, b.body.metadata]).toEqual(['bee', 'tpl', { k: 'v' }]);
     expect((await n.fp.store.instances.get(b.body.id))!.env.WHO).toBe('b');
     expect(n.host.calls).toContain(`activate ${b.body.id} bee`);
-    await n.fp.checkpoints.warm.settled();
+    await n.fp.warm.settled();
     const [next] = standbys(n);
     const c = await n.call('POST', '/instances', { template: 'tpl', limits: { memory_mb: 300 } });
     expect(c.status, JSON.stringify(c.body)).toBe(201);
@@ -192,5 +194,44 @@ describe('warm forks', () => {
     const n = await node();
     await expect(n.fp.store.tokens.create('@standby/default', 'x')).rejects.toThrow(/may not begin with @ or ~/);
     await expect(n.fp.store.tokens.create('~template:default', 'x')).rejects.toThrow(/may not begin with @ or ~/);
+  });
+});
+
+describe('warm creates', () => {
+  const imageStandbys = (n: FakeNode) => n.fp.warm.held().filter((s) => s.key === 'image:default');
+
+  it('a create leaves a standby of its image booted and frozen; the next create of that image takes it, with its own name, variables and metadata', async () => {
+    const n = await node();
+    const first = await n.call('POST', '/instances', {});
+    expect([first.status, first.body.warm_fork]).toEqual([201, false]);
+    await n.fp.warm.settled();
+    const [standby] = imageStandbys(n);
+    expect(standby).toBeDefined();
+    expect(n.host.frozen.has(standby!.id)).toBe(true);
+    expect((await n.call('GET', '/instances')).body.items.map((i: { id: string }) => i.id)).toEqual([first.body.id]);
+
+    const second = await n.call('POST', '/instances', { name: 'quick', env: { WHO: 'me' }, metadata: { k: 'v' } });
+    expect(second.status, JSON.stringify(second.body)).toBe(201);
+    expect([second.body.id, second.body.name, second.body.metadata, second.body.warm_fork, second.body.status]).toEqual([standby!.id, 'quick', { k: 'v' }, true, 'running']);
+    expect(n.host.frozen.has(second.body.id)).toBe(false);
+    expect(n.host.calls).toContain(`activate ${second.body.id} quick`);
+    // The image's variables are the instance's too, as a cold create's are, with the create's.
+    expect((await n.fp.store.instances.get(second.body.id))!.env).toEqual({ ...(await n.fp.store.instances.get(first.body.id))!.env, WHO: 'me' });
+    await n.fp.warm.settled();
+    expect(imageStandbys(n)).toHaveLength(1);
+  });
+
+  it('a create asking for other limits, volumes or secrets boots as before and leaves the standby for later', async () => {
+    const n = await node();
+    await n.call('POST', '/instances', {});
+    await n.fp.warm.settled();
+    const [standby] = imageStandbys(n);
+    const bigger = await n.call('POST', '/instances', { limits: { memory_mb: 300 } });
+    expect(bigger.status, JSON.stringify(bigger.body)).toBe(201);
+    expect([bigger.body.id === standby!.id, bigger.body.warm_fork]).toEqual([false, false]);
+    expect((await n.call('POST', '/volumes', { name: 'v', size_mb: 64 })).status).toBe(201);
+    const mounted = await n.call('POST', '/instances', { volumes: [{ name: 'v', path: '/data' }] });
+    expect([mounted.status, mounted.body.id === standby!.id]).toEqual([201, false]);
+    expect(imageStandbys(n).map((s) => s.id)).toEqual([standby!.id]);
   });
 });
