@@ -576,9 +576,9 @@ export class CheckpointService {
       const made: string[] = [];
       const warm: string[] = [];
       const forOwner = as.owner ?? owner;
-      // Warm forks: an owner's own forks, and a template's instances, of a memory checkpoint, with
-      // the source's volumes (a template's have none).
-      const warmable = images !== undefined && input.volumes !== 'none' && (instead ? as.warm === true : forOwner === owner);
+      // Warm forks: an owner's own forks, and a template's instances, of a memory checkpoint of a
+      // source that mounts no volume (a standby would hold the owner's data and the volume in use).
+      const warmable = images !== undefined && source.volumes.every((v) => v.volumeId === null) && input.volumes !== 'none' && (instead ? as.warm === true : forOwner === owner);
       const t = performance.now();
       const results = await Promise.allSettled(
         Array.from({ length: count }, async (_, i) => {

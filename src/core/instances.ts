@@ -1,4 +1,4 @@
-import { UidRangePool } from './uid-ranges.js';
+import { UidRangePool, UidRangesExhaustedError } from './uid-ranges.js';
 import { checkAgainstHost, checkOwnerQuota, hostCapacity, ownerQuotaOf, type HostCapacity, type OwnerUsage } from './quotas.js';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
@@ -17,7 +17,7 @@ import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
 import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError, QuotaExceededError } from './errors.js';
 import { ownerRecordsLock, type KeyedLock } from './jobs.js';
-import { standbyKeyOf, standbyOwnerOf, StandbyUnfitError, type Standby, type WarmForks } from './warm-forks.js';
+import { isStandby, standbyKeyOf, standbyOwnerOf, StandbyUnfitError, type Standby, type WarmForks } from './warm-forks.js';
 import type { VolumeRequest, VolumeService } from './volumes.js';
 import type { EgressSecretService, SecretRequest } from './egress-secrets.js';
 
@@ -283,7 +283,7 @@ export class InstanceService {
     };
     // One owner's records are taken one at a time on a node, so that two creates cannot both
     // fit the last of its quota.
-    await this.locks.run(ownerRecordsLock(owner), () => this.store.transaction(async (tx) => {
+    const take = () => this.locks.run(ownerRecordsLock(owner), () => this.store.transaction(async (tx) => {
       await this.checkQuota(owner, rec.limits, 1, await tx.instances.usageOf(owner));
       // Checked before, but a deletion may have come in between; deletions take this lock too.
       for (const v of rec.volumes) {
@@ -296,6 +296,17 @@ export class InstanceService {
       await tx.instances.insert(rec);
       await tx.layers.setRefs(`instance:${rec.id}`, rec.layers);
     }));
+    try {
+      await take();
+    } catch (err) {
+      // Standbys hold addresses and uid ranges of the pools every owner shares: an instance
+      // someone asked for comes first, so they give theirs up and the record is taken again.
+      const exhausted = err instanceof AddressesExhaustedError || err instanceof UidRangesExhaustedError;
+      if (!exhausted || isStandby(rec) || !(await this.warm.release())) throw err;
+      rec.address = null;
+      rec.uidBase = null;
+      await take();
+    }
     return rec;
   }
 

@@ -209,6 +209,16 @@ export class WarmForks {
     await Promise.all(this.discarding);
   }
 
+  /** Every ready standby goes, now, its address and uid range with it (a pool every owner
+   * shares ran out: what someone asked for comes first). Whether there was any. */
+  async release(): Promise<boolean> {
+    const all = [...this.ready.values()];
+    this.ready.clear();
+    await Promise.all(all.map((s) => this.discard(s)));
+    if (all.length) this.log.info({ standbys: all.length }, 'warm standbys given up: a shared pool (addresses, uid ranges) ran out');
+    return all.length > 0;
+  }
+
   /** Standbys ready now (for metrics and tests). */
   held(): Standby[] {
     return [...this.ready.values()];

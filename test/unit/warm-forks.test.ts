@@ -235,3 +235,29 @@ describe('warm creates', () => {
     expect(imageStandbys(n).map((s) => s.id)).toEqual([standby!.id]);
   });
 });
+
+describe('warm standbys and the pools every owner shares', () => {
+  it('a create that finds the uid ranges (or addresses) held by standbys gets one: the standbys give theirs up', async () => {
+    const n = await node({ uidRanges: 2 });
+    expect((await n.call('POST', '/instances', {})).status).toBe(201);
+    await n.fp.warm.settled();
+    expect(n.fp.warm.held()).toHaveLength(1);
+    // Other limits: not the standby's to stand in for, and the last range is the standby's.
+    const other = await n.call('POST', '/instances', { limits: { memory_mb: 300 } });
+    expect(other.status, JSON.stringify(other.body)).toBe(201);
+    // Both ranges are instances' now: the next standby cannot be made, and none is.
+    await n.fp.warm.settled();
+    expect(n.fp.warm.held()).toEqual([]);
+  });
+
+  it('a fork of an instance that mounts a volume leaves no standby (it would hold the owner\'s data, and the volume in use)', async () => {
+    const n = await node();
+    expect((await n.call('POST', '/volumes', { name: 'v', size_mb: 64 })).status).toBe(201);
+    const id = (await n.call('POST', '/instances', { volumes: [{ name: 'v', path: '/data' }] })).body.id as string;
+    const ck = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
+    await fork(n, id, { checkpoint_id: ck });
+    await n.fp.warm.settled();
+    expect(standbys(n)).toEqual([]);
+    expect((await n.call('GET', '/volumes/v')).body.instances).toHaveLength(2);
+  });
+});
