@@ -19,6 +19,8 @@ export interface FakeNode {
   token: string;
   /** JSON through `app.inject` with the node's token (or the given headers). */
   call(method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE', url: string, payload?: object | string, headers?: Record<string, string>): Promise<{ status: number; body: any; raw: string; headers: Record<string, unknown> }>;
+  /** A command's standard output, trimmed, through the exec route (an error unless it answers 200). */
+  sh(id: string, command: string): Promise<string>;
   /** Stops this server (its sandboxes run on, on the fake host) and starts another on the same
    * data directory and host (with these system images, if given). */
   restart(images?: string[]): Promise<FakeNode>;
@@ -57,6 +59,11 @@ export async function startFakeNode(config: Partial<ConfigInput> = {}, reuse?: {
         body = r.body;
       }
       return { status: r.statusCode, body, raw: r.body, headers: r.headers };
+    },
+    async sh(id, command) {
+      const r = await node.call('POST', `/instances/${id}/exec`, { command });
+      if (r.status !== 200) throw new Error(`exec ${command} in ${id}: ${r.status} ${JSON.stringify(r.body)}`);
+      return (r.body.stdout as string).trim();
     },
     async restart(nextImages) {
       await stop();

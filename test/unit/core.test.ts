@@ -16,11 +16,6 @@ const node = async (config = {}) => {
   return n;
 };
 
-const sh = async (n: FakeNode, id: string, command: string) => {
-  const r = await n.call('POST', `/instances/${id}/exec`, { command });
-  expect(r.status, JSON.stringify(r.body)).toBe(200);
-  return (r.body.stdout as string).trim();
-};
 const create = async (n: FakeNode, body: object = {}) => {
   const r = await n.call('POST', '/instances', body);
   expect(r.status, JSON.stringify(r.body)).toBe(201);
@@ -41,16 +36,16 @@ describe('checkpoint, rollback and fork keep files and memory', () => {
   it('a rollback brings back the checkpoint\'s files and memory, and drops what came after', async () => {
     const n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 1');
+    await n.sh(id, 'set counter 1');
     await putFile(n, id, '/work/a.txt', 'one');
     const ck = await checkpoint(n, id);
-    await sh(n, id, 'set counter 2');
+    await n.sh(id, 'set counter 2');
     await putFile(n, id, '/work/a.txt', 'two');
     await putFile(n, id, '/work/b.txt', 'after');
     const rb = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
     expect(rb.status, JSON.stringify(rb.body)).toBe(200);
-    expect(await sh(n, id, 'get counter')).toBe('1');
-    expect(await sh(n, id, 'cat /work/a.txt')).toBe('one');
+    expect(await n.sh(id, 'get counter')).toBe('1');
+    expect(await n.sh(id, 'cat /work/a.txt')).toBe('one');
     expect((await n.call('POST', `/instances/${id}/exec`, { command: 'cat /work/b.txt' })).body.exit_code).toBe(1);
     expect(await status(n, id)).toBe('running');
   });
@@ -58,15 +53,15 @@ describe('checkpoint, rollback and fork keep files and memory', () => {
   it('forks start from the checkpoint, each on its own files', async () => {
     const n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 7');
+    await n.sh(id, 'set counter 7');
     await putFile(n, id, '/f', 'base');
     const ck = await checkpoint(n, id);
     const r = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck, count: 2 });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     const [a, b] = (r.body.instances as { id: string }[]).map((i) => i.id) as [string, string];
-    expect([await sh(n, a, 'get counter'), await sh(n, b, 'cat /f')]).toEqual(['7', 'base']);
+    expect([await n.sh(a, 'get counter'), await n.sh(b, 'cat /f')]).toEqual(['7', 'base']);
     await putFile(n, a, '/f', 'changed in a');
-    expect([await sh(n, b, 'cat /f'), await sh(n, id, 'cat /f')]).toEqual(['base', 'base']);
+    expect([await n.sh(b, 'cat /f'), await n.sh(id, 'cat /f')]).toEqual(['base', 'base']);
   });
 
   it('a fork is all or nothing: when one restore fails, no fork is left, running or recorded', async () => {
@@ -85,14 +80,14 @@ describe('checkpoint, rollback and fork keep files and memory', () => {
   it('a hibernated instance wakes with its memory and files', async () => {
     const n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 3');
+    await n.sh(id, 'set counter 3');
     await putFile(n, id, '/kept', 'yes');
     expect((await n.call('POST', `/instances/${id}/hibernate`)).status).toBe(200);
     expect(await status(n, id)).toBe('hibernated');
     expect(n.host.running.has(id)).toBe(false);
     // Any call wakes it.
-    expect(await sh(n, id, 'get counter')).toBe('3');
-    expect(await sh(n, id, 'cat /kept')).toBe('yes');
+    expect(await n.sh(id, 'get counter')).toBe('3');
+    expect(await n.sh(id, 'cat /kept')).toBe('yes');
     expect(await status(n, id)).toBe('running');
   });
 });
@@ -142,14 +137,14 @@ describe('checkpoints of running instances with a small upper', () => {
   it('copy it in a freeze (files only: no dump; with memory: dumped, left running; the instance stays on its upper); a large one is frozen by rename', async () => {
     const n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 1');
+    await n.sh(id, 'set counter 1');
     await putFile(n, id, '/work/a.txt', 'one');
     await putFile(n, id, '/work/gone.txt', 'deleted after the checkpoint');
     const layersBefore = (await n.fp.store.instances.get(id))!.layers;
     const copied = await checkpoint(n, id, { memory: false });
     expect(n.host.calls.filter((c) => c.startsWith(`copy upper ${id}`) || c.startsWith(`checkpoint ${id}`))).toEqual([expect.stringMatching(/^copy upper /)]);
     // Its processes never stopped, and it stands on what it stood on.
-    expect(await sh(n, id, 'get counter')).toBe('1');
+    expect(await n.sh(id, 'get counter')).toBe('1');
     expect((await n.fp.store.instances.get(id))!.layers).toEqual(layersBefore);
     const del = await n.app.inject({ method: 'DELETE', url: `/instances/${id}/files?path=/work/gone.txt`, headers: { authorization: `Bearer ${n.token}` } });
     expect(del.statusCode, del.body).toBeLessThan(300);
@@ -158,24 +153,24 @@ describe('checkpoints of running instances with a small upper', () => {
     // processes, left running.
     const later = await checkpoint(n, id);
     expect(n.host.calls.at(-1)).toMatch(new RegExp(`^copy upper ${id} \\S+ with memory$`));
-    expect(await sh(n, id, 'get counter')).toBe('1');
+    expect(await n.sh(id, 'get counter')).toBe('1');
     expect((await n.call('POST', `/instances/${id}/exec`, { command: 'cat /work/gone.txt' })).body.exit_code).toBe(1);
     for (const [ck, a, gone] of [[copied, 'one', 0], [later, 'two', 1], [copied, 'one', 0]] as const) {
       const rb = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
       expect(rb.status, JSON.stringify(rb.body)).toBe(200);
-      expect(await sh(n, id, 'cat /work/a.txt')).toBe(a);
+      expect(await n.sh(id, 'cat /work/a.txt')).toBe(a);
       expect((await n.call('POST', `/instances/${id}/exec`, { command: 'cat /work/gone.txt' })).body.exit_code).toBe(gone);
     }
     // A fork of the copy has its files.
     const fork = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: copied });
     expect(fork.status, JSON.stringify(fork.body)).toBe(201);
-    expect(await sh(n, (fork.body.instances?.[0] ?? fork.body).id as string, 'cat /work/a.txt')).toBe('one');
+    expect(await n.sh((fork.body.instances?.[0] ?? fork.body).id as string, 'cat /work/a.txt')).toBe('one');
 
     n.host.upperCopyLimit = 0;
     await putFile(n, id, '/work/c.txt', 'big upper');
     await checkpoint(n, id, { memory: false });
     expect(n.host.calls.at(-1)).toMatch(new RegExp(`^checkpoint ${id} `));
-    expect(await sh(n, id, 'cat /work/c.txt')).toBe('big upper');
+    expect(await n.sh(id, 'cat /work/c.txt')).toBe('big upper');
   });
 
   it('a copied upper goes with its checkpoint', async () => {
@@ -238,7 +233,7 @@ describe('retention and pins', () => {
     const fork = (await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck })).body.id as string;
     expect((await n.call('DELETE', `/instances/${id}/checkpoints/${ck}`)).status).toBe(204);
     expect((await n.call('DELETE', `/instances/${id}`)).status).toBe(204);
-    expect(await sh(n, fork, 'cat /data')).toBe('in the layer');
+    expect(await n.sh(fork, 'cat /data')).toBe('in the layer');
   });
 });
 
@@ -256,18 +251,18 @@ describe('failures leave nothing half-done', () => {
   it('a failed dump leaves the instance running as it was, and the checkpoint failed', async () => {
     const n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 5');
+    await n.sh(id, 'set counter 5');
     n.host.failAt('dump');
     const r = await n.call('POST', `/instances/${id}/checkpoints?wait=true`, {});
     expect([r.status, r.body.status]).toEqual([200, 'failed']);
     expect(await status(n, id)).toBe('running');
-    expect(await sh(n, id, 'get counter')).toBe('5');
+    expect(await n.sh(id, 'get counter')).toBe('5');
   });
 
   it('a rollback whose restore fails leaves the instance in error, with no process left, and a second rollback mends it', async () => {
     const n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 1');
+    await n.sh(id, 'set counter 1');
     const ck = await checkpoint(n, id);
     n.host.failAt('replace');
     const r = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
@@ -275,7 +270,7 @@ describe('failures leave nothing half-done', () => {
     expect(n.host.running.has(id)).toBe(false);
     expect(await status(n, id)).toBe('error');
     expect((await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck })).status).toBe(200);
-    expect(await sh(n, id, 'get counter')).toBe('1');
+    expect(await n.sh(id, 'get counter')).toBe('1');
   });
 });
 
@@ -283,19 +278,19 @@ describe('a restart of the server', () => {
   it('adopts a sandbox it left frozen (stopped while its lease was in doubt), thawed, memory intact', async () => {
     let n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 4');
+    await n.sh(id, 'set counter 4');
     await n.fp.engine.freeze(id);
     n = await n.restart();
     nodes.push(n);
     expect(n.host.frozen.has(id)).toBe(false);
     expect(await status(n, id)).toBe('running');
-    expect(await sh(n, id, 'get counter')).toBe('4');
+    expect(await n.sh(id, 'get counter')).toBe('4');
   });
 
   it('adopts the sandboxes that ran on: memory, files and status as they were', async () => {
     let n = await node();
     const id = await create(n);
-    await sh(n, id, 'set counter 9');
+    await n.sh(id, 'set counter 9');
     await putFile(n, id, '/x', 'kept');
     const pid = n.host.running.get(id)!.pid;
     n = await n.restart();
@@ -303,8 +298,8 @@ describe('a restart of the server', () => {
     expect(n.host.calls.filter((c) => c.startsWith('adopt'))).toEqual([`adopt ${id}`]);
     expect(n.host.running.get(id)!.pid).toBe(pid);
     expect(await status(n, id)).toBe('running');
-    expect(await sh(n, id, 'get counter')).toBe('9');
-    expect(await sh(n, id, 'cat /x')).toBe('kept');
+    expect(await n.sh(id, 'get counter')).toBe('9');
+    expect(await n.sh(id, 'cat /x')).toBe('kept');
   });
 });
 

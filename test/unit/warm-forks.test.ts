@@ -16,11 +16,6 @@ const node = async (config = {}) => {
   return n;
 };
 
-const sh = async (n: FakeNode, id: string, command: string) => {
-  const r = await n.call('POST', `/instances/${id}/exec`, { command });
-  expect(r.status, JSON.stringify(r.body)).toBe(200);
-  return (r.body.stdout as string).trim();
-};
 const putFile = async (n: FakeNode, id: string, path: string, content: string) => {
   const r = await n.app.inject({ method: 'PUT', url: `/instances/${id}/files?path=${encodeURIComponent(path)}`, headers: { authorization: `Bearer ${n.token}`, 'content-type': 'application/octet-stream' }, payload: Buffer.from(content) });
   expect(r.statusCode, r.body).toBeLessThan(300);
@@ -34,10 +29,10 @@ const fork = async (n: FakeNode, id: string, body: object) => {
 /** An instance with a counter in memory and a file, and a memory checkpoint of it. */
 async function source(n: FakeNode): Promise<{ id: string; ck: string }> {
   const id = (await n.call('POST', '/instances', {})).body.id as string;
-  await sh(n, id, 'set counter 1');
+  await n.sh(id, 'set counter 1');
   await putFile(n, id, '/work/a.txt', 'one');
   const ck = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
-  await sh(n, id, 'set counter 2');
+  await n.sh(id, 'set counter 2');
   return { id, ck };
 }
 
@@ -72,8 +67,8 @@ describe('warm forks', () => {
     const view = (await n.call('GET', `/instances/${second}`)).body;
     expect([view.name, view.status, view.source_checkpoint_id, view.warm_fork]).toEqual(['warm-one', 'running', ck, true]);
     expect((await n.call('GET', `/instances/${first}`)).body.warm_fork).toBe(false);
-    expect(await sh(n, second, 'get counter')).toBe('1');
-    expect(await sh(n, second, 'cat /work/a.txt')).toBe('one');
+    expect(await n.sh(second, 'get counter')).toBe('1');
+    expect(await n.sh(second, 'cat /work/a.txt')).toBe('one');
     // And the pool fills again for the next one.
     await n.fp.warm.settled();
     expect(standbys(n).map((s) => s.key)).toEqual([ck]);
