@@ -427,11 +427,12 @@ export class InstanceService {
     // A create from an image with nothing of its own to mount or bind: a standby booted ahead
     // (warm-forks.ts) stands in for it when there is one, and one is made for the next.
     const warmFrom = !image && !input.volumes?.length && !input.secrets?.length && (input.userNamespace ?? this.userNamespacesByDefault) === this.userNamespacesByDefault ? input.image ?? this.config.defaultImage : undefined;
-    if (warmFrom !== undefined) {
-      const standby = this.warm.take(standbyKeyOf({ kind: 'create', image: warmFrom }), owner);
-      const taken = standby && (await this.takeBootedStandby(standby, owner, warmFrom, input));
-      this.warm.refill({ kind: 'create', image: warmFrom }, owner);
-      if (taken) return taken;
+    const refill = () => warmFrom !== undefined && this.warm.refill({ kind: 'create', image: warmFrom }, owner);
+    const standby = warmFrom !== undefined ? this.warm.take(standbyKeyOf({ kind: 'create', image: warmFrom }), owner) : undefined;
+    const taken = standby && warmFrom !== undefined && (await this.takeBootedStandby(standby, owner, warmFrom, input));
+    if (taken) {
+      refill();
+      return taken;
     }
     const rec = await this.newRecord(owner, input, undefined, image);
     try {
@@ -444,6 +445,7 @@ export class InstanceService {
       // Its tools trust its egress CA before anything of the caller's runs (forks have it already).
       const sb = this.engine.sandbox(rec.id);
       if (rec.egressCa && sb) booted = await this.store.instances.update(rec.id, { env: { ...booted.env, ...(await this.secrets.installCa(rec, sb)) } });
+      refill();
       return booted;
     } catch (err) {
       // Out of space is not the instance's fault: nothing of it stays for a retry to trip on.
