@@ -124,6 +124,24 @@ describe('warm forks', () => {
     for (const id of [a.id, b.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
   });
 
+  it('a create from an image takes the standby the last create of it left: booted, frozen until then, its own name, variables, address and range', async () => {
+    const imageStandbys = () => s.fp.warm.held().filter((h) => h.key === 'image:default');
+    const a = await s.instance({});
+    await s.fp.warm.settled();
+    const [standby] = imageStandbys();
+    expect(standby).toBeDefined();
+    expect(freezerState(standby!.id)).toBe('FROZEN');
+    const b = (await s.api('POST', '/instances', { name: 'warm-made', env: { WHO: 'b' } })).body;
+    expect([b.id, b.warm_fork, b.status]).toEqual([standby!.id, true, 'running']);
+    expect(freezerState(b.id)).toBe('THAWED');
+    expect((await sh(b.id, 'echo $WHO; hostname; id -u')).stdout).toBe('b\nwarm-made\n0\n');
+    const [ra, rb] = await Promise.all([s.fp.store.instances.get(a.id), s.fp.store.instances.get(b.id)]);
+    expect(rb!.address).not.toBe(ra!.address);
+    expect(rb!.uidBase).not.toBe(ra!.uidBase);
+    for (const uid of hostUids(b.id)) expect(uid >= rb!.uidBase! && uid < rb!.uidBase! + 65536, `uid ${uid}`).toBe(true);
+    for (const id of [a.id, b.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
+  });
+
   it('a server killed (-9) while it holds a standby removes it at its next start: its processes, disk and record', async () => {
     const dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-warm-test-'));
     const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(`${dataDir}/instances/`)).length;
