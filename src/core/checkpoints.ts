@@ -569,9 +569,13 @@ export class CheckpointService {
     }
     try {
       c = await this.ready(c);
-      await this.observer.needed(c.id);
-      this.requireBaseHere(c);
-      await requireRoom(this.engine);
+      // What a restore here needs (a warm fork needs none of it: its standby is here, restored).
+      let restorable: Promise<void> | undefined;
+      const canRestore = () => (restorable ??= (async () => {
+        await this.observer.needed(c.id);
+        this.requireBaseHere(c);
+        await requireRoom(this.engine);
+      })());
       const images = c.memory ? c.id : undefined;
       const made: string[] = [];
       const warm: string[] = [];
@@ -593,6 +597,7 @@ export class CheckpointService {
               return taken;
             }
           }
+          await canRestore();
           const rec = await this.instances.newRecord(forOwner, createInput, from);
           made.push(rec.id);
           return this.locks.run(rec.id, async () => {
