@@ -17,7 +17,7 @@ import { requireRoom, shortOfRoom } from './space.js';
 import { watchesResumed } from './file-watch.js';
 import { failpoint } from '../lib/failpoints.js';
 import { templateOwner } from '../store/templates.js';
-import { standbyOwnerOf, StandbyUnfitError, type Standby, type StandbyRecipe, type WarmForks } from './warm-forks.js';
+import { standbyOwnerOf, StandbyUnfitError, type Standby, type StandbyRecipe, type WarmStandbys } from './warm-standbys.js';
 
 export interface CreateCheckpoint {
   label?: string | undefined;
@@ -54,7 +54,7 @@ export interface CheckpointObserver {
 export interface ForkAs {
   owner?: string | undefined;
   create?: CreateInstance | undefined;
-  /** Keep a standby of the checkpoint for the owner's next such fork (warm-forks.ts): a
+  /** Keep a standby of the checkpoint for the owner's next such fork (warm-standbys.ts): a
    * template's instances are made again and again; an owner's own forks always are. */
   warm?: boolean | undefined;
 }
@@ -112,7 +112,7 @@ export class CheckpointService {
     private readonly executions: ExecutionService,
     private readonly log: Logger,
     /** Sandboxes restored ahead for the next forks of checkpoints forked from. */
-    private readonly warm: WarmForks,
+    private readonly warm: WarmStandbys,
   ) {}
 
   async get(owner: string, instanceId: string, id: string): Promise<CheckpointRecord> {
@@ -653,7 +653,7 @@ export class CheckpointService {
 
   /** A warm fork's standby for `owner`'s next fork of the checkpoint (or, `template`, its next
    * instance of the template whose checkpoint it is), made as that fork would be with nothing
-   * asked, restored and held frozen under the server's own owner (warm-forks.ts). */
+   * asked, restored and held frozen under the server's own owner (warm-standbys.ts). */
   async makeStandby(recipe: Extract<StandbyRecipe, { kind: 'fork' }>, owner: string): Promise<Pick<Standby, 'id' | 'processes' | 'imageKey'>> {
     const { checkpointId, sourceId, template } = recipe;
     const [c, source] = await Promise.all([this.store.checkpoints.get(checkpointId), this.store.instances.get(sourceId)]);

@@ -6,7 +6,7 @@ import type { Store } from '../store/index.js';
 import type { InstanceRecord } from '../store/instances.js';
 import type { NodeRecord } from '../store/nodes.js';
 import { isStoreAway } from './errors.js';
-import { isStandby } from './warm-forks.js';
+import { isStandby } from './warm-standbys.js';
 
 /** Where an instance is, as seen from this node. */
 export type Placement =
@@ -208,7 +208,7 @@ export class Cluster {
     // meanwhile keeps it), and its instances are lost in the same transaction.
     const lost = await this.store.transaction(async (tx) => {
       const ids = await tx.instances.markLost(await tx.nodes.endLeases(silent, cutoff));
-      // Their warm forks' standbys are nobody's and no node will take them: their records (an
+      // Their warm standbys are nobody's and no node will take them: their records (an
       // address, a uid range each) go now; the node, if it comes back, removes their sandboxes
       // as it does whatever the store does not know.
       const kept: string[] = [];

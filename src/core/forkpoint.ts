@@ -38,7 +38,7 @@ import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 import { Cluster, nodeIdOf } from './cluster.js';
-import { isStandby, standbyKeyOf, WarmForks } from './warm-forks.js';
+import { isStandby, standbyKeyOf, WarmStandbys } from './warm-standbys.js';
 
 export interface HealthReport {
   ok: boolean;
@@ -102,8 +102,8 @@ export class Forkpoint {
   readonly secrets: EgressSecretService;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
-  /** Sandboxes restored or booted ahead for the next forks and creates (warm-forks.ts). */
-  readonly warm: WarmForks;
+  /** Sandboxes restored or booted ahead for the next forks and creates (warm-standbys.ts). */
+  readonly warm: WarmStandbys;
   readonly files: FileService;
   /** Persistent volumes' own files, with no instance (E2B's volume content API). */
   readonly volumeFiles: FileService;
@@ -167,7 +167,7 @@ export class Forkpoint {
     this.volumes = new VolumeService(this.store, this.engine, locks, { maxMb: config.maxVolumeMb, ownerMaxMb: config.ownerMaxVolumeMb }, nodeId, log);
     this.secrets = new EgressSecretService(this.store, secretsKey, log);
     // One pool of standbys for forks and creates; made by the service whose call it stands in for.
-    this.warm = new WarmForks({ count: config.warmForks, memoryBytes: config.warmForksMemoryMb * 1024 * 1024 }, {
+    this.warm = new WarmStandbys({ count: config.warmForks, memoryBytes: config.warmForksMemoryMb * 1024 * 1024 }, {
       make: (recipe, owner) => (recipe.kind === 'fork' ? this.checkpoints.makeStandby(recipe, owner) : this.instances.makeStandby(recipe.image, owner)),
       discard: (id) => this.instances.discard(id),
       memoryOf: (id) => this.engine.memoryInUse(id),
@@ -273,7 +273,7 @@ export class Forkpoint {
     await rm(this.layout.contexts, { recursive: true, force: true });
     await this.checkpoints.recover();
     await recovery.recover();
-    // Warm forks a previous run held: made again when their checkpoints are forked from.
+    // Standbys a previous run held: the next forks and creates make them again.
     for (const rec of await this.instances.local()) if (isStandby(rec)) await this.instances.discard(rec.id);
     await this.builds.recover();
     // Build steps nobody built again for a week: their layers are kept for nothing.

@@ -17,7 +17,7 @@ import type { ImageCatalog, ResolvedImage } from './images.js';
 import { requireRoom } from './space.js';
 import { AddressesExhaustedError, ConflictError, InsufficientStorageError, InvalidRequestError, isStoreAway, NotFoundError, QuotaExceededError } from './errors.js';
 import { ownerRecordsLock, type KeyedLock } from './jobs.js';
-import { isStandby, standbyKeyOf, standbyOwnerOf, StandbyUnfitError, type Standby, type WarmForks } from './warm-forks.js';
+import { isStandby, standbyKeyOf, standbyOwnerOf, StandbyUnfitError, type Standby, type WarmStandbys } from './warm-standbys.js';
 import type { VolumeRequest, VolumeService } from './volumes.js';
 import type { EgressSecretService, SecretRequest } from './egress-secrets.js';
 
@@ -94,7 +94,7 @@ export class InstanceService {
     readonly volumes: VolumeService,
     readonly secrets: EgressSecretService,
     /** Sandboxes booted ahead for the next creates from images created from. */
-    private readonly warm: WarmForks,
+    private readonly warm: WarmStandbys,
   ) {
     this.lifecycle = new Lifecycle(store, nodeId);
   }
@@ -310,7 +310,7 @@ export class InstanceService {
     return rec;
   }
 
-  /** A warm fork's standby (held by `from`, warm-forks.ts) becomes `owner`'s instance, as
+  /** A warm fork's standby (held by `from`, warm-standbys.ts) becomes `owner`'s instance, as
    * `newRecord(owner, input, fields)` would have made it: within the owner's quota, with the
    * fork's own name, variables, settings and policy. STANDBY_UNFIT (409) when it was made with
    * other limits than these; STANDBY_GONE when it is no longer `from`'s. Answers the record and
@@ -425,7 +425,7 @@ export class InstanceService {
   async create(owner: string, input: CreateInstance, image?: ResolvedImage): Promise<InstanceRecord> {
     await requireRoom(this.engine);
     // A create from an image with nothing of its own to mount or bind: a standby booted ahead
-    // (warm-forks.ts) stands in for it when there is one, and one is made for the next.
+    // (warm-standbys.ts) stands in for it when there is one, and one is made for the next.
     const warmFrom = !image && !input.volumes?.length && !input.secrets?.length && (input.userNamespace ?? this.userNamespacesByDefault) === this.userNamespacesByDefault ? input.image ?? this.config.defaultImage : undefined;
     const refill = () => warmFrom !== undefined && this.warm.refill({ kind: 'create', image: warmFrom }, owner);
     const standby = warmFrom !== undefined ? this.warm.take(standbyKeyOf({ kind: 'create', image: warmFrom }), owner) : undefined;

@@ -147,7 +147,7 @@ export class Engine implements SandboxRuntime {
     if (!this.copying.has(id) && !this.standing.has(id)) await this.cgroups.thaw(id);
   }
 
-  /** Restored sandboxes held frozen until a fork takes them (`activate`). */
+  /** Sandboxes held frozen until a fork or a create takes them (`activate`): warm standbys. */
   private readonly standing = new Set<string>();
 
   async hold(id: string): Promise<void> {

@@ -87,7 +87,7 @@ export interface InstanceRecord {
   secrets: InstanceSecret[];
   /** Its egress CA, sealed (core/egress-secrets.ts); null: none (no secrets). */
   egressCa: string | null;
-  /** It took a standby made ahead (core/warm-forks.ts) instead of being restored or booted. */
+  /** It took a standby made ahead (core/warm-standbys.ts) instead of being restored or booted. */
   warmFork: boolean;
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;
@@ -393,7 +393,7 @@ export class InstanceStore {
   }
 
   /** Gives the instance to `to` if `from` still holds it (a warm fork taken: see
-   * core/warm-forks.ts), with `patch`; undefined if another took it first. Its creation is now. */
+   * core/warm-standbys.ts), with `patch`; undefined if another took it first. Its creation is now. */
   async handOver(id: string, from: string, to: string, patch: InstancePatch): Promise<InstanceRecord | undefined> {
     const now = new Date().toISOString();
     const r = await this.db

@@ -4,7 +4,7 @@ import type { Db } from './db.js';
 import { newId } from './ids.js';
 import type { Tables } from './schema.js';
 
-/** Owners the server keeps for itself (warm forks' records, core/warm-forks.ts): no token speaks
+/** Owners the server keeps for itself (warm standbys' records, core/warm-standbys.ts): no token speaks
  * for one. Templates' hidden instances are kept under `~template:<owner>` (store/templates.ts). */
 export const RESERVED_OWNER_PREFIX = '@';
 const RESERVED_OWNER = /^[@~]/;

@@ -76,7 +76,7 @@ export interface WarmLimits {
  * first) and per owner. Standbys are the server's own: a restart or a stop removes them, a
  * checkpoint's or an image's deletion removes its own.
  */
-export class WarmForks {
+export class WarmStandbys {
   private readonly ready = new Map<string, Standby>();
   /** Standbys being made, by `owner key`. */
   private readonly making = new Map<string, Promise<void>>();
