@@ -78,6 +78,10 @@ async function startForkpoint(): Promise<Server> {
         if (!page.items?.length) break;
         await Promise.all(page.items.map((i) => fetch(`${url}/instances/${i.id}`, { method: 'DELETE', headers: auth })));
       }
+      // And the templates (the code interpreter's, made on first use): each keeps a stopped
+      // instance of its own, whose address kept the server's network on the host after it stopped.
+      const templates = (await (await fetch(`${url}/templates`, { headers: auth })).json()) as { templates?: { name: string }[] };
+      for (const t of templates.templates ?? []) await fetch(`${url}/templates/${encodeURIComponent(t.name)}`, { method: 'DELETE', headers: auth });
       server.kill('SIGTERM');
       await server;
       await rm(dataDir, { recursive: true, force: true });
