@@ -1,5 +1,5 @@
 /**
- * Issue 25: a fork + its first exec (and a create + its first exec), warm (a standby restored ahead from the checkpoint and held
+ * Issue 25: a fork + its first exec (a rollback + its first exec, a create + its first exec), warm (a standby restored ahead from the checkpoint and held
  * frozen, taken and thawed) next to cold (restored by CRIU on the call), in the same run,
  * interleaved: each round checkpoints a sandbox with a 2 ms ticker, forks it once (cold: the
  * first fork of a checkpoint finds no standby), waits for the standby that fork leaves, and forks
@@ -24,6 +24,17 @@ async function forkAndExec(source: string, checkpointId: string): Promise<{ ms: 
   if (f.status !== 201) throw new Error(JSON.stringify(f.body));
   await exec(f.body.id, 'true');
   return { ms: performance.now() - t, id: f.body.id, warm: f.body.id === standby };
+}
+
+/** Rollback + first exec, in ms; whether a standby was swapped in (the `rollback` event's `warm`). */
+const rollbackWarmth: boolean[] = [];
+s.fp.events.tap((e) => e.type === 'rollback' && rollbackWarmth.push(e.data.warm === true));
+async function rollbackAndExec(id: string, checkpointId: string): Promise<{ ms: number; warm: boolean }> {
+  const t = performance.now();
+  const r = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: checkpointId });
+  if (r.status !== 200) throw new Error(JSON.stringify(r.body));
+  await exec(id, 'true');
+  return { ms: performance.now() - t, warm: rollbackWarmth.at(-1) === true };
 }
 
 /** Create + first exec, in ms; whether a standby was taken. */
@@ -63,6 +74,28 @@ try {
     (second.warm ? warm : unwarm).push(second.ms);
   }
   if (unwarm.length) console.log(`${unwarm.length} of ${N} second forks found no standby ready (taken cold)`);
+  // Rollbacks: the first to a new checkpoint restores (cold); it leaves a standby of that
+  // checkpoint, which the second swaps in (warm).
+  const rollbackCold: number[] = [];
+  const rollbackWarm: number[] = [];
+  const rollbackUnwarm: number[] = [];
+  for (let i = -1; i < N; i++) {
+    const ck = await s.api('POST', `/instances/${source}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
+    if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
+    // The last round's standby goes first: its removal is not the cold rollback's to pay.
+    await s.fp.warm.dropRollbackOf(source);
+    await new Promise((r) => setTimeout(r, 200));
+    const first = await rollbackAndExec(source, ck.body.id);
+    await s.fp.warm.settled();
+    await new Promise((r) => setTimeout(r, 200));
+    const second = await rollbackAndExec(source, ck.body.id);
+    await s.fp.warm.settled();
+    if (i < 0) continue;
+    if (first.warm) throw new Error('the first rollback to a checkpoint found a standby');
+    rollbackCold.push(first.ms);
+    (second.warm ? rollbackWarm : rollbackUnwarm).push(second.ms);
+  }
+  if (rollbackUnwarm.length) console.log(`${rollbackUnwarm.length} of ${N} second rollbacks found no standby ready (restored)`);
   // Creates: one that finds the standby the last left (warm), and one right after it, before the
   // next is made (cold).
   const createWarm: number[] = [];
@@ -82,6 +115,11 @@ try {
   table('fork + first exec, warm next to cold (same run, interleaved)', [
     { name: 'fork + first exec, warm (standby taken)', stats: stats(warm), target: '≤ 5' },
     { name: '  baseline: fork + first exec, cold (CRIU restore)', stats: stats(cold) },
+    { name: '  floor: one exec on a running sandbox', stats: stats(execOnly) },
+  ]);
+  table('rollback + first exec, warm next to cold (same run, interleaved)', [
+    { name: 'rollback + first exec, warm (standby swapped in)', stats: stats(rollbackWarm), target: '≤ 5' },
+    { name: '  baseline: rollback + first exec, cold (CRIU restore)', stats: stats(rollbackCold) },
     { name: '  floor: one exec on a running sandbox', stats: stats(execOnly) },
   ]);
   table('create + first exec, warm next to cold (same run, interleaved)', [

@@ -28,12 +28,15 @@
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
  *                               it restores is born inside the sandbox's limits     -> 'K'
- *   'N' HOSTIF\0ADDR\0GW\0MAC[\0LATER]   the sandbox's network link (netlink.c), in the netns
+ *   'N' HOSTIF\0ADDR\0GW\0MAC[\0FLAGS]   the sandbox's network link (netlink.c), in the netns
  *                               CRIU restores into, before the restore: sockets come back on it;
  *                               the host's route to ADDR moves to it when the next 'R' is
- *                               answered. With LATER, in the netns CRIU makes for the tree (a
+ *                               answered. FLAGS: '1', in the netns CRIU makes for the tree (a
  *                               tree in a user namespace: --empty-ns net), when it notifies
- *                               "setup-namespaces" -> 'K'
+ *                               "setup-namespaces"; 'h', the route stays where it is (a
+ *                               rollback's standby, restored beside the sandbox it is to
+ *                               replace, until 'T') -> 'K'
+ *   'T' HOSTIF\0ADDR\0GW         the host's route to ADDR moves to HOSTIF now -> 'K'
  * and 'E' MESSAGE for a failure. CRIU's notifications during an 'R' (a restore with
  * notify_scripts: a tree in a user namespace) are answered here: "setup-namespaces" bounds the
  * per-user counters of the user namespace CRIU made (afresh, unbounded: see userns_limits)
@@ -357,7 +360,8 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       const char *f[4] = {data, NULL, NULL, NULL};
       for (int k = 1; k < 4; k++) f[k] = f[k - 1] + strlen(f[k - 1]) + 1;
       const char *end4 = f[3] + strlen(f[3]);
-      int rc = -1, deferred = (size_t)(end4 - data) + 1 < len && end4[1] == '1';
+      const char *flags = (size_t)(end4 - data) + 1 < len ? end4 + 1 : "";
+      int rc = -1, deferred = strchr(flags, '1') != NULL, held = strchr(flags, 'h') != NULL;
       if ((size_t)(f[3] - data) >= len) snprintf(msg, sizeof(msg), "bad network request");
       else if (deferred) {
         later.set = 1;
@@ -367,11 +371,20 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
         snprintf(later.mac, sizeof(later.mac), "%.31s", f[3]);
         rc = 0;
       } else rc = net_setup(host_netns, own_netns, f[0], f[1], f[2], f[3], 0, msg, sizeof(msg));
-      if (rc == 0) {
+      if (rc == 0 && !held) {
         snprintf(route_if, sizeof(route_if), "%.31s", f[0]);
         snprintf(route_addr, sizeof(route_addr), "%.31s", f[1]);
         snprintf(route_gw, sizeof(route_gw), "%.31s", f[2]);
       }
+      if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
+    } else if (kind == 'T') {
+      /* HOSTIF\0ADDR\0GW, each found inside the frame (buf[n] is a NUL). */
+      const char *f[3] = {data, NULL, NULL};
+      int k = 1;
+      for (; k < 3 && (size_t)(f[k - 1] - data) + strlen(f[k - 1]) < len; k++) f[k] = f[k - 1] + strlen(f[k - 1]) + 1;
+      int rc = -1;
+      if (k < 3) snprintf(msg, sizeof(msg), "bad route request");
+      else rc = net_route(host_netns, f[0], f[1], f[2], msg, sizeof(msg));
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else {
       reply_text('E', "unknown request");

@@ -177,6 +177,39 @@ describe('kill -9 during a rollback: after the restart it runs from the checkpoi
   }
 });
 
+describe('kill -9 during a warm rollback (its standby swapped in): after the restart it runs from the checkpoint, once, and nothing of the standby or the old sandbox is left', () => {
+  for (const point of ['rollback.routed', 'rollback.swapped'] as const) {
+    it(point, async () => {
+      dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-phase-'));
+      server = await ChildServer.start(dataDir, undefined, { FORKPOINT_FAILPOINTS: point, FORKPOINT_WARM_FORKS: '2' });
+      const id = (await server.api('POST', '/instances', { name: 'phased' })).body.id as string;
+      await server.api('POST', `/instances/${id}/processes`, { command: COUNTER });
+      await counting(server, id);
+      const ck = (await server.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body;
+      expect(ck.status).toBe('ready');
+      // The first rollback restores and leaves a standby of the checkpoint, held frozen.
+      expect((await server.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+      const node = (await server.api('GET', `/instances/${id}`)).body.node as string;
+      const standbyState = `/sys/fs/cgroup/freezer/forkpoint/${node}/${id}~rollback/freezer.state`;
+      await eventually(async () => existsSync(standbyState) && readFileSync(standbyState, 'utf8').trim() === 'FROZEN', 20_000);
+      await read(server, id, 'echo after > /root/marker');
+      await dieDuring(() => server!.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.id }));
+      const s = await restart();
+      expect((await s.api('GET', `/instances/${id}`)).body.status).toBe('running');
+      expect(await read(s, id, 'cat /root/marker 2>/dev/null || echo none')).toBe('none');
+      await counting(s, id);
+      expect(await countersRunning(s, id)).toBe(1);
+      expect(await overlaysUnder(dataDir)).toHaveLength(1);
+      expect((await readdir(join(dataDir, 'instances'))).filter((d) => d.includes('~'))).toEqual([]);
+      expect((await readdir(`/sys/fs/cgroup/freezer/forkpoint/${node}`)).filter((g) => g.includes('~'))).toEqual([]);
+      // Its address reaches it: a server in it answers through a forward.
+      await s.api('POST', `/instances/${id}/processes`, { command: 'mkdir -p /srv && echo here > /srv/index.html && httpd -f -p 8080 -h /srv' });
+      const forward = (await s.api('POST', `/instances/${id}/port-forwards`, { guest_port: 8080 })).body.port_forward;
+      expect(await eventually(async () => (await fetch(`http://127.0.0.1:${forward.host_port}/`).then((r) => r.text()).catch(() => undefined)) === 'here\n')).toBe(true);
+    });
+  }
+});
+
 describe('kill -9 during a fork and a hibernation', () => {
   it('fork.restored: the fork runs after the restart, from the checkpoint; its source runs on', async () => {
     const id = await armed('fork.restored');

@@ -1,4 +1,4 @@
-import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -15,7 +15,7 @@ import { until } from './helpers/wait.js';
  */
 let s: TestServer;
 /** The forks' standbys (each create leaves one of its image too). */
-const forkStandbys = () => s.fp.warm.held().filter((h) => !h.key.startsWith('image:'));
+const forkStandbys = () => s.fp.warm.held().filter((h) => h.kind === 'fork');
 beforeAll(async () => {
   s = await startServer({ warmForks: 2 }, undefined, process.env.FP_TEST_LOG ? { logFile: process.env.FP_TEST_LOG } : {});
 });
@@ -164,4 +164,79 @@ describe('warm forks', () => {
       await rm(dataDir, { recursive: true, force: true });
     }
   });
+});
+
+describe('warm rollbacks', () => {
+  /** The v1 freezer state of a group of this server's (a standby's has no live sandbox). */
+  const nodeId = () => s.fp.cluster.nodeId;
+  const groupFrozen = (group: string) => readFileSync(`/sys/fs/cgroup/freezer/forkpoint/${nodeId()}/${group}/freezer.state`, 'utf8').trim();
+  const asideDirs = () => readdirSync(join(s.dataDir, 'instances')).filter((d) => d.includes('~'));
+  /** Whether each rollback so far swapped in a standby (the `rollback` events' `warm`). */
+  const warmth: boolean[] = [];
+  beforeAll(() => s.fp.events.tap((e) => e.type === 'rollback' && warmth.push(e.data.warm === true)));
+
+  it('the next rollback to a checkpoint swaps in the standby the last one left: the checkpoint\'s processes, shell and files, the same address and range, the old sandbox gone', async () => {
+    const inst = await s.instance({ name: 'warm-rollback' });
+    await sh(inst.id, 'mkdir -p /srv && echo served > /srv/index.html && echo kept > /root/file');
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'httpd -f -p 8080 -h /srv' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: COUNTER });
+    await sh(inst.id, 'cd /etc && export MOOD=calm', 'main');
+    const forward = (await s.api('POST', `/instances/${inst.id}/port-forwards`, { guest_port: 8080 })).body.port_forward;
+    await until('the counter to count', async () => (await count(inst.id)) > 2, 10_000);
+    const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
+    expect(ck.status).toBe('ready');
+    const atCheckpoint = await count(inst.id);
+
+    // The first rollback restores, and leaves a standby of the checkpoint beside the instance.
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    await s.fp.warm.settled();
+    const held = s.fp.warm.held().filter((h) => h.kind === 'rollback');
+    expect(held.map((h) => [h.id, h.key])).toEqual([[inst.id, `rollback:${inst.id}:${ck.id}`]]);
+    expect(groupFrozen(`${inst.id}~rollback`)).toBe('FROZEN');
+    // The instance runs on beside it, on its own: the host routes its address to it alone.
+    await sh(inst.id, 'echo changed > /root/file; echo gone > /srv/index.html', 'main');
+    await sh(inst.id, 'export MOOD=angry', 'main');
+    expect(await (await fetch(`http://127.0.0.1:${forward.host_port}/`)).text()).toBe('gone\n');
+    await until('the counter to pass the checkpoint', async () => (await count(inst.id)) > atCheckpoint + 20, 20_000);
+    const oldPid = s.engine.sandbox(inst.id)!.pid;
+
+    const rb = await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id });
+    expect(rb.status).toBe(200);
+    expect(warmth).toEqual([false, true]);
+    expect(rb.body.network.address).toBe(inst.network.address);
+    expect(s.engine.sandbox(inst.id)!.pid).not.toBe(oldPid);
+    // The checkpoint's state: files, the shell's directory and variable, the counter from its value.
+    expect((await sh(inst.id, 'cat /root/file')).stdout).toBe('kept\n');
+    expect((await sh(inst.id, 'echo $MOOD $PWD', 'main')).stdout.trim()).toBe('calm /etc');
+    const after = await count(inst.id);
+    expect(after).toBeGreaterThanOrEqual(atCheckpoint);
+    expect(after).toBeLessThan(atCheckpoint + 20);
+    await until('the counter to count on', async () => (await count(inst.id)) > after, 10_000);
+    // The forward reaches the swapped-in sandbox's server, at the same address.
+    expect(await (await fetch(`http://127.0.0.1:${forward.host_port}/`)).text()).toBe('served\n');
+    // The old sandbox is gone, every process of the new one is in the instance's range.
+    await until('the old sandbox gone', () => !existsSync(`/proc/${oldPid}`), 10_000);
+    const range = (await s.fp.store.instances.get(inst.id))!.uidBase!;
+    for (const uid of hostUids(inst.id)) expect(uid >= range && uid < range + 65536, `uid ${uid}`).toBe(true);
+    expect(groupFrozen(inst.id)).toBe('THAWED');
+    // What was put aside goes in the background; the next standby is made again.
+    await s.fp.warm.settled();
+    await until('the old disk removed', () => asideDirs().every((d) => d.endsWith('~rollback')), 10_000);
+    expect(s.fp.warm.held().filter((h) => h.kind === 'rollback')).toHaveLength(1);
+
+    // A checkpoint taken after it, a rollback to that one: cold, and the standby of the first goes.
+    const ck2 = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck2.id })).status).toBe(200);
+    expect(warmth).toEqual([false, true, false]);
+    expect((await sh(inst.id, 'cat /root/file')).stdout).toBe('kept\n');
+    await s.fp.warm.settled();
+    expect(s.fp.warm.held().filter((h) => h.kind === 'rollback').map((h) => h.key)).toEqual([`rollback:${inst.id}:${ck2.id}`]);
+
+    // Deleting the instance takes its standby with it: no disk, group or mount left.
+    expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);
+    await s.fp.warm.settled();
+    expect(s.fp.warm.held().filter((h) => h.kind === 'rollback')).toHaveLength(0);
+    await until('nothing of the instance left', () => asideDirs().length === 0 && !readFileSync('/proc/self/mountinfo', 'utf8').includes(inst.id), 10_000);
+    expect(readdirSync(`/sys/fs/cgroup/freezer/forkpoint/${nodeId()}`).filter((g) => g.startsWith(inst.id))).toEqual([]);
+  }, 90_000);
 });

@@ -17,7 +17,7 @@ import { requireRoom, shortOfRoom } from './space.js';
 import { watchesResumed } from './file-watch.js';
 import { failpoint } from '../lib/failpoints.js';
 import { templateOwner } from '../store/templates.js';
-import { standbyOwnerOf, StandbyUnfitError, type Standby, type StandbyRecipe, type WarmStandbys } from './warm-standbys.js';
+import { standbyKeyOf, standbyOwnerOf, StandbyUnfitError, type Standby, type StandbyRecipe, type WarmStandbys } from './warm-standbys.js';
 
 export interface CreateCheckpoint {
   label?: string | undefined;
@@ -480,6 +480,10 @@ export class CheckpointService {
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
       const images = c.memory ? c.id : undefined;
       const oldPid = this.engine.sandbox(inst.id)?.pid;
+      // A warm standby of this rollback's, if there is one, is the engine's to swap in; one of
+      // another checkpoint's goes (the engine holds one per instance).
+      const rollbackKey = standbyKeyOf({ kind: 'rollback', instanceId: inst.id, checkpointId: c.id });
+      if (!this.warm.take(rollbackKey, owner)) await this.warm.dropRollbackOf(inst.id);
       // Recorded before the old sandbox goes: from then on the instance stands on the
       // checkpoint's layers whatever becomes of the server (a restart takes back the restored
       // sandbox on them). The old layers stay referenced until the new sandbox runs.
@@ -487,13 +491,15 @@ export class CheckpointService {
       await this.store.instances.update(inst.id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: c.id });
       try {
         const t = performance.now();
-        const sb = await this.engine.replace(spec, images);
+        const { sandbox: sb, warm } = await this.engine.replace(spec, images);
         await watchesResumed(sb);
         await this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
         // A hibernated instance rolled back wakes on the checkpoint; its own memory image goes.
         await this.instances.dropHibernation(inst);
         const rec = await this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: null });
-        this.events.emit(inst.id, 'rollback', { checkpoint_id: c.id, ms: Math.round((performance.now() - t) * 100) / 100 });
+        this.events.emit(inst.id, 'rollback', { checkpoint_id: c.id, warm, ms: Math.round((performance.now() - t) * 100) / 100 });
+        // The next rollback to it finds one ready.
+        if (images && inst.volumes.length === 0) this.warm.refill({ kind: 'rollback', instanceId: inst.id, checkpointId: c.id }, owner);
         return rec;
       } catch (err) {
         if (oldPid !== undefined && (await this.engine.leftoverPid(inst.id))?.pid === oldPid) {
@@ -678,6 +684,16 @@ export class CheckpointService {
       await this.instances.discard(rec.id);
       throw err;
     }
+  }
+
+  /** A warm rollback's standby: the instance's checkpoint restored beside its running sandbox
+   * by the engine, as the rollback to it would restore it (rollbackPinned's spec). No lock: a
+   * rollback, stop or hibernate meanwhile is the engine's to order (holdRollback). */
+  async makeRollbackStandby(recipe: Extract<StandbyRecipe, { kind: 'rollback' }>): Promise<(Pick<Standby, 'id' | 'processes' | 'imageKey'> & { memoryBytes: number }) | undefined> {
+    const [c, inst] = await Promise.all([this.store.checkpoints.get(recipe.checkpointId), this.store.instances.get(recipe.instanceId)]);
+    if (!c || c.status !== 'ready' || !c.memory || !inst || inst.volumes.length) return undefined;
+    const held = await this.engine.holdRollback({ ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer }, c.id);
+    return held && { id: inst.id, processes: [], imageKey: null, memoryBytes: held.memoryBytes };
   }
 
   /** The standby becomes `owner`'s fork, made of `createInput` and `from` as a new record would

@@ -168,8 +168,10 @@ export class Forkpoint {
     this.secrets = new EgressSecretService(this.store, secretsKey, log);
     // One pool of standbys for forks and creates; made by the service whose call it stands in for.
     this.warm = new WarmStandbys({ count: config.warmForks, memoryBytes: config.warmForksMemoryMb * 1024 * 1024 }, {
-      make: (recipe, owner) => (recipe.kind === 'fork' ? this.checkpoints.makeStandby(recipe, owner) : this.instances.makeStandby(recipe.image, owner)),
-      discard: (id) => this.instances.discard(id),
+      make: (recipe, owner) =>
+        recipe.kind === 'fork' ? this.checkpoints.makeStandby(recipe, owner) : recipe.kind === 'rollback' ? this.checkpoints.makeRollbackStandby(recipe) : this.instances.makeStandby(recipe.image, owner),
+      // A rollback's standby has no record: its instance's is the instance's own.
+      discard: (s) => (s.kind === 'rollback' ? this.engine.dropRollback(s.id) : this.instances.discard(s.id)),
       memoryOf: (id) => this.engine.memoryInUse(id),
     }, log);
     this.catalog.whenDeleted((name) => this.warm.drop(standbyKeyOf({ kind: 'create', image: name })));

@@ -29,6 +29,7 @@ export class Metrics {
   private readonly rollback = new Histogram({ name: 'forkpoint_rollback_seconds', help: 'Rollbacks in place', buckets: BUCKETS, registers: [this.registry] });
   private readonly fork = new Histogram({ name: 'forkpoint_fork_seconds', help: 'Forks, from a ready checkpoint to every fork running', buckets: BUCKETS, registers: [this.registry] });
   private readonly forked = new Counter({ name: 'forkpoint_forks_total', help: 'Instances forked, by whether each took a standby (warm) or was restored (cold)', labelNames: ['kind'], registers: [this.registry] });
+  private readonly rolledBack = new Counter({ name: 'forkpoint_rollbacks_total', help: 'Rollbacks in place, by whether each swapped in a standby (warm) or restored (cold)', labelNames: ['kind'], registers: [this.registry] });
   private readonly wake = new Histogram({ name: 'forkpoint_wake_seconds', help: 'Wakes of hibernated instances', buckets: BUCKETS, registers: [this.registry] });
   private readonly processing = new Map<string, number>();
   private untap: (() => void) | undefined;
@@ -90,6 +91,7 @@ export class Metrics {
         break;
       case 'rollback':
         this.record(this.rollback, e.data.ms);
+        this.rolledBack.inc({ kind: e.data.warm === true ? 'warm' : 'cold' });
         break;
       case 'fork': {
         this.record(this.fork, e.data.ms);

@@ -34,13 +34,22 @@ const MAKE_DELAY_MS = 150;
  * nothing asked would be. */
 export type StandbyRecipe =
   | { kind: 'fork'; checkpointId: string; sourceId: string; template: boolean }
-  | { kind: 'create'; image: string };
+  | { kind: 'create'; image: string }
+  /** A rollback's: the checkpoint restored beside the running instance, in its place once a
+   * rollback to it takes it (the engine's holdRollback). */
+  | { kind: 'rollback'; checkpointId: string; instanceId: string };
 
-/** The key a standby is found by: its checkpoint, or its image. */
-export const standbyKeyOf = (r: StandbyRecipe): string => (r.kind === 'fork' ? r.checkpointId : `image:${r.image}`);
+/** The key a standby is found by: its checkpoint, its image, or its instance and checkpoint. */
+export const standbyKeyOf = (r: StandbyRecipe): string =>
+  r.kind === 'fork' ? r.checkpointId : r.kind === 'create' ? `image:${r.image}` : `rollback:${r.instanceId}:${r.checkpointId}`;
+
+/** Whether a standby of this key stands on the checkpoint (or image) of key `of`. */
+const standsOn = (key: string, of: string): boolean => key === of || (key.startsWith('rollback:') && key.endsWith(`:${of}`));
 
 export interface Standby {
-  /** Its instance record's id: the fork's or the create's, once taken. */
+  kind: StandbyRecipe['kind'];
+  /** Its instance record's id: the fork's or the create's, once taken; a rollback's: its
+   * instance's (it has no record of its own). */
   id: string;
   /** Its checkpoint's id, or `image:<name>` (standbyKeyOf). */
   key: string;
@@ -56,9 +65,10 @@ export interface Standby {
 /** What makes and removes standbys (the services, over the engine). */
 export interface StandbyMaker {
   /** A new record of `owner`'s next such call (under standbyOwnerOf), restored or booted and
-   * held frozen. */
-  make(recipe: StandbyRecipe, owner: string): Promise<Pick<Standby, 'id' | 'processes' | 'imageKey'>>;
-  discard(id: string): Promise<void>;
+   * held frozen (a rollback's: no record, and its memory said); undefined when none can be
+   * made for it. */
+  make(recipe: StandbyRecipe, owner: string): Promise<(Pick<Standby, 'id' | 'processes' | 'imageKey'> & { memoryBytes?: number }) | undefined>;
+  discard(s: Pick<Standby, 'kind' | 'id'>): Promise<void>;
   memoryOf(id: string): Promise<number>;
 }
 
@@ -142,7 +152,8 @@ export class WarmStandbys {
     if (this.closed || this.dropped.has(key)) return;
     try {
       const made = await this.maker.make(recipe, owner);
-      const s: Standby = { ...made, key, owner, memoryBytes: await this.maker.memoryOf(made.id).catch(() => 0) };
+      if (!made) return;
+      const s: Standby = { ...made, kind: recipe.kind, key, owner, memoryBytes: made.memoryBytes ?? (await this.maker.memoryOf(made.id).catch(() => 0)) };
       if (this.closed || this.dropped.has(key) || !this.evictFor(0, s.memoryBytes, key)) {
         await this.discard(s);
         return;
@@ -180,16 +191,27 @@ export class WarmStandbys {
   }
 
   /** The checkpoint (the image, `image:<name>`) is being deleted: its standbys go (one being
-   * made, once it is). */
+   * made, once it is), rollbacks' to it among them. */
   async drop(key: string): Promise<void> {
-    this.lastUsed.delete(key);
-    const pending = [...this.making.entries()].filter(([k]) => k.endsWith(` ${key}`)).map(([, p]) => p);
+    await this.dropWhere((k) => standsOn(k, key));
+  }
+
+  /** The instance's rollback standby goes (it stopped, hibernated, is deleted, or is rolled
+   * back to another checkpoint: the engine holds one per instance). */
+  async dropRollbackOf(instanceId: string): Promise<void> {
+    await this.dropWhere((k) => k.startsWith(`rollback:${instanceId}:`));
+  }
+
+  private async dropWhere(matches: (key: string) => boolean): Promise<void> {
+    const keys = new Set([...this.lastUsed.keys(), ...[...this.making.keys()].map((k) => k.slice(k.lastIndexOf(' ') + 1)), ...[...this.ready.values()].map((s) => s.key)].filter(matches));
+    for (const key of keys) this.lastUsed.delete(key);
+    const pending = [...this.making.entries()].filter(([k]) => keys.has(k.slice(k.lastIndexOf(' ') + 1))).map(([, p]) => p);
     if (pending.length) {
-      this.dropped.add(key);
+      for (const key of keys) this.dropped.add(key);
       await Promise.all(pending);
-      this.dropped.delete(key);
+      for (const key of keys) this.dropped.delete(key);
     }
-    const mine = [...this.ready.values()].filter((s) => s.key === key);
+    const mine = [...this.ready.values()].filter((s) => keys.has(s.key));
     for (const s of mine) this.ready.delete(s.id);
     await Promise.all(mine.map((s) => this.discard(s)));
   }
@@ -231,7 +253,7 @@ export class WarmStandbys {
 
   /** Removes the standby's sandbox and record; a clear waits for every removal under way. */
   private discard(s: Standby): Promise<void> {
-    const done = this.maker.discard(s.id)
+    const done = this.maker.discard(s)
       .catch((err: unknown) => this.log.warn({ err, instance: s.id }, 'could not remove a warm fork'))
       .finally(() => this.discarding.delete(done));
     this.discarding.add(done);

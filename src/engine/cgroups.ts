@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { EngineError } from '../seam/errors.js';
@@ -290,6 +290,23 @@ export class Cgroups {
 
   /** Removes the sandbox's groups, and any group made below them (a sandbox cannot make one,
    * but a host tool or an older forkpoint might have). */
+  /** `from`'s groups are `to`'s from now on (a rollback's standby taking its instance's place;
+   * the replaced sandbox's put aside first). v1 only: the unified hierarchy refuses renames.
+   * Synchronous: a rename per controller, inside a pause. */
+  rename(from: string, to: string): void {
+    if (this.version !== 1) throw new EngineError('CGROUP_FAILED', 'cgroup v2 does not rename groups');
+    for (const c of V1_CONTROLLERS) {
+      try {
+        renameSync(this.v1Dir(c, from), this.v1Dir(c, to));
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      }
+    }
+    // Their procs files are named by the old names: made again when next asked for.
+    this.made.delete(from);
+    this.made.delete(to);
+  }
+
   async remove(id: string): Promise<void> {
     this.made.delete(id);
     const dirs = [this.group, LEGACY_GROUP].flatMap((g) => (this.version === 2 ? [this.v2Dir(id, g)] : V1_CONTROLLERS.map((c) => this.v1Dir(c, id, g))));

@@ -152,8 +152,16 @@ export class CriuWorker {
   /** The sandbox's network link, made in the netns CRIU restores into (native/netlink.c): the
    * worker's own, or (`inTreeNetns`) the one CRIU makes for a tree in a user namespace, once
    * CRIU says it exists. */
-  async setUpNetwork(link: { hostIf: string; address: string; gateway: string; mac: string }, inTreeNetns: boolean): Promise<void> {
-    await this.request('N', `${link.hostIf}\0${link.address}\0${link.gateway}\0${link.mac}${inTreeNetns ? '\x001' : ''}`);
+  /** `routeHeld`: the host's route to the address stays where it is until `moveRoute` (a
+   * rollback's standby, restored beside the sandbox whose address it has). */
+  async setUpNetwork(link: { hostIf: string; address: string; gateway: string; mac: string }, inTreeNetns: boolean, routeHeld = false): Promise<void> {
+    const flags = `${inTreeNetns ? '1' : ''}${routeHeld ? 'h' : ''}`;
+    await this.request('N', `${link.hostIf}\0${link.address}\0${link.gateway}\0${link.mac}${flags ? `\0${flags}` : ''}`);
+  }
+
+  /** The host's route to the link's address goes through it from now on. */
+  async moveRoute(link: { hostIf: string; address: string; gateway: string }): Promise<void> {
+    await this.request('T', `${link.hostIf}\0${link.address}\0${link.gateway}`);
   }
 
   /** Mounts a volume's directory on `target` in the worker's mount namespace, as a sandbox of

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
 import { mkdir, readFile, rm, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
@@ -58,6 +58,21 @@ interface PreparedRestore {
   imagesFd: number;
   workFd: number;
 }
+
+/** A rollback's warm standby (holdRollback): the instance's checkpoint restored beside it under
+ * `${id}~rollback`, held frozen, with the CRIU worker that restored it (it moves the host's
+ * route to the standby's link when a rollback takes it). */
+interface RollbackStandby {
+  imagesId: string;
+  /** The spec it was restored as, but for its id: a rollback takes it only to the same. */
+  fits: string;
+  pid: number;
+  startTime: string;
+  restorer: Restorer;
+}
+
+const rollbackStandbyId = (id: string) => `${id}~rollback`;
+const fitOf = (spec: SandboxSpec) => JSON.stringify({ ...spec, id: '' });
 
 
 /** Sandboxes on this host: overlay disks, CRIU, namespaces, cgroups. Holds the live
@@ -305,7 +320,7 @@ export class Engine implements SandboxRuntime {
   /** What a restore needs that can be had before the old sandbox is gone: CRIU warm and in the
    * sandbox's cgroups, the directories open in its relay, the pidfile named (the relay writes
    * it the moment CRIU answers). */
-  private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string): Promise<PreparedRestore> {
+  private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string, opts: { routeHeld?: boolean } = {}): Promise<PreparedRestore> {
     const run = this.layout.run(spec.id);
     const work = join(run, 'criu');
     mkdirSync(work, { recursive: true });
@@ -319,7 +334,7 @@ export class Engine implements SandboxRuntime {
       r.worker.setPidfile(join(run, 'pid')),
       r.worker.joinCgroups(cgroupProcs),
       // The link exists before CRIU restores sockets bound to the sandbox's address.
-      spec.network && this.network.newLink(spec.id, spec.network).then((link) => r.worker.setUpNetwork(link, spec.uidBase !== null)),
+      spec.network && this.network.newLink(spec.id, spec.network).then((link) => r.worker.setUpNetwork(link, spec.uidBase !== null, opts.routeHeld)),
     ]);
     return { imagesFd, workFd };
   }
@@ -330,7 +345,7 @@ export class Engine implements SandboxRuntime {
     r: Restorer,
     spec: SandboxSpec,
     prepared: Promise<PreparedRestore>,
-    opts: { connections: Connections; hostname?: string; oldGone?: Promise<void> },
+    opts: { connections: Connections; hostname?: string; oldGone?: Promise<void>; keepWorker?: boolean },
   ): Promise<Launched> {
     const l = this.layout;
     const { hostname, oldGone } = opts;
@@ -359,7 +374,7 @@ export class Engine implements SandboxRuntime {
         ? err
         : new EngineError('RESTORE_FAILED', (err as Error).message, undefined, { cause: err });
     } finally {
-      r.worker.end();
+      if (!opts.keepWorker) r.worker.end();
       rmSync(this.rangeCopyOf(spec.id), { recursive: true, force: true });
       await this.cgroups.boost(spec.id, false);
     }
@@ -444,6 +459,7 @@ export class Engine implements SandboxRuntime {
 
   /** Kills the sandbox's processes and unmounts its disk; the upper stays. */
   async stop(id: string): Promise<void> {
+    await this.dropRollback(id);
     const sb = this.live.get(id);
     this.live.delete(id);
     this.standing.delete(id);
@@ -731,6 +747,7 @@ export class Engine implements SandboxRuntime {
   async hibernate(spec: SandboxSpec, layerId: string, imagesId: string): Promise<{ pauseMs: number }> {
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
+    await this.dropRollback(spec.id);
     const { dumper, images, imagesFd, watchedPaths } = await this.readyDumper(spec, sb.pid, imagesId, [run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]).catch((err: unknown) => {
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
     });
@@ -768,7 +785,7 @@ export class Engine implements SandboxRuntime {
    * or a fresh boot, on a fresh upper over `spec.layers`. Waiters at the gate carry on with
    * the new sandbox; commands of the old one are lost.
    */
-  async replace(spec: SandboxSpec, imagesId: string | undefined): Promise<Sandbox> {
+  async replace(spec: SandboxSpec, imagesId: string | undefined): Promise<{ sandbox: Sandbox; warm: boolean }> {
     let images = imagesId === undefined ? undefined : this.layout.checkpoint(imagesId);
     if (images && !this.criu.isCurrentFormat(images)) {
       this.log.warn({ instance: spec.id, images }, 'memory image of an older format: booting on its files instead');
@@ -776,7 +793,13 @@ export class Engine implements SandboxRuntime {
     }
     const sb = this.live.get(spec.id);
     if (!sb) {
-      return images ? this.restore(spec, images, { setHostname: false, connections: 'close' }) : this.boot(spec, { freshUpper: true });
+      await this.dropRollback(spec.id);
+      const sandbox = images ? await this.restore(spec, images, { setHostname: false, connections: 'close' }) : await this.boot(spec, { freshUpper: true });
+      return { sandbox, warm: false };
+    }
+    const standby = this.rollbackStandbys.get(spec.id);
+    if (standby && imagesId !== undefined && images && standby.imagesId === imagesId && standby.fits === fitOf(spec)) {
+      return { sandbox: await this.swapIn(sb, spec, standby), warm: true };
     }
     await this.disk.ensureVolume(spec);
     const steps = new Steps();
@@ -806,7 +829,126 @@ export class Engine implements SandboxRuntime {
     }, undefined, { rollback: true }).finally(() => {
       if (restorer) this.restorers.finished();
     });
+    return { sandbox: sb, warm: false };
+  }
+
+  /** Rollbacks' warm standbys, by instance. */
+  private readonly rollbackStandbys = new Map<string, RollbackStandby>();
+  /** Removals of what rollbacks replaced, under way in the background. */
+  private readonly leftBehind = new Set<Promise<void>>();
+  private asideSeq = 0;
+
+  /**
+   * A warm standby for a rollback to checkpoint `imagesId`: its memory image restored beside the
+   * instance's running sandbox, in the same uid range, with the same address on a link of its
+   * own that the host routes nothing to, and held frozen; a `replace` to the same checkpoint
+   * with the same spec swaps it in (swapIn) instead of restoring. One per instance: a new one
+   * replaces the old. False when this engine cannot swap one in: cgroup v2 (the unified
+   * hierarchy refuses to rename a group), an instance with a disk limit or volumes.
+   */
+  async holdRollback(spec: SandboxSpec, imagesId: string): Promise<{ memoryBytes: number } | undefined> {
+    const images = this.layout.checkpoint(imagesId);
+    if (this.cgroups.version !== 1 || spec.diskMb || spec.volumes.length || !this.live.has(spec.id) || !this.criu.isCurrentFormat(images)) return undefined;
+    // One at a time per instance: they would share the standby's name.
+    if (this.holding.has(spec.id)) return undefined;
+    this.holding.add(spec.id);
+    await this.dropRollback(spec.id);
+    const shadow: SandboxSpec = { ...spec, id: rollbackStandbyId(spec.id) };
+    const restorer = this.restorers.take();
+    try {
+      this.disk.prepareDisk(shadow, true);
+      const prepared = this.prepareRestore(restorer, shadow, this.inRange(shadow, images), { routeHeld: true });
+      const launched = await this.restoreWith(restorer, shadow, prepared, { connections: 'close', keepWorker: true });
+      this.standing.add(shadow.id);
+      await this.cgroups.freeze(shadow.id);
+      this.rollbackStandbys.set(spec.id, { imagesId, fits: fitOf(spec), ...launched, restorer });
+      // Its instance stopped or hibernated meanwhile (neither waits for a standby being made).
+      if (!this.live.has(spec.id)) {
+        await this.dropRollback(spec.id);
+        return undefined;
+      }
+      return { memoryBytes: await this.cgroups.memoryBytes(shadow.id).catch(() => 0) };
+    } catch (err) {
+      restorer.worker.end();
+      this.network.dropLink(shadow.id);
+      await this.abandonLaunch(shadow.id);
+      this.disk.discard(this.layout.instance(shadow.id));
+      throw err;
+    } finally {
+      this.holding.delete(spec.id);
+      this.restorers.finished();
+    }
+  }
+
+  /** Instances whose rollback standby is being made. */
+  private readonly holding = new Set<string>();
+
+  /** The instance's rollback standby, if it has one, goes. */
+  async dropRollback(id: string): Promise<void> {
+    const standby = this.rollbackStandbys.get(id);
+    if (!standby) return;
+    this.rollbackStandbys.delete(id);
+    standby.restorer.worker.end();
+    const shadow = rollbackStandbyId(id);
+    this.network.dropLink(shadow);
+    await this.killStray(standby.pid, standby.startTime).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not kill a rollback standby'));
+    this.standing.delete(shadow);
+    await this.destroy(shadow);
+  }
+
+  /**
+   * A warm rollback: the old sandbox is killed, its disk and groups renamed aside (removed in
+   * the background), the standby's renamed into their place, the host's route moved to its
+   * link, and it is thawed. A few renames and one route inside the pause, no restore.
+   */
+  private async swapIn(sb: Sandbox, spec: SandboxSpec, standby: RollbackStandby): Promise<Sandbox> {
+    this.rollbackStandbys.delete(spec.id);
+    const l = this.layout;
+    const shadow = rollbackStandbyId(spec.id);
+    const steps = new Steps();
+    try {
+      await sb.pause(async () => {
+        // Killed, not waited for: what is left of it dies in groups of its own (renamed aside
+        // below), on a link the host no longer routes to; its removal waits for it.
+        const oldGone = killTree(sb.pid, sb.startTime);
+        oldGone.catch(() => {});
+        void oldGone.then(() => failpoint('rollback.killed'), () => {});
+        // Aside under a name that is no instance's: a server killed from here on finds the old
+        // disk a stray (mountedInstances) and the standby in place, or, killed before its
+        // groups are renamed, a stray too (leftoverPid looks in the standby's groups).
+        // The route first: a server killed before the renames restores the instance as a cold
+        // rollback would (its link then takes the route); one killed after them adopts the
+        // standby, whose link has it already.
+        this.network.takeLink(spec.id, shadow);
+        if (spec.network) await standby.restorer.worker.moveRoute({ hostIf: this.network.linkOf(spec.id)!, address: spec.network.address, gateway: this.network.gateway });
+        failpoint('rollback.routed');
+        const aside = `${spec.id}~old${++this.asideSeq}`;
+        renameSync(l.instance(spec.id), l.instance(aside));
+        renameSync(l.instance(shadow), l.instance(spec.id));
+        this.cgroups.rename(spec.id, aside);
+        this.cgroups.rename(shadow, spec.id);
+        failpoint('rollback.swapped');
+        steps.mark('swap');
+        this.standing.delete(shadow);
+        if (!this.fenced.has(spec.id)) await this.cgroups.thaw(spec.id);
+        failpoint('rollback.restored');
+        this.track(oldGone.then(() => this.destroy(aside)));
+        return { pid: standby.pid, startTime: standby.startTime, result: undefined };
+      }, undefined, { rollback: true });
+    } catch (err) {
+      await this.abandonLaunch(spec.id).catch(() => {});
+      throw err instanceof EngineError ? err : new EngineError('RESTORE_FAILED', `the warm rollback failed: ${(err as Error).message}`, undefined, { cause: err });
+    } finally {
+      standby.restorer.worker.end();
+    }
+    this.log.debug({ instance: spec.id, steps: steps.ms }, 'warm rollback');
     return sb;
+  }
+
+  /** Work left to finish in the background; the engine's shutdown waits for it. */
+  private track(work: Promise<void>): void {
+    const p = work.catch((err: unknown) => this.log.warn({ err }, 'could not remove what a rollback replaced')).finally(() => this.leftBehind.delete(p));
+    this.leftBehind.add(p);
   }
 
   async isMounted(id: string): Promise<boolean> {
@@ -819,7 +961,7 @@ export class Engine implements SandboxRuntime {
     const pid = Number(await readFile(join(this.layout.run(id), 'pid'), 'utf8').catch(() => '0'));
     if (!Number.isInteger(pid) || pid <= 0) return undefined;
     const startTime = await processStartTime(pid).catch(() => undefined);
-    return startTime && (await this.cgroups.holds(id, pid)) ? { pid, startTime } : undefined;
+    return startTime && ((await this.cgroups.holds(id, pid)) || (await this.cgroups.holds(rollbackStandbyId(id), pid))) ? { pid, startTime } : undefined;
   }
 
   async health(): Promise<RuntimeHealth> {
@@ -857,6 +999,7 @@ export class Engine implements SandboxRuntime {
   }
 
   async shutdown(): Promise<void> {
+    await Promise.all(this.leftBehind);
     this.network.close();
     await this.volumeFileAgents.endAll();
     this.restorers.close();

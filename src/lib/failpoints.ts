@@ -21,6 +21,11 @@ export const FAILPOINTS = [
   'rollback.killed',
   /** Rollback: the checkpoint restored, the store not yet told. */
   'rollback.restored',
+  /** Warm rollback: the old sandbox killed, the host's route moved to the standby's link,
+   * nothing renamed. */
+  'rollback.routed',
+  /** Warm rollback: the standby's disk and groups renamed into the instance's, still frozen. */
+  'rollback.swapped',
   /** Fork: the fork's sandbox restored, the store not yet told it runs. */
   'fork.restored',
   /** Hibernation: dumped, the upper not yet renamed. */

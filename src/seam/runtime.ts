@@ -253,8 +253,16 @@ export interface SandboxRuntime {
   activate(id: string, opts?: { hostname?: string }): Promise<void>;
   /** Takes back a sandbox a previous server left running, if it is still the same process. */
   adopt(spec: SandboxSpec, pid: number, startTime: string): Promise<SandboxHandle | undefined>;
-  /** Replaces the instance's sandbox by the given state (a rollback): memory image or fresh boot. */
-  replace(spec: SandboxSpec, imagesId: string | undefined): Promise<SandboxHandle>;
+  /** Replaces the instance's sandbox by the given state (a rollback): memory image or fresh boot;
+   * `warm` when a standby held for it (holdRollback) was swapped in instead of a restore. */
+  replace(spec: SandboxSpec, imagesId: string | undefined): Promise<{ sandbox: SandboxHandle; warm: boolean }>;
+  /** A warm standby for the next `replace` of the running instance with this spec and memory
+   * image: restored beside it and held frozen, nothing of the running one touched. One per
+   * instance (a new one replaces the old); stop, hibernate and destroy remove it. Undefined when
+   * this engine cannot hold one for the instance. */
+  holdRollback(spec: SandboxSpec, imagesId: string): Promise<{ memoryBytes: number } | undefined>;
+  /** The instance's rollback standby, if any, goes. */
+  dropRollback(id: string): Promise<void>;
   stop(id: string): Promise<void>;
   destroy(id: string): Promise<void>;
   /** Instances whose disks are mounted here (what a crash may have left). */

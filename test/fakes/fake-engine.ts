@@ -719,8 +719,29 @@ export class FakeEngine implements SandboxRuntime {
     return this.attach(spec);
   }
 
-  async replace(spec: SandboxSpec, imagesId: string | undefined): Promise<SandboxHandle> {
-    this.note(`replace ${spec.id} ${imagesId ?? 'boot'}`);
+  /** Rollbacks' standbys: the images and spec each was held for. */
+  readonly rollbackStandbys = new Map<string, { imagesId: string; fits: string }>();
+
+  async holdRollback(spec: SandboxSpec, imagesId: string): Promise<{ memoryBytes: number } | undefined> {
+    this.note(`holdRollback ${spec.id} ${imagesId}`);
+    if (!this.live.has(spec.id) || !this.host.memoryImages.has(imagesId) || spec.volumes.length) return undefined;
+    this.rollbackStandbys.set(spec.id, { imagesId, fits: JSON.stringify(spec) });
+    return { memoryBytes: 1024 * 1024 };
+  }
+
+  async dropRollback(id: string): Promise<void> {
+    if (this.rollbackStandbys.delete(id)) this.note(`dropRollback ${id}`);
+  }
+
+  async replace(spec: SandboxSpec, imagesId: string | undefined): Promise<{ sandbox: SandboxHandle; warm: boolean }> {
+    const held = this.rollbackStandbys.get(spec.id);
+    const warm = held !== undefined && this.live.has(spec.id) && held.imagesId === imagesId && held.fits === JSON.stringify(spec);
+    if (warm) this.rollbackStandbys.delete(spec.id);
+    this.note(`replace ${spec.id} ${imagesId ?? 'boot'}${warm ? ' warm' : ''}`);
+    return { sandbox: await this.replaced(spec, imagesId), warm };
+  }
+
+  private async replaced(spec: SandboxSpec, imagesId: string | undefined): Promise<SandboxHandle> {
     const memory = imagesId === undefined ? { vars: new Map<string, string>(), procs: new Map() } : this.host.memoryImages.get(imagesId);
     if (!memory) throw new EngineError('RESTORE_FAILED', `no memory image ${imagesId}`);
     const sb = this.live.get(spec.id);
@@ -742,6 +763,7 @@ export class FakeEngine implements SandboxRuntime {
 
   async stop(id: string): Promise<void> {
     this.note(`stop ${id}`);
+    this.rollbackStandbys.delete(id);
     this.live.get(id)?.stop();
     this.live.delete(id);
     this.host.kill(id);
@@ -809,6 +831,7 @@ export class FakeEngine implements SandboxRuntime {
 
   async hibernate(spec: SandboxSpec, layerId: string, imagesId: string): Promise<{ pauseMs: number }> {
     this.note(`hibernate ${spec.id}`);
+    this.rollbackStandbys.delete(spec.id);
     const h = this.host.running.get(spec.id);
     if (!h) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
     this.host.checkFault('hibernate');

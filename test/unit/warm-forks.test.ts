@@ -256,3 +256,60 @@ describe('warm standbys and the pools every owner shares', () => {
     expect((await n.call('GET', '/volumes/v')).body.instances).toHaveLength(2);
   });
 });
+
+describe('warm rollbacks', () => {
+  const rollback = async (n: FakeNode, id: string, ck: string) => {
+    const r = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+  };
+  const held = (n: FakeNode) => n.fp.warm.held().filter((s) => s.kind === 'rollback').map((s) => s.key);
+  const replaces = (n: FakeNode, id: string) => n.host.calls.filter((c) => c.startsWith(`replace ${id}`));
+
+  it('a rollback leaves a standby of its checkpoint; the next rollback to it is warm, one to another checkpoint is not and drops it', async () => {
+    const n = await node();
+    const { id, ck } = await source(n);
+    await rollback(n, id, ck);
+    await n.fp.warm.settled();
+    expect(held(n)).toEqual([`rollback:${id}:${ck}`]);
+    expect(n.engine.rollbackStandbys.get(id)?.imagesId).toBe(ck);
+
+    await n.sh(id, 'set counter 3');
+    await rollback(n, id, ck);
+    expect(replaces(n, id)).toEqual([`replace ${id} ${ck}`, `replace ${id} ${ck} warm`]);
+    expect(await n.sh(id, 'get counter')).toBe('1');
+    await n.fp.warm.settled();
+    expect(held(n)).toEqual([`rollback:${id}:${ck}`]);
+
+    const ck2 = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
+    await rollback(n, id, ck2);
+    expect(replaces(n, id).at(-1)).toBe(`replace ${id} ${ck2}`);
+    expect(n.host.calls).toContain(`dropRollback ${id}`);
+    await n.fp.warm.settled();
+    expect(held(n)).toEqual([`rollback:${id}:${ck2}`]);
+  });
+
+  it('deleting its checkpoint or its instance removes the standby; so do a stop and a hibernation, and the next rollback then restores', async () => {
+    const n = await node();
+    const { id, ck } = await source(n);
+    await rollback(n, id, ck);
+    await n.fp.warm.settled();
+    const ck2 = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
+    expect((await n.call('DELETE', `/instances/${id}/checkpoints/${ck}`)).status).toBe(204);
+    expect(held(n)).toEqual([]);
+    expect(n.engine.rollbackStandbys.has(id)).toBe(false);
+
+    await rollback(n, id, ck2);
+    await n.fp.warm.settled();
+    expect(n.engine.rollbackStandbys.has(id)).toBe(true);
+    expect((await n.call('POST', `/instances/${id}/hibernate`)).status).toBe(200);
+    expect(n.engine.rollbackStandbys.has(id)).toBe(false);
+    expect((await n.call('POST', `/instances/${id}/wake`)).status).toBe(200);
+    await rollback(n, id, ck2);
+    expect(replaces(n, id).at(-1)).toBe(`replace ${id} ${ck2}`);
+    await n.fp.warm.settled();
+    expect(held(n)).toEqual([`rollback:${id}:${ck2}`]);
+    expect((await n.call('DELETE', `/instances/${id}`)).status).toBe(204);
+    expect(held(n)).toEqual([]);
+    expect(n.engine.rollbackStandbys.size).toBe(0);
+  });
+});

@@ -124,6 +124,26 @@ export class Network {
     return { hostIf, address: net.address, gateway: this.gateway, mac: net.mac };
   }
 
+  /** The link made for `from` (a rollback's standby, under a name of its own) is `id`'s from
+   * now on; the bytes of the one it replaces are carried over. */
+  takeLink(id: string, from: string): void {
+    const l = this.links.get(from);
+    if (!l) return;
+    const prev = this.links.get(id);
+    this.links.delete(from);
+    this.links.set(id, { hostIf: l.hostIf, before: prev ? this.countersOf(prev) : l.before });
+  }
+
+  /** The host's end of the sandbox's link. */
+  linkOf(id: string): string | undefined {
+    return this.links.get(id)?.hostIf;
+  }
+
+  /** A link made for a sandbox that is gone without taking it (a standby's). */
+  dropLink(id: string): void {
+    this.links.delete(id);
+  }
+
   /** Makes the link of a booted sandbox (a restore's is made by its restorer). */
   async connectBooted(pid: number, link: LinkRequest): Promise<void> {
     await setUpLink(this.opts.agentPath, pid, link);
