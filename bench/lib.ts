@@ -83,18 +83,31 @@ export interface CycleSamples {
 /** A memory checkpoint (its pause), a rollback to it and a fork of it (each timed over HTTP),
  * the fork deleted after; the instance's older checkpoints make room (delete_oldest). */
 export async function checkpointCycle(s: BenchServer, id: string, out: CycleSamples): Promise<void> {
+  const ck = await memoryCheckpoint(s, id);
+  out.pause.push(ck.pause_ms);
+  const fork = await timedRollbackAndFork(s, id, ck.id, out);
+  await s.api('DELETE', `/instances/${fork.id}`);
+}
+
+/** A memory checkpoint of the instance, ready (its older ones make room: delete_oldest). */
+export async function memoryCheckpoint(s: BenchServer, id: string): Promise<{ id: string; pause_ms: number }> {
   const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
   if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
-  out.pause.push(ck.body.pause_ms);
+  return ck.body;
+}
+
+/** A rollback of the instance to the checkpoint and a fork of it, each timed over HTTP; the
+ * fork, and whether it took a standby. */
+export async function timedRollbackAndFork(s: BenchServer, id: string, checkpointId: string, out: Pick<CycleSamples, 'rollback' | 'fork'>): Promise<{ id: string; warm: boolean }> {
   let t = performance.now();
-  const rb = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.body.id });
+  const rb = await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: checkpointId });
   if (rb.status !== 200) throw new Error(JSON.stringify(rb.body));
   out.rollback.push(performance.now() - t);
   t = performance.now();
-  const f = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.body.id });
+  const f = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: checkpointId });
   if (f.status !== 201) throw new Error(JSON.stringify(f.body));
   out.fork.push(performance.now() - t);
-  await s.api('DELETE', `/instances/${f.body.id}`);
+  return { id: f.body.id, warm: f.body.warm_fork === true };
 }
 
 export interface BenchServer {

@@ -5,7 +5,7 @@
  * first fork of a checkpoint finds no standby), waits for the standby that fork leaves, and forks
  * again (warm). Timed over HTTP from the fork's request to its first exec's answer.
  */
-import { benchServer, stats, table } from './lib.js';
+import { benchServer, memoryCheckpoint, stats, table } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 15);
 const s = await benchServer({ config: { warmForks: '4' } });
@@ -55,13 +55,12 @@ try {
   const execOnly: number[] = [];
   for (let i = -1; i < N; i++) {
     // Round -1 warms up (page cache, the restorer pool).
-    const ck = await s.api('POST', `/instances/${source}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
-    if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
-    const first = await forkAndExec(source, ck.body.id);
+    const ck = await memoryCheckpoint(s, source);
+    const first = await forkAndExec(source, ck.id);
     await s.fp.warm.settled();
     // Let the pool's restorers refill, as between forks a user makes.
     await new Promise((r) => setTimeout(r, 200));
-    const second = await forkAndExec(source, ck.body.id);
+    const second = await forkAndExec(source, ck.id);
     await s.fp.warm.settled();
     for (const id of [first.id, second.id]) await s.api('DELETE', `/instances/${id}`);
     const t = performance.now();
@@ -80,15 +79,14 @@ try {
   const rollbackWarm: number[] = [];
   const rollbackUnwarm: number[] = [];
   for (let i = -1; i < N; i++) {
-    const ck = await s.api('POST', `/instances/${source}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
-    if (ck.body.status !== 'ready') throw new Error(JSON.stringify(ck.body));
+    const ck = await memoryCheckpoint(s, source);
     // The last round's standby goes first: its removal is not the cold rollback's to pay.
     await s.fp.warm.dropRollbackOf(source);
     await new Promise((r) => setTimeout(r, 200));
-    const first = await rollbackAndExec(source, ck.body.id);
+    const first = await rollbackAndExec(source, ck.id);
     await s.fp.warm.settled();
     await new Promise((r) => setTimeout(r, 200));
-    const second = await rollbackAndExec(source, ck.body.id);
+    const second = await rollbackAndExec(source, ck.id);
     await s.fp.warm.settled();
     if (i < 0) continue;
     if (first.warm) throw new Error('the first rollback to a checkpoint found a standby');
