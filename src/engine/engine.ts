@@ -105,7 +105,7 @@ export class Engine implements SandboxRuntime {
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
     this.puller = new RegistryPuller(this.images, this.mounter, join(this.layout.images, '.oci-cache'));
-    this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, upstreamCa: opts.network.upstreamCa, log: opts.logger });
+    this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, upstreamCa: opts.network.upstreamCa, log: opts.logger, spoolDir: this.layout.spill });
   }
 
   get log(): Logger {

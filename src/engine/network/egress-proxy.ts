@@ -8,7 +8,7 @@ import { Agent, request } from 'undici';
 import { issueServerCertificate } from '../../lib/egress-ca.js';
 import { egressAllows, hostMatches, type EgressPolicy } from '../../lib/egress-policy.js';
 import type { EgressSecrets, SecretRule } from '../../seam/runtime.js';
-import { BodyBudget, bodyWithSecrets } from './request-body.js';
+import { BODIES_SPOOLED_PER_SANDBOX, BODIES_SPOOLED_TOTAL, BodyBudget, bodyWithSecrets, type BodySpool } from './request-body.js';
 import { substituteText } from './secret-substitution.js';
 
 /** Connections one sandbox may hold open through the proxy at once. */
@@ -57,6 +57,7 @@ export class EgressProxy {
   private readonly agent: Agent;
   private readonly resolver = new Resolver({ timeout: 2000, tries: 2 });
   private readonly bodies = new BodyBudget();
+  private readonly spool: BodySpool | undefined;
 
   constructor(
     private readonly gateway: string,
@@ -67,7 +68,10 @@ export class EgressProxy {
     /** The sandboxes' subnet: never reached through the proxy. */
     private readonly sandboxesCidr: string,
     private readonly log: Logger,
+    /** Where bodies too long to hold in memory are written to keep their stated length. */
+    spoolDir?: string,
   ) {
+    this.spool = spoolDir ? { dir: spoolDir, budget: new BodyBudget(BODIES_SPOOLED_PER_SANDBOX, BODIES_SPOOLED_TOTAL) } : undefined;
     this.http = createHttpServer({ headersTimeout: HEADERS_TIMEOUT_MS, requestTimeout: REQUEST_TIMEOUT_MS }, (req, res) => void this.handle(req, res));
     this.agent = new Agent({
       connectTimeout: UPSTREAM_CONNECT_MS,
@@ -189,7 +193,7 @@ export class EgressProxy {
       // address); the name goes as Host and as the TLS server name, which the certificate must match.
       const origin = caller.servername ? `https://${address}:443` : `http://${address}:80`;
       const hasBody = req.method !== 'GET' && req.method !== 'HEAD';
-      const body = hasBody ? await bodyWithSecrets(caller.id, req, headers, rules, this.bodies) : null;
+      const body = hasBody ? await bodyWithSecrets(caller.id, req, headers, rules, this.bodies, this.spool) : null;
       const upstream = await request(`${origin}${target}`, {
         method: (req.method ?? 'GET') as 'GET',
         headers: { ...headers, host },

@@ -24,6 +24,8 @@ export interface NetworkOptions {
   dnsServers?: string[] | undefined;
   /** CA certificates (PEM) the egress proxy also trusts for upstream hosts. */
   upstreamCa?: string | undefined;
+  /** Where the egress proxy writes request bodies too long to hold in memory (egress-proxy.ts). */
+  spoolDir?: string;
   log: Logger;
 }
 
@@ -61,7 +63,7 @@ export class Network {
       },
       learn: (id, ips, ttl) => this.firewall.learn(id, ips, ttl),
     }, opts.log);
-    this.proxy = new EgressProxy(this.gateway, (address) => this.byAddress.get(address), upstreams, opts.upstreamCa, cidr, opts.log);
+    this.proxy = new EgressProxy(this.gateway, (address) => this.byAddress.get(address), upstreams, opts.upstreamCa, cidr, opts.log, opts.spoolDir);
   }
 
   /** Readies the host: the gateway address, forwarding, the firewall with these sandboxes in it,
