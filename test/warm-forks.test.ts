@@ -224,13 +224,21 @@ describe('warm rollbacks', () => {
     await until('the old disk removed', () => asideDirs().every((d) => d.endsWith('~rollback')), 10_000);
     expect(s.fp.warm.held().filter((h) => h.kind === 'rollback')).toHaveLength(1);
 
-    // A checkpoint taken after it, a rollback to that one: cold, and the standby of the first goes.
+    // An instance that rolls back gets a standby of its newest checkpoint in place of the last:
+    // the first rollback to it is warm too, with that checkpoint's state.
+    await sh(inst.id, 'echo second > /root/file');
     const ck2 = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
-    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck2.id })).status).toBe(200);
-    expect(warmth).toEqual([false, true, false]);
-    expect((await sh(inst.id, 'cat /root/file')).stdout).toBe('kept\n');
     await s.fp.warm.settled();
     expect(s.fp.warm.held().filter((h) => h.kind === 'rollback').map((h) => h.key)).toEqual([`rollback:${inst.id}:${ck2.id}`]);
+    await sh(inst.id, 'echo third > /root/file');
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck2.id })).status).toBe(200);
+    expect(warmth).toEqual([false, true, true]);
+    expect((await sh(inst.id, 'cat /root/file')).stdout).toBe('second\n');
+    // One to another checkpoint restores.
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    expect(warmth).toEqual([false, true, true, false]);
+    expect((await sh(inst.id, 'cat /root/file')).stdout).toBe('kept\n');
+    await s.fp.warm.settled();
 
     // Deleting the instance takes its standby with it: no disk, group or mount left.
     expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);

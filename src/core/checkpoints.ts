@@ -265,6 +265,12 @@ export class CheckpointService {
     this.events.emit(inst.id, 'checkpoint.ready', { checkpoint_id: c.id, pause_ms: pauseMs, delta_bytes: deltaBytes, memory_bytes: memoryBytes });
     this.log.info({ checkpoint: c.id, instance: inst.id, pauseMs, deltaBytes, memoryBytes, upperCopied: instanceLayers === inst.layers }, 'checkpoint ready');
     this.squasher.consider(inst.id, instanceLayers.length);
+    // An instance that rolls back (it has a standby for it) gets its standby of this checkpoint
+    // instead: the newest is the one a "checkpoint, try, roll back" loop goes back to.
+    if (c.memory && this.warm.rollsBack(inst.id)) {
+      await this.warm.dropRollbackOf(inst.id);
+      this.warm.refill({ kind: 'rollback', instanceId: inst.id, checkpointId: c.id }, inst.owner);
+    }
   }
 
   /**

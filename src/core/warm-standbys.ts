@@ -196,6 +196,13 @@ export class WarmStandbys {
     await this.dropWhere((k) => standsOn(k, key));
   }
 
+  /** Whether the instance has a rollback standby, held or being made: it rolls back, and its
+   * newest checkpoint is the likeliest to be rolled back to next. */
+  rollsBack(instanceId: string): boolean {
+    const prefix = `rollback:${instanceId}:`;
+    return [...this.ready.values()].some((s) => s.key.startsWith(prefix)) || [...this.making.keys()].some((k) => k.slice(k.lastIndexOf(' ') + 1).startsWith(prefix));
+  }
+
   /** The instance's rollback standby goes (it stopped, hibernated, is deleted, or is rolled
    * back to another checkpoint: the engine holds one per instance). */
   async dropRollbackOf(instanceId: string): Promise<void> {

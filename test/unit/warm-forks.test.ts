@@ -280,20 +280,30 @@ describe('warm rollbacks', () => {
     await n.fp.warm.settled();
     expect(held(n)).toEqual([`rollback:${id}:${ck}`]);
 
+    // An instance that rolls back: its newest memory checkpoint's standby takes the place of
+    // the last, and the first rollback to it is warm too.
     const ck2 = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
-    await rollback(n, id, ck2);
-    expect(replaces(n, id).at(-1)).toBe(`replace ${id} ${ck2}`);
-    expect(n.host.calls).toContain(`dropRollback ${id}`);
     await n.fp.warm.settled();
+    expect(n.host.calls).toContain(`dropRollback ${id}`);
     expect(held(n)).toEqual([`rollback:${id}:${ck2}`]);
+    await rollback(n, id, ck2);
+    expect(replaces(n, id).at(-1)).toBe(`replace ${id} ${ck2} warm`);
+    // A rollback to another checkpoint than the standby's restores, and the standby goes.
+    await n.fp.warm.settled();
+    await rollback(n, id, ck);
+    expect(replaces(n, id).at(-1)).toBe(`replace ${id} ${ck}`);
+    expect(n.engine.rollbackStandbys.get(id)?.imagesId).not.toBe(ck2);
+    await n.fp.warm.settled();
+    expect(held(n)).toEqual([`rollback:${id}:${ck}`]);
   });
 
   it('deleting its checkpoint or its instance removes the standby; so do a stop and a hibernation, and the next rollback then restores', async () => {
     const n = await node();
     const { id, ck } = await source(n);
+    const ck2 = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
     await rollback(n, id, ck);
     await n.fp.warm.settled();
-    const ck2 = (await n.call('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body.id as string;
+    expect(held(n)).toEqual([`rollback:${id}:${ck}`]);
     expect((await n.call('DELETE', `/instances/${id}/checkpoints/${ck}`)).status).toBe(204);
     expect(held(n)).toEqual([]);
     expect(n.engine.rollbackStandbys.has(id)).toBe(false);
