@@ -247,4 +247,19 @@ describe('warm rollbacks', () => {
     await until('nothing of the instance left', () => asideDirs().length === 0 && !readFileSync('/proc/self/mountinfo', 'utf8').includes(inst.id), 10_000);
     expect(readdirSync(`/sys/fs/cgroup/freezer/forkpoint/${nodeId()}`).filter((g) => g.startsWith(inst.id))).toEqual([]);
   }, 90_000);
+
+  it('an instance on the host\'s ids (user_namespace: false) rolls back warm as well', async () => {
+    const inst = await s.instance({ user_namespace: false });
+    await sh(inst.id, 'echo kept > /root/file');
+    const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    await s.fp.warm.settled();
+    await sh(inst.id, 'echo changed > /root/file');
+    const before = warmth.length;
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    expect(warmth.slice(before)).toEqual([true]);
+    expect((await sh(inst.id, 'cat /root/file')).stdout).toBe('kept\n');
+    for (const uid of hostUids(inst.id)) expect(uid).toBe(0);
+    expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);
+  });
 });
