@@ -64,7 +64,8 @@ interface PreparedRestore {
  * route to the standby's link when a rollback takes it). */
 interface RollbackStandby {
   imagesId: string;
-  /** The spec it was restored as, but for its id: a rollback takes it only to the same. */
+  /** The spec it was restored as, but for its id and hostname (a rollback restores the
+   * checkpoint's own hostname): a rollback takes it only to the same. */
   fits: string;
   pid: number;
   startTime: string;
@@ -72,7 +73,7 @@ interface RollbackStandby {
 }
 
 const rollbackStandbyId = (id: string) => `${id}~rollback`;
-const fitOf = (spec: SandboxSpec) => JSON.stringify({ ...spec, id: '' });
+const fitOf = (spec: SandboxSpec) => JSON.stringify({ ...spec, id: '', hostname: '' });
 
 
 /** Sandboxes on this host: overlay disks, CRIU, namespaces, cgroups. Holds the live
@@ -801,6 +802,8 @@ export class Engine implements SandboxRuntime {
     if (standby && imagesId !== undefined && images && standby.imagesId === imagesId && standby.fits === fitOf(spec)) {
       return { sandbox: await this.swapIn(sb, spec, standby), warm: true };
     }
+    // One made for another rollback (other limits since, another checkpoint) is of no use now.
+    if (standby) await this.dropRollback(spec.id);
     await this.disk.ensureVolume(spec);
     const steps = new Steps();
     let restorer: Restorer | undefined;
