@@ -846,8 +846,9 @@ export class Engine implements SandboxRuntime {
    * instance's running sandbox, in the same uid range, with the same address on a link of its
    * own that the host routes nothing to, and held frozen; a `replace` to the same checkpoint
    * with the same spec swaps it in (swapIn) instead of restoring. One per instance: a new one
-   * replaces the old. False when this engine cannot swap one in: cgroup v2 (the unified
-   * hierarchy refuses to rename a group), an instance with a disk limit or volumes.
+   * replaces the old. Undefined when this engine cannot swap one in: cgroup v2 (the unified
+   * hierarchy refuses to rename a group), an instance with a disk limit or volumes, one not
+   * running here, one whose standby is being made.
    */
   async holdRollback(spec: SandboxSpec, imagesId: string): Promise<{ memoryBytes: number } | undefined> {
     const images = this.layout.checkpoint(imagesId);
@@ -909,23 +910,25 @@ export class Engine implements SandboxRuntime {
     const l = this.layout;
     const shadow = rollbackStandbyId(spec.id);
     const steps = new Steps();
+    let oldGone: Promise<void> = Promise.resolve();
+    let aside: string | undefined;
     try {
       await sb.pause(async () => {
         // Killed, not waited for: what is left of it dies in groups of its own (renamed aside
         // below), on a link the host no longer routes to; its removal waits for it.
-        const oldGone = killTree(sb.pid, sb.startTime);
+        oldGone = killTree(sb.pid, sb.startTime);
         oldGone.catch(() => {});
         void oldGone.then(() => failpoint('rollback.killed'), () => {});
-        // Aside under a name that is no instance's: a server killed from here on finds the old
-        // disk a stray (mountedInstances) and the standby in place, or, killed before its
-        // groups are renamed, a stray too (leftoverPid looks in the standby's groups).
         // The route first: a server killed before the renames restores the instance as a cold
         // rollback would (its link then takes the route); one killed after them adopts the
         // standby, whose link has it already.
         this.network.takeLink(spec.id, shadow);
         if (spec.network) await standby.restorer.worker.moveRoute({ hostIf: this.network.linkOf(spec.id)!, address: spec.network.address, gateway: this.network.gateway });
         failpoint('rollback.routed');
-        const aside = `${spec.id}~old${++this.asideSeq}`;
+        // Aside under a name that is no instance's: a server killed from here on finds the old
+        // disk a stray (mountedInstances) and the standby in place, or, killed before its
+        // groups are renamed, a stray too (leftoverPid looks in the standby's groups).
+        aside = `${spec.id}~old${++this.asideSeq}`;
         renameSync(l.instance(spec.id), l.instance(aside));
         renameSync(l.instance(shadow), l.instance(spec.id));
         this.cgroups.rename(spec.id, aside);
@@ -935,14 +938,19 @@ export class Engine implements SandboxRuntime {
         this.standing.delete(shadow);
         if (!this.fenced.has(spec.id)) await this.cgroups.thaw(spec.id);
         failpoint('rollback.restored');
-        this.track(oldGone.then(() => this.destroy(aside)));
         return { pid: standby.pid, startTime: standby.startTime, result: undefined };
       }, undefined, { rollback: true });
     } catch (err) {
+      // Whichever it got to: the instance's sandbox (the old one, or the standby in its place)
+      // and the standby where it stood go; the instance is the caller's to mark failed.
       await this.abandonLaunch(spec.id).catch(() => {});
+      await this.killStray(standby.pid, standby.startTime).catch(() => {});
+      await this.destroy(shadow).catch(() => {});
       throw err instanceof EngineError ? err : new EngineError('RESTORE_FAILED', `the warm rollback failed: ${(err as Error).message}`, undefined, { cause: err });
     } finally {
       standby.restorer.worker.end();
+      const put = aside;
+      if (put) this.track(oldGone.then(() => this.destroy(put)));
     }
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'warm rollback');
     return sb;
