@@ -38,7 +38,7 @@ import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
 import { Cluster, nodeIdOf } from './cluster.js';
-import { isStandby, standbyKeyOf, WarmStandbys } from './warm-standbys.js';
+import { isStandby, rollbackCheckpointOf, standbyKeyOf, WarmStandbys } from './warm-standbys.js';
 
 export interface HealthReport {
   ok: boolean;
@@ -171,7 +171,8 @@ export class Forkpoint {
       make: (recipe, owner) =>
         recipe.kind === 'fork' ? this.checkpoints.makeStandby(recipe, owner) : recipe.kind === 'rollback' ? this.checkpoints.makeRollbackStandby(recipe) : this.instances.makeStandby(recipe.image, owner),
       // A rollback's standby has no record: its instance's is the instance's own.
-      discard: (s) => (s.kind === 'rollback' ? this.engine.dropRollback(s.id) : this.instances.discard(s.id)),
+      // (and one of another checkpoint's may have taken its place in the engine since).
+      discard: (s) => (s.kind === 'rollback' ? this.engine.dropRollback(s.id, rollbackCheckpointOf(s.key)) : this.instances.discard(s.id)),
       memoryOf: (id) => this.engine.memoryInUse(id),
     }, log);
     this.catalog.whenDeleted((name) => this.warm.drop(standbyKeyOf({ kind: 'create', image: name })));

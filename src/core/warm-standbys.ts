@@ -43,6 +43,9 @@ export type StandbyRecipe =
 export const standbyKeyOf = (r: StandbyRecipe): string =>
   r.kind === 'fork' ? r.checkpointId : r.kind === 'create' ? `image:${r.image}` : `rollback:${r.instanceId}:${r.checkpointId}`;
 
+/** The checkpoint a rollback's standby key names. */
+export const rollbackCheckpointOf = (key: string): string => key.slice(key.lastIndexOf(':') + 1);
+
 /** Whether a standby of this key stands on the checkpoint (or image) of key `of`. */
 const standsOn = (key: string, of: string): boolean => key === of || (key.startsWith('rollback:') && key.endsWith(`:${of}`));
 
@@ -68,7 +71,7 @@ export interface StandbyMaker {
    * held frozen (a rollback's: no record, and its memory said); undefined when none can be
    * made for it. */
   make(recipe: StandbyRecipe, owner: string): Promise<(Pick<Standby, 'id' | 'processes' | 'imageKey'> & { memoryBytes?: number }) | undefined>;
-  discard(s: Pick<Standby, 'kind' | 'id'>): Promise<void>;
+  discard(s: Pick<Standby, 'kind' | 'id' | 'key'>): Promise<void>;
   memoryOf(id: string): Promise<number>;
 }
 

@@ -887,10 +887,10 @@ export class Engine implements SandboxRuntime {
   /** Instances whose rollback standby is being made. */
   private readonly holding = new Set<string>();
 
-  /** The instance's rollback standby, if it has one, goes. */
-  async dropRollback(id: string): Promise<void> {
+  /** The instance's rollback standby, if it has one (of that memory image, when given), goes. */
+  async dropRollback(id: string, imagesId?: string): Promise<void> {
     const standby = this.rollbackStandbys.get(id);
-    if (!standby) return;
+    if (!standby || (imagesId !== undefined && standby.imagesId !== imagesId)) return;
     this.rollbackStandbys.delete(id);
     standby.restorer.worker.end();
     const shadow = rollbackStandbyId(id);

@@ -261,8 +261,8 @@ export interface SandboxRuntime {
    * instance (a new one replaces the old); stop, hibernate and destroy remove it. Undefined when
    * this engine cannot hold one for the instance. */
   holdRollback(spec: SandboxSpec, imagesId: string): Promise<{ memoryBytes: number } | undefined>;
-  /** The instance's rollback standby, if any, goes. */
-  dropRollback(id: string): Promise<void>;
+  /** The instance's rollback standby, if any (only one of that memory image, when given), goes. */
+  dropRollback(id: string, imagesId?: string): Promise<void>;
   stop(id: string): Promise<void>;
   destroy(id: string): Promise<void>;
   /** Instances whose disks are mounted here (what a crash may have left). */

@@ -729,8 +729,11 @@ export class FakeEngine implements SandboxRuntime {
     return { memoryBytes: 1024 * 1024 };
   }
 
-  async dropRollback(id: string): Promise<void> {
-    if (this.rollbackStandbys.delete(id)) this.note(`dropRollback ${id}`);
+  async dropRollback(id: string, imagesId?: string): Promise<void> {
+    const held = this.rollbackStandbys.get(id);
+    if (!held || (imagesId !== undefined && held.imagesId !== imagesId)) return;
+    this.rollbackStandbys.delete(id);
+    this.note(`dropRollback ${id}`);
   }
 
   async replace(spec: SandboxSpec, imagesId: string | undefined): Promise<{ sandbox: SandboxHandle; warm: boolean }> {
