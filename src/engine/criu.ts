@@ -1,5 +1,5 @@
 import { readFileSync, writeFileSync } from 'node:fs';
-import { chmod, mkdir, readFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { EngineError } from '../seam/errors.js';
@@ -47,12 +47,21 @@ export class Criu {
     return `/run/volumes/${i}`;
   }
 
+  /** The last answer of `criu --version`, for the binary as it was then. */
+  private known: { binary: string; answer: CriuVersion | undefined } | undefined;
+
+  /** CRIU's version, asked of the binary once per build of it: `/healthz` needs no token, and
+   * each call of it must not start a process. */
   async version(): Promise<CriuVersion | undefined> {
+    const st = await stat(this.path).catch(() => undefined);
+    const binary = st ? `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}` : '';
+    if (binary && this.known?.binary === binary) return this.known.answer;
     const r = await execa(this.path, ['--version'], { reject: false });
     const m = /Version:\s*(\S+)/.exec(r.stdout);
-    if (!m) return undefined;
-    const [major = 0, minor = 0] = m[1]!.split('.').map(Number);
-    return { version: m[1]!, ok: major > 4 || (major === 4 && minor >= 2) };
+    const [major = 0, minor = 0] = m ? m[1]!.split('.').map(Number) : [];
+    const answer = m ? { version: m[1]!, ok: major > 4 || (major === 4 && minor >= 2) } : undefined;
+    if (binary) this.known = { binary, answer };
+    return answer;
   }
 
   /** `criu check`: whether this kernel, with the privileges the server has, lets CRIU dump and
