@@ -288,8 +288,6 @@ export class Cgroups {
     return { oomKills: num(mem, 'oom_kill'), pidsRefused: num(pids, 'max') };
   }
 
-  /** Removes the sandbox's groups, and any group made below them (a sandbox cannot make one,
-   * but a host tool or an older forkpoint might have). */
   /** `from`'s groups are `to`'s from now on (a rollback's standby taking its instance's place;
    * the replaced sandbox's put aside first). v1 only: the unified hierarchy refuses renames.
    * Synchronous: a rename per controller, inside a pause. */
@@ -307,6 +305,8 @@ export class Cgroups {
     this.made.delete(to);
   }
 
+  /** Removes the sandbox's groups, and any group made below them (a sandbox cannot make one,
+   * but a host tool or an older forkpoint might have). */
   async remove(id: string): Promise<void> {
     this.made.delete(id);
     const dirs = [this.group, LEGACY_GROUP].flatMap((g) => (this.version === 2 ? [this.v2Dir(id, g)] : V1_CONTROLLERS.map((c) => this.v1Dir(c, id, g))));
