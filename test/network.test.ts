@@ -147,6 +147,30 @@ describe('a sandbox on the network', () => {
     }
   });
 
+  it('IPv6 is off on the sandbox\'s link, both ends, booted, restored and forked; its loopback keeps ::1', async () => {
+    const a = await s.instance();
+    await sh(a.id, 'sleep 1000 > /dev/null 2>&1 &');
+    const ck = await s.api('POST', `/instances/${a.id}/checkpoints`, { memory: true });
+    await until('the checkpoint', async () => (await s.api('GET', `/instances/${a.id}/checkpoints/${ck.body.id}`)).body.status === 'ready');
+    const fork = (await s.api('POST', `/instances/${a.id}/fork`, { checkpoint_id: ck.body.id })).body;
+    expect((await s.api('POST', `/instances/${a.id}/rollback`, { checkpoint_id: ck.body.id })).status).toBe(200);
+    for (const id of [a.id, fork.id]) {
+      // Inside: no IPv6 address but loopback's, and eth0's switch is off (a sandbox's root
+      // cannot turn it back on: /proc/sys is read-only there).
+      const addrs = (await sh(id, 'cat /proc/net/if_inet6')).stdout.trim().split('\n').map((l) => l.trim().split(/\s+/));
+      expect(addrs.map((f) => f[5]), id).toEqual(['lo']);
+      expect((await sh(id, 'cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6')).stdout.trim()).toBe('1');
+      expect((await sh(id, 'echo 0 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6')).exit_code).not.toBe(0);
+      expect((await sh(id, 'cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6')).stdout.trim()).toBe('1');
+      // The host's end: IPv6 off there too, so nothing the sandbox sends is IPv6 to the host.
+      const hostIf = s.engine.network.linkOf(id);
+      expect(hostIf, id).toBeTruthy();
+      expect((await readFile(`/proc/sys/net/ipv6/conf/${hostIf}/disable_ipv6`, 'utf8')).trim()).toBe('1');
+    }
+    await s.api('DELETE', `/instances/${fork.id}`);
+    await s.api('DELETE', `/instances/${a.id}`);
+  });
+
   it('counts the bytes each instance sends and receives', async () => {
     const inst = await s.instance({ network: { allow: [net.name] } });
     await sh(inst.id, `wget -q -O /dev/null http://${net.name}/`);
