@@ -8,6 +8,8 @@ import { request } from 'undici';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { subnetFor } from '../src/lib/ipv4.js';
+import { Firewall } from '../src/engine/network/firewall.js';
+import { DEFAULT_POLICY } from '../src/lib/egress-policy.js';
 import { startServer, type TestServer } from './helpers/server.js';
 import { startTestHost, type TestHost } from './helpers/testhost.js';
 import { buildAttackKit, installKit, KIT } from './helpers/attack-kit.js';
@@ -90,6 +92,28 @@ describe('a sandbox on the network', () => {
     expect(patched.status).toBe(200);
     expect(await fetchIn(inst.id, `http://${net.address}/`)).toContain('hello');
     await s.api('DELETE', `/instances/${inst.id}`);
+  });
+
+  it('policies applied at once go in together; a script nft refuses fails only its own caller', async () => {
+    // A table of the test's own, on addresses no server here uses.
+    const fw = new Firewall('10.251.7.0/24', '10.251.7.1', 'fpzq', `forkpoint_fpzq${process.pid}`);
+    await fw.init([], { http: 1, https: 2 });
+    try {
+      const entries = Array.from({ length: 12 }, (_, i) => ({ id: `inst_batch${i}`, address: `10.251.7.${10 + i}`, policy: DEFAULT_POLICY }));
+      const results = await Promise.allSettled([
+        ...entries.map((e) => fw.set(e)),
+        // Its learned set does not exist: nft refuses the script, and a batch is all or nothing.
+        fw.learn('inst_nosuchone', ['1.2.3.4'], 60),
+      ]);
+      expect(results.slice(0, 12).map((r) => r.status)).toEqual(Array(12).fill('fulfilled'));
+      expect(results[12]!.status).toBe('rejected');
+      expect(String((results[12] as PromiseRejectedResult).reason)).toMatch(/nft: /);
+      const map = (await execa('nft', ['list', 'map', 'inet', `forkpoint_fpzq${process.pid}`, 'egress'])).stdout;
+      for (const e of entries) expect(map).toContain(`${e.address} : jump egress_${e.id}`);
+    } finally {
+      await fw.destroy();
+      fw.close();
+    }
   });
 
   it('a fork keeps its source\'s policy: a denied instance\'s fork is denied, a private host it allowed stays allowed', async () => {
