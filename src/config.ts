@@ -37,6 +37,9 @@ export const configSchema = z.object({
   criuPath: z.string().min(1).default('/opt/forkpoint/bin/criu'),
   /** A tmpfs for CRIU's kernel-probe cache (mounted by the server when missing). */
   criuCacheDir: z.string().min(1).default('/run/forkpoint/criu-cache'),
+  /** A tmpfs a memory checkpoint's image is written to while the sandbox is frozen, then copied
+   * to the data directory (bounded: engine/dump-staging.ts); empty: straight to disk. */
+  dumpStagingDir: z.string().default('/dev/shm'),
   /** The static agent binary; set-up builds it. */
   agentPath: z.string().min(1).default(new URL('../native/build/fp-agent', import.meta.url).pathname),
   /** Images are copied from here into the data directory on first use. */
@@ -189,6 +192,7 @@ const envNames: Record<keyof Config, string> = {
   serverNice: 'FORKPOINT_SERVER_NICE',
   criuPath: 'FORKPOINT_CRIU',
   criuCacheDir: 'FORKPOINT_CRIU_CACHE_DIR',
+  dumpStagingDir: 'FORKPOINT_DUMP_STAGING_DIR',
   agentPath: 'FORKPOINT_AGENT',
   imageSeedDir: 'FORKPOINT_IMAGE_SEED_DIR',
   defaultImage: 'FORKPOINT_DEFAULT_IMAGE',

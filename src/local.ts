@@ -15,6 +15,7 @@ export function localEngine(config: Config, log: Logger, nodeId: string, overrid
     dataDir: config.dataDir,
     criuPath: config.criuPath,
     criuCacheDir: config.criuCacheDir,
+    dumpStagingDir: config.dumpStagingDir || undefined,
     agentPath: config.agentPath,
     imageSeedDir: config.imageSeedDir,
     logger: log,

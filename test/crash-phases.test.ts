@@ -98,7 +98,8 @@ async function restart(): Promise<ChildServer> {
 }
 
 describe('kill -9 in a checkpoint\'s freeze (its upper copied, its memory dumped with the processes left running): the sandbox thaws, the copy and the dump go', () => {
-  for (const [point, memory] of [['checkpoint.frozen', false], ['checkpoint.copied', false], ['checkpoint.frozen', true], ['checkpoint.copied', true]] as const) {
+  // checkpoint.staged: thawed already, the memory image still in memory (not on disk).
+  for (const [point, memory] of [['checkpoint.frozen', false], ['checkpoint.copied', false], ['checkpoint.frozen', true], ['checkpoint.copied', true], ['checkpoint.staged', true]] as const) {
     it(`${point}, ${memory ? 'memory' : 'files only'}`, async () => {
       const id = await armed(point);
       await read(server!, id, 'echo kept > /root/f; echo doomed > /root/g');
@@ -117,6 +118,8 @@ describe('kill -9 in a checkpoint\'s freeze (its upper copied, its memory dumped
       const layers = (await readdir(join(dataDir, 'layers'))).filter((l) => l.startsWith('lyr_'));
       expect(layers).toEqual([]);
       expect(await readdir(join(dataDir, 'checkpoints'))).toEqual([]); // nor the memory image
+      const node = (await s.api('GET', `/instances/${id}`)).body.node as string;
+      expect(await readdir(`/dev/shm/forkpoint-dumps-${node}`)).toEqual([]); // nor its staged copy
       await read(s, id, 'rm /root/g');
       const now = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, {});
       expect(now.body.status).toBe('ready');

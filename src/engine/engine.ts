@@ -23,6 +23,7 @@ import { inotifyWatchPaths } from './watch-paths.js';
 import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
+import { DumpStaging, type StagedDump } from './dump-staging.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
@@ -37,6 +38,8 @@ export interface EngineOptions {
   criuPath: string;
   /** A tmpfs directory for CRIU's kernel-probe cache, shared by every data directory. */
   criuCacheDir: string;
+  /** A tmpfs where memory checkpoints' images are written during the freeze (DumpStaging). */
+  dumpStagingDir?: string | undefined;
   agentPath: string;
   /** Set-up's images (FORKPOINT_IMAGE_SEED_DIR), linked into the data directory when first mounted. */
   imageSeedDir?: string;
@@ -94,6 +97,7 @@ export class Engine implements SandboxRuntime {
   private readonly restorers = new RestorerPool(() => this.startRestorer());
   private agentLayerId = '';
   private readonly volumeFileAgents: VolumeFileAgents;
+  private staging: DumpStaging | undefined;
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
@@ -128,6 +132,9 @@ export class Engine implements SandboxRuntime {
     for (const change of await raiseInotifyCeilings(this.opts.uidRanges)) this.log.info({ change }, 'raised a host-wide inotify ceiling to hold every sandbox\'s bound');
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
     this.criuCheck = await this.criu.check();
+    const staged = await DumpStaging.open(this.opts.dumpStagingDir, `forkpoint-dumps-${this.opts.nodeId}`);
+    if (staged.unusable) this.log.warn({ reason: staged.unusable }, 'memory checkpoints are written straight to disk: the staging directory cannot be used');
+    this.staging = staged.staging;
     if (!this.criuCheck.ok) this.log.error({ criu: this.opts.criuPath, output: this.criuCheck.output }, "'criu check' fails here: checkpoints, rollbacks and forks will fail, and the node is not ready (/readyz 503). In a container, the node needs the privileges deploy/kubernetes/base/daemonset.yaml gives it");
     await this.disk.emptyTrash();
     this.restorers.refill();
@@ -511,13 +518,13 @@ export class Engine implements SandboxRuntime {
   /** What a dump needs before the pause: its image directory (marked with the image format), a
    * CRIU dumper ready with that directory open, the sandbox's inotify watches placed; and
    * whatever else is `alongside`. The dumper is ended if any of it fails. */
-  private async readyDumper(spec: SandboxSpec, pid: number, imagesId: string, alongside: Promise<unknown>[] = []) {
+  private async readyDumper(spec: SandboxSpec, pid: number, imagesId: string, alongside: Promise<unknown>[] = [], staged?: StagedDump) {
     const images = this.layout.checkpoint(imagesId);
     await mkdir(images, { recursive: true });
     this.criu.markFormat(images);
     const dumper = this.dumper(spec, pid);
     try {
-      const [imagesFd, watchedPaths] = await Promise.all([dumper.ready().then(() => dumper.openDir(images)), this.watchedPaths(spec), ...alongside]);
+      const [imagesFd, watchedPaths] = await Promise.all([dumper.ready().then(() => dumper.openDir(staged?.dir ?? images)), this.watchedPaths(spec), ...alongside]);
       return { dumper, images, imagesFd, watchedPaths };
     } catch (err) {
       dumper.end();
@@ -687,10 +694,20 @@ export class Engine implements SandboxRuntime {
       } else {
         await frozen(opts.release);
       }
+      // The sandbox runs again; a memory image written to memory goes to disk now.
+      if (dump && !failure && opts.imagesId !== undefined) {
+        const imagesId = opts.imagesId;
+        await dump.persist().catch(async (err: EngineError) => {
+          failure = err;
+          await this.disk.removeLayer(layerId).catch(() => {});
+          await this.disk.removeCheckpointImages(imagesId).catch(() => {});
+        });
+      }
     } finally {
       // A pause that failed before its work leaves the prepared copy and CRIU waiting: both go.
       copy.cancel();
       dump?.end();
+      await dump?.discard();
       if (dump) void this.cgroups.boost(id, false);
     }
     this.log.debug({ instance: id, steps: steps.ms, ...size, memory: Boolean(dump) }, 'checkpoint pause (upper copied)');
@@ -701,8 +718,14 @@ export class Engine implements SandboxRuntime {
   /** A CRIU dumper of the running sandbox, started and pointed at the memory image's directory
    * before the pause; `run` dumps the tree the engine has frozen and leaves it running (and
    * frozen: CRIU puts the freezer back as it found it). */
-  private async prepareDump(spec: SandboxSpec, sb: Sandbox, imagesId: string): Promise<{ run: () => Promise<void>; end: () => void; survived: () => boolean }> {
-    const { dumper, images, imagesFd, watchedPaths } = await this.readyDumper(spec, sb.pid, imagesId).catch((err: unknown) => {
+  private async prepareDump(spec: SandboxSpec, sb: Sandbox, imagesId: string): Promise<{ run: () => Promise<void>; end: () => void; survived: () => boolean; persist: () => Promise<void>; discard: () => Promise<void> }> {
+    // The image is at most what the sandbox's memory group holds now (its page cache included).
+    const staged = await this.staging?.stage(imagesId, await this.cgroups.memoryBytes(spec.id).catch(() => Infinity)).catch((err: unknown) => {
+      this.log.warn({ err, instance: spec.id }, 'could not stage a memory image; writing it to disk');
+      return undefined;
+    });
+    const { dumper, images, imagesFd, watchedPaths } = await this.readyDumper(spec, sb.pid, imagesId, [], staged).catch(async (err: unknown) => {
+      await staged?.discard();
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
     });
     // The dump's parasite runs in the sandbox's tasks, so in its CPU group (put back after the
@@ -712,6 +735,17 @@ export class Engine implements SandboxRuntime {
     return {
       survived: () => alive,
       end: () => dumper.end(),
+      discard: async () => {
+        await staged?.discard();
+      },
+      // The staged image to its place on disk, after the thaw (a no-op for one written there).
+      persist: async () => {
+        if (!staged) return;
+        failpoint('checkpoint.staged');
+        await staged.persist(images).catch((err: unknown) => {
+          throw new EngineError('DUMP_FAILED', `the memory image did not reach the disk: ${(err as Error).message}`, undefined, { cause: err });
+        });
+      },
       run: async () => {
         const dumped = await dumper.dump({
           pid: sb.pid, imagesFd, frozenIn: this.cgroups.freezerDir(spec.id), ownNetns: spec.uidBase !== null, watchedPaths,
@@ -719,7 +753,7 @@ export class Engine implements SandboxRuntime {
         }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
         dumper.end();
         if (dumped.success) return;
-        const log = await tail(join(images, 'dump.log'));
+        const log = await tail(join(staged?.dir ?? images, 'dump.log'));
         const reason = lastError(log) ?? dumped.cr_errmsg ?? 'no reason given';
         // CRIU went down with the sandbox (a deadline, or its own crash): nothing runs on.
         alive = isAliveSync(sb.pid, sb.startTime);
@@ -1017,6 +1051,7 @@ export class Engine implements SandboxRuntime {
     for (const sb of this.live.values()) await sb.close();
     this.live.clear();
     await this.cgroups.removeNodeGroup();
+    await this.staging?.close();
   }
 }
 

@@ -17,6 +17,9 @@ export const FAILPOINTS = [
   'checkpoint.frozen',
   /** Files-only checkpoint: the upper copied into the new layer, the sandbox still frozen. */
   'checkpoint.copied',
+  /** Memory checkpoint (copied upper): the sandbox thawed, its image still in memory (the
+   * staging tmpfs), not yet on disk. */
+  'checkpoint.staged',
   /** Rollback: the old sandbox killed, the checkpoint not yet restored. */
   'rollback.killed',
   /** Rollback: the checkpoint restored, the store not yet told. */

@@ -1,6 +1,6 @@
 /**
  * Fails the run if the suite leaves anything of its own behind: mounts and loop devices of
- * test data directories, sandbox cgroups, temporary directories, firewall tables, gateway
+ * test data directories, sandbox cgroups, temporary directories, staged memory images, firewall tables, gateway
  * addresses, links, test hosts' network namespaces, and servers it started (forkpoint nodes,
  * throwaway PostgreSQL clusters). What existed before the run
  * (another checkout's, a developer's server) is not counted.
@@ -40,6 +40,8 @@ function snapshot(): Set<string> {
     }
   }
   for (const name of readdirSync(tmpdir())) if (TEMP.test(name)) found.add(`temp ${tmpdir()}/${name}`);
+  // Memory images staged during a checkpoint's freeze (engine/dump-staging.ts), per node.
+  for (const name of readdirSync('/dev/shm')) if (name.startsWith('forkpoint-dumps-')) found.add(`staging /dev/shm/${name}`);
   // Networks: servers' firewall tables and gateway addresses, links, test hosts' namespaces.
   for (const line of execaSync('nft', ['list', 'tables'], { reject: false }).stdout.split('\n')) {
     if (/ forkpoint_fp/.test(line)) found.add(`nft ${line.trim()}`);
