@@ -442,7 +442,7 @@ export class CheckpointService {
 
   /** Waits (bounded) while the checkpoint is processing; it must end ready. */
   private async ready(c: CheckpointRecord): Promise<CheckpointRecord> {
-    if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
+    if (c.status === 'processing') await this.jobs.wait(c.id, AbortSignal.timeout(FORK_WAIT_MS));
     const raw = await this.store.checkpoints.get(c.id);
     if (!raw) throw new NotFoundError('checkpoint', c.id);
     const now = await this.view(raw);
@@ -451,19 +451,19 @@ export class CheckpointService {
     return now;
   }
 
-  async wait(owner: string, instanceId: string, id: string, timeoutMs: number): Promise<CheckpointRecord> {
+  /** The checkpoint once it is no longer processing, or as it is when `signal` aborts. */
+  async wait(owner: string, instanceId: string, id: string, signal: AbortSignal): Promise<CheckpointRecord> {
     await this.get(owner, instanceId, id);
-    await this.jobs.wait(id, timeoutMs);
+    await this.jobs.wait(id, signal);
     return this.get(owner, instanceId, id);
   }
 
   /** Waits until the checkpoint is no longer processing and, once ready, in the object store,
-   * within `timeoutMs` in all. */
-  async waitDurable(owner: string, instanceId: string, id: string, timeoutMs: number, durable: { enabled: boolean; waitFor(id: string, ms: number): Promise<boolean> }): Promise<CheckpointRecord> {
+   * or until `signal` aborts. */
+  async waitDurable(owner: string, instanceId: string, id: string, signal: AbortSignal, durable: { enabled: boolean; waitFor(id: string, signal: AbortSignal): Promise<boolean> }): Promise<CheckpointRecord> {
     if (!durable.enabled) throw new ConflictError('this server has no object store: no checkpoint becomes durable here', { reason: 'NO_OBJECT_STORE' });
-    const deadline = Date.now() + timeoutMs;
-    const c = await this.wait(owner, instanceId, id, timeoutMs);
-    if (c.status === 'ready') await durable.waitFor(c.id, Math.max(0, deadline - Date.now()));
+    const c = await this.wait(owner, instanceId, id, signal);
+    if (c.status === 'ready') await durable.waitFor(c.id, signal);
     return c;
   }
 
@@ -762,7 +762,7 @@ export class CheckpointService {
   async deleteAllOf(instanceId: string): Promise<void> {
     const all = await this.store.checkpoints.forInstance(instanceId);
     for (const c of all) {
-      if (c.status === 'processing') await this.jobs.wait(c.id, FORK_WAIT_MS);
+      if (c.status === 'processing') await this.jobs.wait(c.id, AbortSignal.timeout(FORK_WAIT_MS));
       if (!(await this.unpinned(c.id, FORK_WAIT_MS))) {
         throw new ConflictError(`checkpoint ${c.id} of instance ${instanceId} is still being forked from; try again`, { checkpoint: c.id });
       }

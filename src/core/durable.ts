@@ -11,6 +11,7 @@ import type { DurableManifest } from '../store/durable.js';
 import type { Store } from '../store/index.js';
 import { isObjectStoreAway, type ObjectStore } from '../store/object-store.js';
 import { backoffDelay, retryUntil } from '../lib/backoff.js';
+import { delayUnlessAborted } from '../lib/deadline.js';
 import { UnavailableError } from './errors.js';
 
 /** A failed upload is tried again after this, then twice as long each time, up to RETRY_LAST_MS. */
@@ -60,13 +61,12 @@ export class DurableCheckpoints {
     );
   }
 
-  /** Resolves once the checkpoint is in the object store (true), or after `ms` (false). */
-  async waitFor(checkpointId: string, ms: number): Promise<boolean> {
-    const deadline = Date.now() + ms;
+  /** Resolves once the checkpoint is in the object store (true), or once `signal` aborts (false). */
+  async waitFor(checkpointId: string, signal: AbortSignal): Promise<boolean> {
     for (;;) {
       if ((await this.state(checkpointId)).durable) return true;
-      if (Date.now() >= deadline || this.closed) return false;
-      await new Promise((r) => setTimeout(r, Math.min(DURABLE_POLL_MS, Math.max(0, deadline - Date.now()))));
+      if (signal.aborted || this.closed) return false;
+      await delayUnlessAborted(DURABLE_POLL_MS, signal);
     }
   }
 

@@ -2,6 +2,7 @@ import type { Logger } from 'pino';
 import { newProcessId, type ProcessListener } from '../seam/agent.js';
 import type { AgentProcessInfo } from '../seam/agent.js';
 import { Output } from '../lib/output.js';
+import { untilAborted } from '../lib/deadline.js';
 import { readOutput } from './process/background.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
@@ -347,23 +348,22 @@ export class ExecutionService {
     });
   }
 
-  /** Waits up to `timeoutMs` for the execution to end; answers its state either way. */
-  async wait(owner: string, id: string, execId: string, timeoutMs: number): Promise<ExecutionState> {
+  /** Waits for the execution to end, or until `signal` aborts (its deadline, or the client that
+   * waited gone); answers its state either way. */
+  async wait(owner: string, id: string, execId: string, signal: AbortSignal): Promise<ExecutionState> {
     const record = await this.find(owner, id, execId);
     const state = await this.get(owner, id, execId);
-    if (!state.running || timeoutMs <= 0) return state;
+    if (!state.running || signal.aborted) return state;
     await this.access.use(owner, id, async (sb) => {
       let sub: { close(): void } | undefined;
-      let timer: NodeJS.Timeout | undefined;
-      await new Promise<void>((resolve) => {
-        timer = setTimeout(resolve, timeoutMs);
+      const ended = new Promise<void>((resolve) => {
         const done = () => resolve();
         sb.subscribe(record.processId, [state.stdoutBytes, state.stderrBytes], { onOutput: () => {}, onExit: done, onLost: done }).then(
           (s) => (sub = s),
           done,
         );
       });
-      clearTimeout(timer);
+      await untilAborted(ended, signal, () => undefined);
       sub?.close();
     });
     return this.get(owner, id, execId);

@@ -392,7 +392,7 @@ export class Forkpoint {
     if (rec.status === 'hibernated') rec = await this.instances.wake(rec.owner, rec.id);
     if (rec.status !== 'running' && rec.status !== 'stopped') throw new Error(`instance ${rec.id} is ${rec.status}`);
     const { checkpoint } = await this.checkpoints.create(rec.owner, rec.id, { label: `${HANDOVER}${was}`, memory: rec.status === 'running', retention: { mode: 'delete_oldest' } });
-    const done = await this.checkpoints.waitDurable(rec.owner, rec.id, checkpoint.id, HANDOVER_WAIT_MS, this.durable);
+    const done = await this.checkpoints.waitDurable(rec.owner, rec.id, checkpoint.id, AbortSignal.timeout(HANDOVER_WAIT_MS), this.durable);
     if (done.status !== 'ready') throw new Error(`its handover checkpoint is ${done.status}: ${done.error ?? ''}`);
     await this.instances.release(rec.owner, rec.id);
   }

@@ -1,4 +1,4 @@
-import { untilDeadline } from '../lib/deadline.js';
+import { untilAborted } from '../lib/deadline.js';
 
 /** The lock under which an owner's instance records are made, and under which anything that a
  * new record depends on (its quota, its volumes) is taken away. */
@@ -71,11 +71,12 @@ export class JobQueue {
     return this.running.has(jobId);
   }
 
-  /** Resolves when the job is over (or at once if it is not queued), or after `timeoutMs`. */
-  async wait(jobId: string, timeoutMs: number): Promise<void> {
+  /** Resolves when the job is over (or at once if it is not queued), or once `signal` aborts
+   * (its deadline, or the client that waited gone). */
+  async wait(jobId: string, signal: AbortSignal): Promise<void> {
     const p = this.running.get(jobId);
     if (!p) return;
-    await untilDeadline(p, timeoutMs, () => undefined);
+    await untilAborted(p, signal, () => undefined);
   }
 
   async drain(): Promise<void> {

@@ -290,7 +290,7 @@ export class BuildService {
     // The output is heard from the start on: all of it reaches the log, however fast it comes.
     const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, timeoutMs: STEP_TIMEOUT_MS, onOutput: (_stream, data) => emit(decoder.decode(data, { stream: true })) });
     // The step's own timeout kills it; the margin is for the kill to be seen.
-    const final = await this.executions.wait(o, b.id, state.record.id, STEP_TIMEOUT_MS + STEP_KILL_MARGIN_MS).catch(() => undefined);
+    const final = await this.executions.wait(o, b.id, state.record.id, AbortSignal.timeout(STEP_TIMEOUT_MS + STEP_KILL_MARGIN_MS)).catch(() => undefined);
     emit(decoder.decode());
     if (partial) print(partial);
     const code = final && !final.running ? final.exitCode : null;

@@ -141,7 +141,7 @@ export const execSessionRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         timeoutMs: secondsToMs(b.timeout),
         collectBytes: DEFAULT_MAX_OUTPUT,
       });
-      const now = await fp.executions.wait(owner, id, st.record.id, RUN_HOLD_MS);
+      const now = await fp.executions.wait(owner, id, st.record.id, AbortSignal.any([req.clientGone, AbortSignal.timeout(RUN_HOLD_MS)]));
       if (now.running) return reply.code(202).send({ execId: st.record.id, running: true, startedAt: st.record.startedAt });
       return reply.code(200).send(await result(owner, id, st.record.id));
     });
@@ -156,7 +156,7 @@ export const execSessionRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('Its result, or that it still runs', ExecResultBody), ...errors },
       },
     }, async (req) => {
-      await fp.executions.wait(req.owner, req.params.id, req.params.execId, RESULT_POLL_MS);
+      await fp.executions.wait(req.owner, req.params.id, req.params.execId, AbortSignal.any([req.clientGone, AbortSignal.timeout(RESULT_POLL_MS)]));
       return result(req.owner, req.params.id, req.params.execId);
     });
 

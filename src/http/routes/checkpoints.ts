@@ -14,8 +14,11 @@ const WAIT_MS = 120_000;
 export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     const checkpointView = async (c: CheckpointRecord) => baseView(c, await fp.durable.state(c.id));
-    const waited = (owner: string, id: string, checkpointId: string, how: true | 'durable') =>
-      how === 'durable' ? fp.checkpoints.waitDurable(owner, id, checkpointId, WAIT_MS, fp.durable) : fp.checkpoints.wait(owner, id, checkpointId, WAIT_MS);
+    // Up to WAIT_MS, and no longer than the client waits.
+    const waited = (req: { owner: string; clientGone: AbortSignal }, id: string, checkpointId: string, how: true | 'durable') => {
+      const signal = AbortSignal.any([req.clientGone, AbortSignal.timeout(WAIT_MS)]);
+      return how === 'durable' ? fp.checkpoints.waitDurable(req.owner, id, checkpointId, signal, fp.durable) : fp.checkpoints.wait(req.owner, id, checkpointId, signal);
+    };
     const instanceView = (r: InstanceRecord) => viewOf(r, fp.instances.networkCounters(r));
     const tags = ['checkpoints'];
     app.post('/instances/:id/checkpoints', {
@@ -41,7 +44,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       const b = req.body ?? {};
       const { checkpoint } = await fp.checkpoints.create(req.owner, req.params.id, { label: b.label, memory: b.memory, retention: b.retention });
       if (!req.query.wait) return reply.code(202).send(await checkpointView(checkpoint));
-      return reply.code(200).send(await checkpointView(await waited(req.owner, req.params.id, checkpoint.id, req.query.wait)));
+      return reply.code(200).send(await checkpointView(await waited(req, req.params.id, checkpoint.id, req.query.wait)));
     });
 
     app.get('/instances/:id/checkpoints', {
@@ -71,7 +74,7 @@ export const checkpointRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req) => {
       const c = req.query.wait
-        ? await waited(req.owner, req.params.id, req.params.checkpoint_id, req.query.wait)
+        ? await waited(req, req.params.id, req.params.checkpoint_id, req.query.wait)
         : await fp.checkpoints.get(req.owner, req.params.id, req.params.checkpoint_id);
       return checkpointView(c);
     });

@@ -118,7 +118,7 @@ export const executionRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req) => {
       const { owner } = req;
       const { id, exec_id: execId } = req.params;
-      if (req.query.wait_ms) await fp.executions.wait(owner, id, execId, req.query.wait_ms);
+      if (req.query.wait_ms) await fp.executions.wait(owner, id, execId, AbortSignal.any([req.clientGone, AbortSignal.timeout(req.query.wait_ms)]));
       const out = await fp.executions.output(owner, id, execId);
       const encoding = req.query.output_encoding ?? 'utf8';
       return { ...executionView(out.state), stdout: out.stdout.toString(encoding), stderr: out.stderr.toString(encoding), output_encoding: encoding, truncated: out.truncated };
