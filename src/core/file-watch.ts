@@ -1,6 +1,7 @@
 import { newProcessId, type AgentPort, type WatchEvent } from '../seam/agent.js';
 import { AgentClosedError, AgentError } from '../seam/errors.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
+import { untilDeadline } from '../lib/deadline.js';
 import { EventQueue } from '../lib/event-queue.js';
 import { ConflictError, QuotaExceededError } from './errors.js';
 import { uploadTargetOf } from './upload-names.js';
@@ -30,9 +31,7 @@ const resuming = new WeakMap<SandboxHandle, Set<Promise<void>>>();
 export async function watchesResumed(sb: SandboxHandle): Promise<void> {
   const pending = resuming.get(sb);
   if (!pending?.size) return;
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([Promise.allSettled([...pending]), new Promise((r) => (timer = setTimeout(r, RESUME_DEADLINE_MS)))]);
-  clearTimeout(timer);
+  await untilDeadline(Promise.allSettled([...pending]), RESUME_DEADLINE_MS, () => undefined);
 }
 
 export interface WatchTarget {
