@@ -2,6 +2,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { Failpoint } from '../src/lib/failpoints.js';
 import { ChildServer } from './helpers/child-server.js';
@@ -83,13 +84,25 @@ async function armed(point: Failpoint) {
   return inst.id;
 }
 
-/** Makes the call that reaches the failpoint, and waits for the server to die of it. */
+/** Makes the call that reaches the failpoint, and waits for the server to die of it (a call
+ * that answers instead, having missed the failpoint, fails the test with its answer). */
 async function dieDuring(call: () => Promise<unknown>): Promise<void> {
   const s = server!;
   const exited = new Promise<NodeJS.Signals | null>((r) => s.proc.once('exit', (_code, signal) => r(signal)));
-  await call().catch(() => undefined); // the connection goes down with the server
-  expect(await exited).toBe('SIGKILL'); // it died at the failpoint, not of anything else
+  const answer = await call().catch(() => undefined); // the connection goes down with the server
+  let timer: NodeJS.Timeout | undefined;
+  const missed = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`the server did not die at the failpoint; the call answered ${JSON.stringify(answer)}`)), 20_000);
+  });
+  try {
+    expect(await Promise.race([exited, missed])).toBe('SIGKILL'); // it died at the failpoint, not of anything else
+  } finally {
+    clearTimeout(timer);
+  }
 }
+
+/** The server's Prometheus text (its token is the operator's). */
+const metricsOf = async (s: ChildServer) => (await request(`${s.url}/metrics`, { headers: { authorization: `Bearer ${s.token}` } })).body.text();
 
 async function restart(): Promise<ChildServer> {
   const token = server!.token;
@@ -195,6 +208,9 @@ describe('kill -9 during a warm rollback (its standby swapped in): after the res
       const node = (await server.api('GET', `/instances/${id}`)).body.node as string;
       const standbyState = `/sys/fs/cgroup/freezer/forkpoint/${node}/${id}~rollback/freezer.state`;
       await eventually(async () => existsSync(standbyState) && readFileSync(standbyState, 'utf8').trim() === 'FROZEN', 20_000);
+      // Held in the pool too, not only frozen: a rollback takes only a standby the pool holds (on a
+      // loaded machine the one came a while after the other, and the rollback was cold).
+      await eventually(async () => /^forkpoint_warm_standbys\{kind="rollback"\} 1$/m.test(await metricsOf(server!)), 20_000);
       await read(server, id, 'echo after > /root/marker');
       await dieDuring(() => server!.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.id }));
       const s = await restart();

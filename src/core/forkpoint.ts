@@ -203,7 +203,9 @@ export class Forkpoint {
       diskFreeBytes: () => this.engine.freeBytes(),
       standbys: () => {
         const held = this.warm.held();
-        return { count: held.length, memoryBytes: held.reduce((n, s) => n + s.memoryBytes, 0) };
+        const byKind = { fork: 0, create: 0, rollback: 0 };
+        for (const s of held) byKind[s.kind]++;
+        return { byKind, memoryBytes: held.reduce((n, s) => n + s.memoryBytes, 0) };
       },
     });
     this.metrics.watch(this.events);

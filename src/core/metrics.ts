@@ -1,5 +1,6 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { EventBus, InstanceEvent } from './events.js';
+import type { StandbyKind } from './warm-standbys.js';
 
 /** What the metrics read when scraped: counts the core keeps elsewhere. */
 export interface MetricSources {
@@ -7,8 +8,8 @@ export interface MetricSources {
   jobQueueDepth(): number;
   durableBacklog(): Promise<number>;
   diskFreeBytes(): Promise<number>;
-  /** Warm forks' standbys held now, and the memory they hold. */
-  standbys(): { count: number; memoryBytes: number };
+  /** Standbys held now, by kind (for forks, creates, rollbacks), and the memory they hold. */
+  standbys(): { byKind: Record<StandbyKind, number>; memoryBytes: number };
 }
 
 const seconds = (ms: unknown) => (typeof ms === 'number' ? ms / 1000 : undefined);
@@ -49,7 +50,15 @@ export class Metrics {
     });
     new Gauge({ name: 'forkpoint_job_queue_depth', help: 'Checkpoint jobs queued or running', registers, collect() { this.set(sources.jobQueueDepth()); } });
     new Gauge({ name: 'forkpoint_durable_upload_backlog', help: 'Ready checkpoints not yet in the object store', registers, async collect() { this.set(await sources.durableBacklog()); } });
-    new Gauge({ name: 'forkpoint_warm_standbys', help: 'Sandboxes restored or booted ahead and held for the next forks and creates', registers, collect() { this.set(sources.standbys().count); } });
+    new Gauge({
+      name: 'forkpoint_warm_standbys',
+      help: 'Sandboxes restored or booted ahead and held for the next forks, creates and rollbacks, by kind',
+      labelNames: ['kind'],
+      registers,
+      collect() {
+        for (const [kind, n] of Object.entries(sources.standbys().byKind)) this.set({ kind }, n);
+      },
+    });
     new Gauge({ name: 'forkpoint_warm_standby_memory_bytes', help: 'Memory the held standbys use', registers, collect() { this.set(sources.standbys().memoryBytes); } });
     new Gauge({ name: 'forkpoint_data_disk_free_bytes', help: 'Free bytes under the data directory', registers, async collect() { this.set(await sources.diskFreeBytes()); } });
   }

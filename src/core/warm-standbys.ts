@@ -39,6 +39,8 @@ export type StandbyRecipe =
    * rollback to it takes it (the engine's holdRollback). */
   | { kind: 'rollback'; checkpointId: string; instanceId: string };
 
+export type StandbyKind = StandbyRecipe['kind'];
+
 /** The key a standby is found by: its checkpoint, its image, or its instance and checkpoint. */
 export const standbyKeyOf = (r: StandbyRecipe): string =>
   r.kind === 'fork' ? r.checkpointId : r.kind === 'create' ? `image:${r.image}` : `rollback:${r.instanceId}:${r.checkpointId}`;

@@ -77,7 +77,9 @@ describe('warm forks', () => {
     expect(metrics).toMatch(/^forkpoint_forks_total\{kind="warm"\} 1$/m);
     expect(metrics).toMatch(/^forkpoint_forks_total\{kind="cold"\} 1$/m);
     // This fork's standby, and the one the source's create left of its image.
-    expect(metrics).toMatch(/^forkpoint_warm_standbys 2$/m);
+    expect(metrics).toMatch(/^forkpoint_warm_standbys\{kind="fork"\} 1$/m);
+    expect(metrics).toMatch(/^forkpoint_warm_standbys\{kind="create"\} 1$/m);
+    expect(metrics).toMatch(/^forkpoint_warm_standbys\{kind="rollback"\} 0$/m);
   });
 
   it('a warm fork past the owner\'s quota is refused as a cold one would be (429), and the standby stays for later', async () => {
