@@ -135,7 +135,7 @@ describe('kill -9 in a checkpoint\'s freeze (its upper copied, its memory dumped
       expect(await readdir(`/dev/shm/forkpoint-dumps-${node}`)).toEqual([]); // nor its staged copy
       await read(s, id, 'rm /root/g');
       const now = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, {});
-      expect(now.body.status).toBe('ready');
+      expect(now.body.status, JSON.stringify(now.body)).toBe('ready');
       expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: now.body.id })).status).toBe(200);
       expect(await read(s, id, 'cat /root/f; test -e /root/g || echo gone')).toBe('kept\ngone');
     });
@@ -166,7 +166,7 @@ describe('kill -9 at each phase of a checkpoint whose upper is frozen by rename 
       for (const c of list) expect(c.status, JSON.stringify(c)).not.toBe('processing');
       // Whatever the crash left, a checkpoint now and a rollback to it work.
       const now = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, {});
-      expect(now.body.status).toBe('ready');
+      expect(now.body.status, JSON.stringify(now.body)).toBe('ready');
       expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: now.body.id })).status).toBe(200);
       expect(await read(s, id, 'cat /root/f')).toBe('kept');
       await counting(s, id);
