@@ -356,14 +356,17 @@ export class ExecutionService {
     if (!state.running || signal.aborted) return state;
     await this.access.use(owner, id, async (sb) => {
       let sub: { close(): void } | undefined;
+      let over = false;
       const ended = new Promise<void>((resolve) => {
         const done = () => resolve();
         sb.subscribe(record.processId, [state.stdoutBytes, state.stderrBytes], { onOutput: () => {}, onExit: done, onLost: done }).then(
-          (s) => (sub = s),
+          // A subscription that comes after the wait is over (its signal first) goes at once.
+          (s) => (over ? s.close() : (sub = s)),
           done,
         );
       });
       await untilAborted(ended, signal, () => undefined);
+      over = true;
       sub?.close();
     });
     return this.get(owner, id, execId);

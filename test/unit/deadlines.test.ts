@@ -46,4 +46,30 @@ describe('waits bounded by a signal', () => {
     open();
     expect((await n.fp.checkpoints.wait('default', id, made.body.id, AbortSignal.timeout(10_000))).status).toBe('ready');
   });
+
+  it('a wait on an execution that ends with its signal before its subscription came closes that subscription when it comes', async () => {
+    n = await startFakeNode();
+    const id = (await n.call('POST', '/instances', {})).body.id as string;
+    const st = await n.fp.executions.start('default', id, { kind: 'exec', argv: ['sleep'] });
+    const sb = n.engine.sandbox(id)!;
+    let open!: () => void;
+    const gate = new Promise<void>((r) => (open = r));
+    let opened = 0;
+    let closed = 0;
+    const subscribe = sb.subscribe.bind(sb);
+    sb.subscribe = async (...args) => {
+      await gate;
+      const s = await subscribe(...args);
+      opened++;
+      return { close: () => (closed++, s.close()) };
+    };
+    const client = new AbortController();
+    const waiting = n.fp.executions.wait('default', id, st.record.id, client.signal);
+    await new Promise((r) => setTimeout(r, 20));
+    client.abort();
+    expect((await waiting).running).toBe(true);
+    open();
+    await new Promise((r) => setTimeout(r, 20));
+    expect([opened, closed]).toEqual([1, 1]);
+  });
 });
