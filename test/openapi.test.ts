@@ -96,10 +96,11 @@ describe.each(Object.entries(FILES))('OpenAPI %s (openapi/%s)', (version, file) 
     const schemas = doc.components.schemas as Json;
     for (const name of ['Instance', 'Checkpoint', 'ExecResult', 'Error', 'CreateInstanceRequest', 'ForkRequest']) expect(schemas[name], name).toBeTruthy();
     expect(schemas.ExecResult.properties.exit_code.type).toBe('integer');
-    expect(schemas.Process.properties.pid.type).toBe('integer');
+    expect(schemas.Process.properties.process_id.type).toBe('integer');
     const nullable = (p: Json) => (version === '3.0.3' ? p.nullable === true : JSON.stringify(p).includes('"null"'));
     expect(nullable(schemas.Instance.properties.head_checkpoint_id)).toBe(true);
     expect(nullable(schemas.Checkpoint.properties.pause_ms)).toBe(true);
+    expect(nullable(schemas.Process.properties.pid)).toBe(true);
     const op = (path: string, method: string) => doc.paths[path][method] as Json;
     expect(op('/healthz', 'get').security).toEqual([]);
     expect(op('/instances/{id}/checkpoints', 'post').responses['202'].content['application/json'].schema.$ref).toBe('#/components/schemas/Checkpoint');

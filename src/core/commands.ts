@@ -1,9 +1,8 @@
 import type { Logger } from 'pino';
-import type { AgentProcessInfo } from '../seam/agent.js';
 import { EngineError } from '../seam/errors.js';
 import { execOnce, type ExecResult } from './process/exec-once.js';
 import { Output } from '../lib/output.js';
-import { forgetProcess, listProcesses, readOutput, signalProcess, startBackground, type OutputChunk } from './process/background.js';
+import { signalProcess } from './process/scrollback.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import { SessionRegistry, ShellSession } from './process/shell-session.js';
 import type { InstanceRecord } from '../store/instances.js';
@@ -32,21 +31,14 @@ export interface ExecInput {
   user?: string | undefined;
 }
 
-export interface BackgroundInput {
-  command: string | string[];
-  cwd?: string | undefined;
-  env?: Record<string, string> | undefined;
-  pty?: { rows: number; cols: number } | undefined;
-  user?: string | undefined;
-}
-
 export const DEFAULT_TIMEOUT_MS = 60_000;
 export const DEFAULT_MAX_OUTPUT = 1 << 20;
 
 const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
-/** Commands in an instance: run and waited for, in a persistent shell session, or in the
- * background. Every call wakes a hibernated instance and counts as activity. */
+/** Commands in an instance run and waited for, alone or in a persistent shell session (those
+ * started to run on, followed or not, are executions: ExecutionService). Every call wakes a
+ * hibernated instance and counts as activity. */
 export class CommandService {
   private readonly sessions = new Map<string, Map<string, ShellSession>>();
 
@@ -133,43 +125,6 @@ export class CommandService {
       entries.delete(name);
       await registry.write(entries);
       this.sessions.get(id)?.delete(name);
-    });
-  }
-
-  async startProcess(owner: string, id: string, input: BackgroundInput): Promise<{ id: number; pid: number }> {
-    const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-    return this.access.use(owner, id, async (sb, rec) => {
-      const user = await processUser(sb, input.user);
-      return startBackground(sb, { argv, env: this.instances.envOf(rec, input.env, user.env), cwd: input.cwd ?? rec.workdir ?? '/', pty: input.pty, user: user.ids });
-    });
-  }
-
-  async listProcesses(owner: string, id: string): Promise<AgentProcessInfo[]> {
-    return this.access.use(owner, id, (sb) => listProcesses(sb));
-  }
-
-  async processInfo(owner: string, id: string, processId: number): Promise<AgentProcessInfo> {
-    const p = (await this.listProcesses(owner, id)).find((x) => x.id === processId);
-    if (!p) throw new NotFoundError('process', String(processId));
-    return p;
-  }
-
-  async processOutput(owner: string, id: string, processId: number, from: { stdout: number; stderr: number }): Promise<OutputChunk> {
-    const out = await this.access.use(owner, id, (sb) => readOutput(sb, processId, from));
-    if (!out) throw new NotFoundError('process', String(processId));
-    return out;
-  }
-
-  async signalProcess(owner: string, id: string, processId: number, signo: number): Promise<void> {
-    await this.processInfo(owner, id, processId);
-    await this.access.use(owner, id, (sb) => signalProcess(sb, processId, signo));
-  }
-
-  async forgetProcess(owner: string, id: string, processId: number): Promise<void> {
-    const p = await this.processInfo(owner, id, processId);
-    await this.access.use(owner, id, async (sb) => {
-      if (p.running) await signalProcess(sb, processId, 9);
-      await forgetProcess(sb, processId);
     });
   }
 }

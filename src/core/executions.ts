@@ -3,7 +3,7 @@ import { newProcessId, type ProcessListener } from '../seam/agent.js';
 import type { AgentProcessInfo } from '../seam/agent.js';
 import { Output } from '../lib/output.js';
 import { untilAborted } from '../lib/deadline.js';
-import { readOutput } from './process/background.js';
+import { readOutput, type OutputChunk } from './process/scrollback.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
 import type { ExecutionKind, ExecutionRecord } from '../store/executions.js';
@@ -23,14 +23,21 @@ export interface StartExecution {
   /** A terminal of this size (kind `pty`). */
   pty?: { rows: number; cols: number } | undefined;
   /** Runs as this user of the sandbox (a name or a uid): its ids, its login variables, and its
-   * home as the directory it starts in unless `cwd` says; root when absent. */
+   * home as the directory it starts in unless `cwd` or `startIn` says; root when absent. */
   user?: string | SandboxUser | undefined;
+  /** Where it starts without a `cwd`: the user's home (E2B's and OpenComputer's way, the
+   * default), or the image's working directory whoever runs it (Docker's `exec --user`). */
+  startIn?: 'home' | 'workdir' | undefined;
   /** Written to stdin, which is then closed (unless `keepStdinOpen`). */
   stdin?: Buffer | undefined;
   /** Stdin stays open for attached clients to write to (sessions, shells, terminals). */
   keepStdinOpen?: boolean | undefined;
   /** The command's whole process group is killed after this long. */
   timeoutMs?: number | undefined;
+  /** Nobody follows it (a background process): its output waits in the sandbox's bounded
+   * scrollback and never for the server, its end is learned when someone asks, and no
+   * `exec.ended` event is sent. Takes no timeout, collection or output callback. */
+  detached?: boolean | undefined;
   /** Killed once no client has been attached for this long. */
   maxRunAfterDisconnectMs?: number | undefined;
   /** Keeps the whole output (up to this many bytes per stream) for `result`, instead of
@@ -102,8 +109,9 @@ interface Watch {
 }
 
 const SIGKILL = 9;
+const UNFOLLOWED: ProcessListener = { onOutput: () => {}, onExit: () => {}, onLost: () => {} };
 /** Records kept per instance (running ones are always kept). */
-const MAX_RECORDS = 1000;
+export const MAX_EXECUTION_RECORDS = 1000;
 /** How long a finished execution's collected output is kept for `result`. */
 const RESULT_KEPT_MS = 10 * 60_000;
 const EXEC_ID = /^exec_[0-9a-f]{8}$/;
@@ -129,9 +137,12 @@ export class ExecutionService {
     private readonly log: Logger,
   ) {}
 
-  async start(owner: string, id: string, input: StartExecution): Promise<ExecutionState> {
+  async start(owner: string, id: string, input: StartExecution): Promise<ExecutionState & { pid: number }> {
     if (input.argv.length === 0 || !input.argv[0]) throw new InvalidRequestError('the command is empty');
     if (input.pty) checkTerminalSize(input.pty.rows, input.pty.cols);
+    if (input.detached && (input.timeoutMs !== undefined || input.collectBytes !== undefined || input.onOutput || input.maxRunAfterDisconnectMs !== undefined)) {
+      throw new InvalidRequestError('a detached execution is followed by nobody: it takes no timeout and keeps no output but its scrollback');
+    }
     return this.access.use(owner, id, async (sb, rec) => {
       const user = await processUser(sb, input.user);
       const processId = newProcessId();
@@ -141,7 +152,7 @@ export class ExecutionService {
         processId,
         kind: input.kind,
         argv: input.argv,
-        cwd: input.cwd ?? user.home ?? (input.kind === 'pty' ? '/root' : rec.workdir ?? '/'),
+        cwd: input.cwd ?? (input.startIn === 'workdir' ? undefined : user.home) ?? (input.kind === 'pty' ? '/root' : rec.workdir ?? '/'),
         startedAt: new Date().toISOString(),
         endedAt: null,
         exitCode: null,
@@ -163,15 +174,15 @@ export class ExecutionService {
         endEvent: undefined,
       };
       await this.store.executions.insert(record);
-      await this.store.executions.prune(id, MAX_RECORDS);
-      this.watches.set(key(id, record.id), watch);
+      await this.store.executions.prune(id, MAX_EXECUTION_RECORDS);
+      if (!input.detached) this.watches.set(key(id, record.id), watch);
       let pid: number;
       try {
         pid = await sb.start(
           processId,
           { argv: input.argv, env: this.instances.envOf(rec, input.env, user.env), cwd: record.cwd, pty: input.pty && { ...input.pty, echo: true }, user: user.ids },
-          this.watcher(watch),
-          { survivesRollback: true },
+          input.detached ? UNFOLLOWED : this.watcher(watch),
+          { survivesRollback: !input.detached },
         );
       } catch (err) {
         this.watches.delete(key(id, record.id));
@@ -180,6 +191,11 @@ export class ExecutionService {
         throw err;
       }
       const agent = await sb.agent();
+      if (input.detached) {
+        // The agent keeps the output; the server takes none of it until asked.
+        sb.untrack(processId);
+        agent.detach(processId);
+      }
       if (input.stdin?.length) agent.stdin(processId, input.stdin);
       if (!input.keepStdinOpen && !input.pty) agent.closeStdin(processId);
       if (input.timeoutMs && !watch.ended) {
@@ -192,7 +208,7 @@ export class ExecutionService {
       this.events.emit(id, 'exec.started', { exec_id: record.id, kind: record.kind, argv: record.argv, pid });
       watch.announced = true;
       watch.endEvent?.();
-      return this.view(record, { pid, running: true });
+      return { ...this.view(record, { pid, running: true }), pid };
     });
   }
 
@@ -348,6 +364,15 @@ export class ExecutionService {
     });
   }
 
+  /** What the execution printed from the given offsets on, as far as the sandbox's scrollback
+   * still holds it (what fell out before it was read is counted in `dropped`). */
+  async read(owner: string, id: string, execId: string, from: { stdout: number; stderr: number }): Promise<OutputChunk> {
+    const record = await this.find(owner, id, execId);
+    const chunk = await this.access.use(owner, id, (sb) => readOutput(sb, record.processId, from));
+    if (!chunk) throw new NotFoundError('execution', execId);
+    return chunk;
+  }
+
   /** Waits for the execution to end, or until `signal` aborts (its deadline, or the client that
    * waited gone); answers its state either way. */
   async wait(owner: string, id: string, execId: string, signal: AbortSignal): Promise<ExecutionState> {
@@ -444,7 +469,7 @@ export class ExecutionService {
   /** The execution whose process has this pid inside the sandbox, while it runs. */
   async byPid(owner: string, id: string, pid: number): Promise<ExecutionState> {
     const rec = await this.instances.get(owner, id);
-    const found = (await this.states(rec, (await this.store.executions.page(id, MAX_RECORDS)).items)).find((s) => s.pid === pid);
+    const found = (await this.states(rec, (await this.store.executions.page(id, MAX_EXECUTION_RECORDS)).items)).find((s) => s.pid === pid);
     if (!found) throw new NotFoundError('process', String(pid));
     return found;
   }

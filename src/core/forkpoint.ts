@@ -190,7 +190,7 @@ export class Forkpoint {
       keep: Math.min(config.squashKeepLayers, config.squashAfterLayers - 1),
     }, log);
     this.checkpoints = new CheckpointService(this.store, this.engine, this.instances, locks, this.jobs, config.maxCheckpointsPerInstance, squasher, this.events, this.executions, log, this.warm);
-    this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.catalog, log);
+    this.templates = new TemplateService(this.store, this.instances, this.checkpoints, this.commands, this.executions, this.catalog, log);
     this.durable = new DurableCheckpoints(this.store, this.engine, objectStoreOf(config), join(this.layout.spill, 'blobs'), log);
     this.metrics = new Metrics({
       instancesByStatus: async () => {

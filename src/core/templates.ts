@@ -5,6 +5,7 @@ import type { InstanceRecord } from '../store/instances.js';
 import { templateOwner, type TemplateRecord } from '../store/templates.js';
 import type { CheckpointService } from './checkpoints.js';
 import type { CommandService } from './commands.js';
+import type { ExecutionService } from './executions.js';
 import { ConflictError, ForkpointError, InvalidRequestError, NotFoundError, UnavailableError } from './errors.js';
 import type { ImageCatalog, ResolvedImage } from './images.js';
 import type { CreateInstance, InstanceService } from './instances.js';
@@ -34,6 +35,7 @@ export class TemplateService {
     private readonly instances: InstanceService,
     private readonly checkpoints: CheckpointService,
     private readonly commands: CommandService,
+    private readonly executions: ExecutionService,
     private readonly catalog: ImageCatalog,
     private readonly log: Logger,
   ) {}
@@ -85,7 +87,7 @@ export class TemplateService {
         : (await this.checkpoints.fork(owner, source!.instanceId, { checkpointId: source!.id }, { owner: hidden, create: {} }))[0]!;
       await this.store.templates.update(owner, input.name, { instanceId: inst.id });
       const start = input.startCommand ? ['/bin/sh', '-c', input.startCommand] : [...(image?.config.entrypoint ?? []), ...(image?.config.cmd ?? [])];
-      if (start.length > 0) await this.commands.startProcess(hidden, inst.id, { command: start });
+      if (start.length > 0) await this.executions.start(hidden, inst.id, { kind: 'exec', argv: start, detached: true });
       if (input.readyCommand) await this.waitReady(hidden, inst.id, input.readyCommand, (input.readyTimeoutS ?? 60) * 1000);
       const { checkpoint, done } = await this.checkpoints.create(hidden, inst.id, { label: `template ${input.name}`, memory: true });
       await done;

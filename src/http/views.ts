@@ -1,5 +1,5 @@
 import type { FileInfo } from '../core/files.js';
-import type { AgentProcessInfo } from '../seam/agent.js';
+import type { ExecutionState } from '../core/executions.js';
 import type { ExecResult } from '../core/process/exec-once.js';
 import type { JsonField, OutputEncoding } from './output-json.js';
 import type { DurableState } from '../core/durable.js';
@@ -61,17 +61,22 @@ export const execFields = (r: ExecResult, encoding: OutputEncoding): JsonField[]
   ['truncated', r.truncated],
 ];
 
-export const processView = (p: AgentProcessInfo) => ({
-  process_id: p.id,
-  pid: p.pid,
-  status: p.running ? ('running' as const) : ('exited' as const),
-  exit_code: p.running ? null : p.signal ? 128 + p.signal : p.exitCode,
-  signal: p.running || !p.signal ? null : p.signal,
-  pty: p.pty,
-  stdout_bytes: p.stdoutBytes,
-  stderr_bytes: p.stderrBytes,
-  command: p.command,
+/** An execution as the process routes show it (by the agent's number for it). */
+export const processView = (s: ExecutionState) => ({
+  process_id: s.record.processId,
+  exec_id: s.record.id,
+  pid: s.pid,
+  status: s.running ? ('running' as const) : ('exited' as const),
+  exit_code: s.exitCode,
+  signal: s.signal,
+  pty: s.record.kind === 'pty',
+  stdout_bytes: s.stdoutBytes,
+  stderr_bytes: s.stderrBytes,
+  command: commandLine(s.record.argv),
 });
+
+/** A command as one line: `sh -c SCRIPT` as its script, as it was given. */
+const commandLine = (argv: readonly string[]) => (argv.length === 3 && argv[0] === '/bin/sh' && argv[1] === '-c' ? argv[2]! : argv.join(' '));
 
 export const fileInfoView = (f: FileInfo) => ({
   path: f.path,

@@ -273,6 +273,11 @@ class FakeAgent implements AgentPort {
     this.listeners.delete(id);
   }
 
+  /** Whether a client follows the process's output and end. */
+  followed(id: number): boolean {
+    return this.listeners.has(id);
+  }
+
   stdin(): void {}
   closeStdin(): void {}
   resize(): void {}
@@ -462,6 +467,11 @@ export class FakeSandbox implements SandboxHandle {
 
   async list(): Promise<AgentProcessInfo[]> {
     return (await this.agent()).list();
+  }
+
+  /** Whether the server follows the process (its output comes to the server as it is made). */
+  followed(id: number): boolean {
+    return this.agentPort.followed(id);
   }
 }
 

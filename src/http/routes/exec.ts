@@ -5,7 +5,9 @@ import {
   errorResponses, ExecRequest, ExecResult, IdParams, noContent, ok, OutputQuery, ProcessInfo, ProcessList, ProcessOutput, ProcessParams,
   SessionList, SessionParams, SignalRequest, StartedProcess, StartProcessRequest,
 } from '../schemas/index.js';
+import { execIdOf, MAX_EXECUTION_RECORDS } from '../../core/executions.js';
 import { execFields, processView } from '../views.js';
+import { argvOf } from './executions.js';
 
 export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
@@ -59,33 +61,37 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(204).send(null);
     });
 
+    // The same executions as `/instances/{id}/exec/{exec_id}`, by the agent's number for them
+    // (`exec_id` is `exec_` and that number in 8 hex digits), started to run on unfollowed.
     const tags = ['processes'];
     app.post('/instances/:id/processes', {
       schema: {
         operationId: 'startProcess',
         tags,
         summary: 'Start a background process',
-        description: 'It keeps running with no client attached; its output is kept in a bounded scrollback (256 KiB per stream).',
+        description:
+          'It keeps running with no client attached; its output is kept in a bounded scrollback (256 KiB per stream) and never waits for a reader. ' +
+          'It is an execution like any other: listed by `GET /instances/{id}/exec` too, streamed by `GET /instances/{id}/exec/{exec_id}/stream`.',
         params: IdParams,
         body: StartProcessRequest,
         response: { 201: ok('Started', StartedProcess), ...errorResponses },
       },
     }, async (req, reply) => {
       const b = req.body;
-      const p = await fp.commands.startProcess(req.owner, req.params.id, { command: b.command, cwd: b.cwd, env: b.env, pty: b.pty, user: b.user });
-      return reply.code(201).send({ process_id: p.id, pid: p.pid });
+      const st = await fp.executions.start(req.owner, req.params.id, { kind: b.pty ? 'pty' : 'exec', argv: argvOf(b.command), cwd: b.cwd, env: b.env, pty: b.pty, user: b.user, startIn: 'workdir', detached: true });
+      return reply.code(201).send({ process_id: st.record.processId, exec_id: st.record.id, pid: st.pid });
     });
 
     app.get('/instances/:id/processes', {
       schema: {
         operationId: 'listProcesses',
         tags,
-        summary: 'List the processes the agent knows',
-        description: 'Background processes, session shells and recent commands, running or exited (until forgotten), with how much each has printed.',
+        summary: 'List background processes and other executions, newest first',
+        description: 'Background processes, streamed commands and terminals, running or exited (until deleted; the newest 1000 records are kept), with how much each has printed.',
         params: IdParams,
         response: { 200: ok('The processes', ProcessList), ...errorResponses },
       },
-    }, async (req) => ({ items: (await fp.commands.listProcesses(req.owner, req.params.id)).map(processView) }));
+    }, async (req) => ({ items: (await fp.executions.list(req.owner, req.params.id, MAX_EXECUTION_RECORDS)).items.map(processView) }));
 
     app.get('/instances/:id/processes/:process_id', {
       schema: {
@@ -96,7 +102,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         params: ProcessParams,
         response: { 200: ok('The process', ProcessInfo), ...errorResponses },
       },
-    }, async (req) => processView(await fp.commands.processInfo(req.owner, req.params.id, req.params.process_id)));
+    }, async (req) => processView(await fp.executions.get(req.owner, req.params.id, execIdOf(req.params.process_id))));
 
     app.get('/instances/:id/processes/:process_id/output', {
       schema: {
@@ -109,7 +115,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 200: ok('Output since the offsets', ProcessOutput), ...errorResponses },
       },
     }, async (req) => {
-      const o = await fp.commands.processOutput(req.owner, req.params.id, req.params.process_id, { stdout: req.query.stdout_offset, stderr: req.query.stderr_offset });
+      const o = await fp.executions.read(req.owner, req.params.id, execIdOf(req.params.process_id), { stdout: req.query.stdout_offset, stderr: req.query.stderr_offset });
       return {
         stdout: o.stdout.toString('utf8'),
         stderr: o.stderr.toString('utf8'),
@@ -131,7 +137,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 204: noContent('Sent'), ...errorResponses },
       },
     }, async (req, reply) => {
-      await fp.commands.signalProcess(req.owner, req.params.id, req.params.process_id, req.body.signal);
+      await fp.executions.signal(req.owner, req.params.id, execIdOf(req.params.process_id), req.body.signal);
       return reply.code(204).send(null);
     });
 
@@ -145,7 +151,7 @@ export const execRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 204: noContent('Gone'), ...errorResponses },
       },
     }, async (req, reply) => {
-      await fp.commands.forgetProcess(req.owner, req.params.id, req.params.process_id);
+      await fp.executions.remove(req.owner, req.params.id, execIdOf(req.params.process_id));
       return reply.code(204).send(null);
     });
   };

@@ -62,6 +62,7 @@ export const executionRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         stdin: b.stdin !== undefined ? Buffer.from(b.stdin) : undefined,
         timeoutMs: b.timeout_ms,
         user: b.user,
+        startIn: 'workdir',
       });
       await streamExecution(fp, req, reply, { owner: req.owner, id: req.params.id, execId: st.record.id }, {
         from: [0, 0],

@@ -66,7 +66,11 @@ export const StartProcessRequest = z
   .meta({ id: 'StartProcessRequest', examples: [{ command: 'while true; do date; sleep 1; done' }] });
 
 export const StartedProcess = z
-  .object({ process_id: z.number().int().describe('the agent\'s id for it: use it in the process routes'), pid: z.number().int().describe('its pid inside the sandbox') })
+  .object({
+    process_id: z.number().int().describe('the agent\'s id for it: use it in the process routes'),
+    exec_id: z.string().describe('the same process as an execution: use it in the exec routes (streams, stdin, terminals)'),
+    pid: z.number().int().describe('its pid inside the sandbox'),
+  })
   .meta({ id: 'StartedProcess' });
 
 export const ProcessParams = IdParams.extend({ process_id: z.coerce.number().int().min(1).max(0xffffffff) });
@@ -74,7 +78,8 @@ export const ProcessParams = IdParams.extend({ process_id: z.coerce.number().int
 export const ProcessInfo = z
   .object({
     process_id: z.number().int(),
-    pid: z.number().int(),
+    exec_id: z.string(),
+    pid: z.number().int().nullable().describe('inside the sandbox; null once the sandbox no longer knows it'),
     status: z.enum(['running', 'exited']),
     exit_code: z.number().int().nullable(),
     signal: z.number().int().nullable(),

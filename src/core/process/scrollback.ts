@@ -1,31 +1,4 @@
-import { newProcessId, type UnixIds } from '../../seam/agent.js';
 import type { SandboxHandle } from '../../seam/sandbox.js';
-import type { AgentProcessInfo } from '../../seam/agent.js';
-
-export interface BackgroundRequest {
-  argv: string[];
-  env: string[];
-  cwd: string;
-  pty?: { rows: number; cols: number } | undefined;
-  user?: UnixIds | undefined;
-}
-
-/** Starts a process that outlives the request; the agent keeps its output in a bounded
- * scrollback until someone reads it. */
-export async function startBackground(sandbox: SandboxHandle, req: BackgroundRequest): Promise<{ id: number; pid: number }> {
-  const id = newProcessId();
-  const ignore = { onOutput: () => {}, onExit: () => {}, onLost: () => {} };
-  const pid = await sandbox.start(
-    id,
-    { argv: req.argv, env: req.env, cwd: req.cwd, pty: req.pty && { ...req.pty, echo: true }, user: req.user },
-    ignore,
-  );
-  sandbox.untrack(id);
-  const agent = await sandbox.agent();
-  agent.detach(id);
-  if (!req.pty) agent.closeStdin(id);
-  return { id, pid };
-}
 
 export interface OutputChunk {
   stdout: Buffer;
@@ -79,12 +52,3 @@ export async function readOutput(
 export async function signalProcess(sandbox: SandboxHandle, id: number, signo: number): Promise<void> {
   (await sandbox.agent()).signal(id, signo);
 }
-
-export async function listProcesses(sandbox: SandboxHandle): Promise<AgentProcessInfo[]> {
-  return sandbox.list();
-}
-
-export async function forgetProcess(sandbox: SandboxHandle, id: number): Promise<void> {
-  (await sandbox.agent()).forget(id);
-}
-
