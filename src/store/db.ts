@@ -1,5 +1,5 @@
 import Database from 'better-sqlite3';
-import { Kysely, PostgresDialect, SqliteDialect, sql, type Transaction } from 'kysely';
+import { Kysely, PostgresDialect, SqliteDialect, sql, type SqliteDatabase, type Transaction } from 'kysely';
 import pg from 'pg';
 import { migrations as allMigrations, type Migration } from './migrations.js';
 import type { Tables } from './schema.js';
@@ -46,8 +46,35 @@ function openSqlite(file: string): Connection {
   database.pragma('synchronous = NORMAL');
   database.pragma('foreign_keys = ON');
   database.pragma('busy_timeout = 5000');
-  const db = new Kysely<Tables>({ dialect: new SqliteDialect({ database }) });
+  const db = new Kysely<Tables>({ dialect: new SqliteDialect({ database: keepingStatements(database) }) });
   return { db, dialect: 'sqlite', close: () => db.destroy() };
+}
+
+/** Statements kept per SQL text, the least recently used going first past this many. */
+const KEPT_STATEMENTS = 256;
+
+/**
+ * The database as kysely sees it, its statements prepared once: kysely prepares every query
+ * anew, and SQLite's parse was most of the time of the two or three lookups each API call makes
+ * (a token, an instance). A statement still being iterated is not handed out again.
+ */
+export function keepingStatements(database: Database.Database): SqliteDatabase {
+  const kept = new Map<string, Database.Statement>();
+  return {
+    close: () => database.close(),
+    prepare(text: string) {
+      const known = kept.get(text);
+      if (known && !known.busy) {
+        kept.delete(text);
+        kept.set(text, known);
+        return known;
+      }
+      const statement = database.prepare(text);
+      kept.set(text, statement);
+      if (kept.size > KEPT_STATEMENTS) kept.delete(kept.keys().next().value!);
+      return statement;
+    },
+  };
 }
 
 // BIGINT columns (byte counts) come back as numbers, as SQLite's do; they stay far below 2^53.
