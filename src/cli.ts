@@ -68,8 +68,12 @@ withJson(
     .option('-u, --user <user>', 'run as this user of the sandbox (name or uid)')
     .option('-w, --cwd <dir>', 'working directory')
     .option('-e, --env <NAME=VALUE...>', 'environment variables')
-    .option('-t, --timeout <seconds>', 'kill it after this long'),
+    .option('-t, --timeout <seconds>', 'kill it after this long')
+    .option('--detach', 'start it in the background and print its execution id (forkpoint logs, ps, kill; -d is the data directory)'),
 ).action(async (id: string, command: string[], o: object) => (await import('./cli/exec.js')).exec(id, command, flags(o)));
+withJson(program.command('ps <id>').description('An instance\'s commands that run on (background, streamed, terminals), newest first')).action(async (id: string, o: object) => (await import('./cli/exec.js')).ps(id, flags(o)));
+withJson(program.command('logs <id> <exec_id>').description('What a command printed (its last 256 KiB a stream); -f follows it to its end').option('-f, --follow', 'go on until it ends')).action(async (id: string, execId: string, o: object) => (await import('./cli/exec.js')).logs(id, execId, flags(o)));
+withJson(program.command('kill <id> <exec_id>').description('Signal a command\'s whole process group').option('-s, --signal <signal>', 'a name (TERM, INT, ...) or number; KILL by default')).action(async (id: string, execId: string, o: object) => (await import('./cli/exec.js')).kill(id, execId, flags(o)));
 
 program
   .command('shell <id>')

@@ -76,6 +76,34 @@ describe('the client CLI', () => {
     expect(json).toMatchObject({ exit_code: 2, stdout: 'out\n' });
   });
 
+  it('exec --detach starts a background process; ps lists it; logs prints and follows what it printed; kill ends it', async () => {
+    const id = await created('cli-bg');
+    const started = await fp(['exec', '--detach', id, '--', 'sh', '-c', 'echo first; echo oops >&2; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo last; exit 3']);
+    expect(started.exitCode, started.stderr).toBe(0);
+    const execId = started.stdout.trim();
+    expect(execId).toMatch(/^exec_[0-9a-f]{8}$/);
+    const ps = await fp(['ps', id]);
+    expect(ps.stdout.split('\n')[0]).toMatch(/^EXEC ID\s+KIND\s+PID\s+STATUS\s+EXIT\s+STARTED\s+COMMAND$/);
+    expect(ps.stdout).toMatch(new RegExp(`${execId}\\s+exec\\s+\\d+\\s+running\\s+-`));
+    await until('its first lines printed', async () => (await fp(['logs', id, execId])).stdout === 'first', 10_000);
+    expect((await fp(['logs', id, execId])).stderr).toBe('oops');
+    // -f replays, then follows to the end.
+    const follow = execa(process.execPath, [CLI, 'logs', '-f', id, execId], { env, reject: false });
+    await until('the follower attached', async () => ((await s.api('GET', `/instances/${id}/exec/${execId}`)).body.attached as number) > 0, 10_000);
+    expect((await fp(['exec', id, '--', 'touch', '/tmp/go'])).exitCode).toBe(0);
+    const followed = await follow;
+    expect([followed.exitCode, followed.stdout, followed.stderr]).toEqual([0, 'first\nlast', 'oops']);
+    const listed = JSON.parse((await fp(['ps', id, '--json'])).stdout) as { id: string; status: string; exit_code: number }[];
+    expect(listed.find((e) => e.id === execId)).toMatchObject({ status: 'exited', exit_code: 3 });
+    // kill: a signal by name to a second one's whole group.
+    const sleeper = (await fp(['exec', '--detach', id, '--', 'sleep 600'])).stdout.trim();
+    expect((await fp(['kill', '-s', 'TERM', id, sleeper])).exitCode).toBe(0);
+    await until('the sleeper ended by its signal', async () => (await s.api('GET', `/instances/${id}/exec/${sleeper}`)).body.signal === 15, 10_000);
+    const usage = await fp(['exec', '--detach', '-t', '5', id, '--', 'true']);
+    expect([usage.exitCode, usage.stderr]).toEqual([2, expect.stringContaining('--timeout')]);
+    expect((await fp(['kill', '-s', 'NOPE', id, sleeper])).exitCode).toBe(2);
+  });
+
   it('cp round-trips a directory tree, byte for byte', async () => {
     const id = await created('cli-cp');
     const src = join(work, 'tree');

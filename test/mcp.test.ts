@@ -43,7 +43,7 @@ describe.each(['stdio', 'http'])('the MCP server over %s', (kind) => {
     const client = await connected(kind);
     try {
       const tools = (await client.listTools()).tools.map((t) => t.name).sort();
-      expect(tools).toEqual(['checkpoint', 'create_sandbox', 'delete_sandbox', 'fork', 'list_checkpoints', 'list_sandboxes', 'read_file', 'rollback', 'run_command', 'try_command', 'write_file']);
+      expect(tools).toEqual(['checkpoint', 'create_sandbox', 'delete_sandbox', 'fork', 'list_checkpoints', 'list_sandboxes', 'process_output', 'read_file', 'rollback', 'run_command', 'start_process', 'stop_process', 'try_command', 'write_file']);
       const inst = (await call(client, 'create_sandbox', { name: `mcp-${kind}` })).value as { id: string };
       expect(inst.id).toMatch(/^inst_/);
       expect((await call(client, 'run_command', { id: inst.id, command: 'echo hi; exit 3' })).value).toMatchObject({ exit_code: 3, stdout: 'hi\n' });
@@ -57,6 +57,16 @@ describe.each(['stdio', 'http'])('the MCP server over %s', (kind) => {
       const fork = (await call(client, 'fork', { id: inst.id, checkpoint_id: ck.id })).value as { id: string };
       expect((await call(client, 'run_command', { id: fork.id, command: 'cat /root/note' })).value).toMatchObject({ stdout: 'first' });
       expect(((await call(client, 'list_sandboxes', {})).value as { id: string }[]).map((i) => i.id)).toEqual(expect.arrayContaining([inst.id, fork.id]));
+      // A background process: started, read while it runs, stopped.
+      const bg = (await call(client, 'start_process', { id: inst.id, command: 'echo up; exec sleep 600' })).value as { exec_id: string };
+      expect(bg.exec_id).toMatch(/^exec_[0-9a-f]{8}$/);
+      let out: { status: string; stdout: string; exit_code: number | null } = { status: '', stdout: '', exit_code: null };
+      const pause = () => new Promise((r) => setTimeout(r, 100));
+      for (let i = 0; i < 100 && out.stdout !== 'up\n'; i++, await pause()) out = (await call(client, 'process_output', { id: inst.id, exec_id: bg.exec_id })).value;
+      expect(out).toMatchObject({ status: 'running', stdout: 'up\n', exit_code: null });
+      await call(client, 'stop_process', { id: inst.id, exec_id: bg.exec_id });
+      for (let i = 0; i < 100 && out.status === 'running'; i++, await pause()) out = (await call(client, 'process_output', { id: inst.id, exec_id: bg.exec_id })).value;
+      expect(out).toMatchObject({ status: 'exited', exit_code: 143 });
       // An error is the tool's, with the server's code: the agent reads why.
       const missing = await call(client, 'run_command', { id: 'inst_nosuchsandbox', command: 'true' });
       expect(missing.isError).toBe(true);

@@ -31,6 +31,7 @@ interface Checkpoint {
 const Id = z.string().regex(/^inst_[a-z0-9]+$/).describe('the sandbox (instance) id, inst_...');
 const CheckpointId = z.string().regex(/^ckpt_[a-z0-9]+$/).describe('a checkpoint id, ckpt_...');
 const Command = z.string().min(1).max(1 << 16).describe('a shell command, run by /bin/sh -c');
+const ExecId = z.string().regex(/^exec_[0-9a-f]{8}$/).describe('a background process (execution) id, exec_...');
 const enc = encodeURIComponent;
 const text = (v: unknown) => ({ content: [{ type: 'text' as const, text: typeof v === 'string' ? v : JSON.stringify(v, null, 2) }] });
 
@@ -85,6 +86,26 @@ export function forkpointMcpServer(rest: RestPort): McpServer {
     },
     async (a) => text(await run(a.id, a.command, a)),
   );
+  server.registerTool(
+    'start_process',
+    {
+      description: 'Start a shell command in the background of a sandbox (a server, a watcher, a long build): it runs on with nobody waiting; answers its exec_id for process_output and stop_process',
+      inputSchema: { id: Id, command: Command, cwd: z.string().optional(), user: z.string().optional() },
+    },
+    async (a) => text(await rest.json('POST', `/instances/${enc(a.id)}/processes`, { command: a.command, cwd: a.cwd, user: a.user })),
+  );
+  server.registerTool(
+    'process_output',
+    { description: 'A background process: whether it runs, its exit code, and what it printed (its last 256 KiB a stream)', inputSchema: { id: Id, exec_id: ExecId } },
+    async ({ id, exec_id }) => {
+      const e = await rest.json<{ status: string; exit_code: number | null; stdout: string; stderr: string; truncated: boolean }>('GET', `/instances/${enc(id)}/exec/${enc(exec_id)}`);
+      return text({ status: e.status, exit_code: e.exit_code, stdout: e.stdout, stderr: e.stderr, truncated: e.truncated });
+    },
+  );
+  server.registerTool('stop_process', { description: 'Stop a background process: SIGTERM to its whole process group, or SIGKILL with force', inputSchema: { id: Id, exec_id: ExecId, force: z.boolean().optional() } }, async ({ id, exec_id, force }) => {
+    await rest.json('POST', `/instances/${enc(id)}/exec/${enc(exec_id)}/kill`, { signal: force ? 9 : 15 });
+    return text(`signalled ${exec_id}`);
+  });
   server.registerTool('read_file', { description: `Read a text file of a sandbox (its first ${MAX_READ / 1024} KiB; run_command with tail or sed reads further)`, inputSchema: { id: Id, path: z.string().startsWith('/') } }, async ({ id, path }) =>
     text(await readBounded(await rest.readBytes(`/instances/${enc(id)}/files?path=${enc(path)}`), MAX_READ)),
   );
