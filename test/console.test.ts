@@ -133,6 +133,18 @@ describe('the web console', () => {
       expect(download.suggestedFilename()).toBe('note.txt');
       expect(await readFile((await download.path())!, 'utf8')).toBe('first version\n');
 
+      // A background process: started from the page, its output read there, stopped there.
+      await page.getByTestId('process-command').fill('echo serving; exec sleep 600');
+      await page.getByTestId('process-start').click();
+      await expect.poll(() => page.locator('#banner').innerText()).toMatch(/started exec_[0-9a-f]{8}/);
+      const execId = /started (exec_[0-9a-f]{8})/.exec(await page.locator('#banner').innerText())![1]!;
+      await page.locator(`[data-exec="${execId}"][data-status="running"]`).waitFor();
+      await page.locator(`[data-output="${execId}"]`).click();
+      await expect.poll(() => page.getByTestId('process-output').textContent()).toBe('serving\n');
+      await page.locator(`[data-stop="${execId}"]`).click();
+      await page.locator(`[data-exec="${execId}"][data-status="exited"]`).waitFor();
+      expect((await s.api('GET', `/instances/${id}/exec/${execId}`)).body).toMatchObject({ status: 'exited', signal: 15 });
+
       // A checkpoint, labelled; it becomes ready on the page (the event stream says so).
       await page.getByTestId('checkpoint-label').fill('before-change');
       await page.getByTestId('checkpoint').click();

@@ -10,6 +10,7 @@ export type LineageNode = Schemas['LineageNode'];
 export type FileEntry = Schemas['FileEntry'];
 export type Image = Schemas['Image'];
 export type Template = Schemas['Template'];
+export type Execution = Schemas['Execution'];
 export interface Page<T> {
   items: T[];
   next_cursor: string | null;
@@ -104,4 +105,8 @@ export const api = {
   pty: (id: string, rows: number, cols: number) => json<Schemas['Pty']>('POST', `/instances/${enc(id)}/pty`, { rows, cols }),
   resizePty: (id: string, ptyId: string, rows: number, cols: number) => call('POST', `/instances/${enc(id)}/pty/${enc(ptyId)}/resize`, { rows, cols }),
   closePty: (id: string, ptyId: string) => call('DELETE', `/instances/${enc(id)}/pty/${enc(ptyId)}`),
+  executions: (id: string) => json<Page<Execution>>('GET', `/instances/${enc(id)}/exec?limit=100`),
+  execution: (id: string, execId: string) => json<Schemas['ExecutionWithOutput']>('GET', `/instances/${enc(id)}/exec/${enc(execId)}`),
+  startProcess: (id: string, command: string) => json<Schemas['StartedProcess']>('POST', `/instances/${enc(id)}/processes`, { command }),
+  killExecution: (id: string, execId: string, signal: number) => call('POST', `/instances/${enc(id)}/exec/${enc(execId)}/kill`, { signal }),
 };

@@ -2,6 +2,7 @@ import { api, type Checkpoint, type Instance } from './api.js';
 import { bytes, fill, h, statusBadge, when } from './dom.js';
 import { followEvents } from './events.js';
 import { fileBrowser } from './files.js';
+import { processPanel } from './processes.js';
 import { drawLineage } from './lineage.js';
 import { openTerminal, type TerminalView } from './terminal.js';
 
@@ -26,6 +27,7 @@ export function instancePage(root: HTMLElement, id: string, report: Report, sign
   const terminalBox = h('div', { class: 'terminal-box', 'data-testid': 'terminal' });
   const terminalNote = h('span', { class: 'muted' });
   const files = fileBrowser(id, report);
+  const processes = processPanel(id, report);
   let terminal: TerminalView | undefined;
 
   /** Runs an action with its button held, then shows what it did or why it failed. */
@@ -147,7 +149,8 @@ export function instancePage(root: HTMLElement, id: string, report: Report, sign
     h('div', { class: 'grid' },
       h('div', {},
         h('section', { class: 'panel' }, h('div', { class: 'row' }, h('h2', {}, 'Terminal'), terminalNote, h('span', { class: 'spacer' }), newTerminal), terminalBox),
-        files.element),
+        files.element,
+        processes.element),
       h('div', {},
         h('section', { class: 'panel' }, h('h2', {}, 'Checkpoints'),
           h('div', { class: 'table-wrap' }, h('table', {}, h('thead', {}, h('tr', {}, ...['Checkpoint', 'Status', 'Size', 'Pause', 'Taken', ''].map((t) => h('th', {}, t)))), checkpointsBody))),
@@ -158,11 +161,13 @@ export function instancePage(root: HTMLElement, id: string, report: Report, sign
     if (signal.aborted) return;
     if (status.textContent === 'running') await startTerminal();
     await files.refresh();
+    await processes.refresh();
   });
   void followEvents(id, (e) => {
     eventsBox.prepend(h('div', { 'data-event': e.type }, `${new Date(e.at).toLocaleTimeString()}  ${e.type}`));
     while (eventsBox.childElementCount > 200) eventsBox.lastElementChild?.remove();
     if (e.type === 'instance.deleted') location.hash = '#/';
-    else if (!e.type.startsWith('exec.')) void refresh();
+    else if (e.type.startsWith('exec.')) void processes.refresh();
+    else void refresh();
   }, signal);
 }
