@@ -8,6 +8,7 @@ import { Image, Sandbox, Snapshots } from '@opencomputer/sdk/node';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { overlaysUnder, startServer, type TestServer } from './helpers/server.js';
+import { openSse } from './helpers/sse.js';
 import { until } from './helpers/wait.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
@@ -137,6 +138,19 @@ describe('Dockerfile builds on the engine', () => {
     expect(await buildSandboxes()).toEqual([]);
     const known = new Set((await s.fp.store.instances.all()).map((r) => r.id));
     expect((await overlaysUnder(s.dataDir)).filter((m) => !known.has(m.split('/').at(-2) ?? ''))).toEqual([]);
+  });
+
+  it('a build whose client goes away stops: its running step killed, its sandbox gone, no image', async () => {
+    const sse = await openSse(`${s.url}/images`, { method: 'POST', headers: { authorization: `Bearer ${s.token}` }, body: { name: 'abandoned', dockerfile: 'FROM default\nRUN echo started; sleep 6017\nRUN echo never\n' } });
+    expect(sse.status).toBe(200);
+    // Until the step's own output: its command runs.
+    for (let e = await sse.next(30_000); e && !(e.data?.type === 'output' && e.data.message === 'started'); e = await sse.next(30_000));
+    expect((await buildSandboxes()).length).toBe(1);
+    sse.close();
+    await until('the build sandbox gone', async () => (await buildSandboxes()).length === 0, 20_000);
+    expect((await s.api('GET', '/images/abandoned')).status).toBe(404);
+    // Its step's process went with it: no sleep 6017 (this test's own) is left on the host.
+    expect((await execa('pgrep', ['-f', 'sleep 6017'], { reject: false })).stdout).toBe('');
   });
 
   it('image build as Docker takes it: -f relative to the current directory (or absolute), a missing context or Dockerfile named as such', async () => {

@@ -13,6 +13,8 @@ export interface ExecOptions extends Common {
   detach?: boolean;
 }
 
+const STREAM_LOST = 'the command\'s stream ended without its exit (the instance was rolled back, stopped or deleted)';
+
 async function readStdin(): Promise<string | undefined> {
   const chunks: Buffer[] = [];
   for await (const c of process.stdin) chunks.push(c as Buffer);
@@ -51,7 +53,7 @@ export async function exec(id: string, argv: string[], o: ExecOptions): Promise<
       throw new CliError(`the command's stream broke off: ${e.data}`, 'STREAM_ENDED');
     }
   }
-  if (!exit) throw new CliError('the command\'s stream ended without its exit (the instance was rolled back, stopped or deleted)', 'PROCESS_LOST');
+  if (!exit) throw new CliError(STREAM_LOST, 'PROCESS_LOST');
   if (o.json) printJson({ exit_code: exit.exit_code, timed_out: exit.timed_out, ...collected });
   process.exitCode = exit.exit_code;
 }
@@ -114,8 +116,9 @@ export async function logs(id: string, execId: string, o: LogsOptions): Promise<
     if (e.event === 'stdout' || e.event === 'stderr') {
       const p = JSON.parse(e.data) as { data: string; encoding?: 'base64' };
       (e.event === 'stdout' ? process.stdout : process.stderr).write(Buffer.from(p.data, p.encoding === 'base64' ? 'base64' : 'utf8'));
-    } else if (e.event === 'exit' || e.event === 'detached') return;
+    } else if (e.event === 'exit') return;
   }
+  throw new CliError(STREAM_LOST, 'PROCESS_LOST');
 }
 
 /** Sends a signal to an execution's whole process group (SIGKILL unless told). */

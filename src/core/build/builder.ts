@@ -30,6 +30,9 @@ export interface BuildRequest {
   context?: BuildContext | undefined;
   /** Memory of the sandbox the steps run in (default: the instances' default). */
   memoryMb?: number | undefined;
+  /** Aborted when the one who asked is gone: the step running is killed and nothing is kept
+   * but the steps already cached. */
+  signal?: AbortSignal | undefined;
 }
 
 export interface DockerfileBuild {
@@ -43,6 +46,7 @@ export interface DockerfileBuild {
   contextDir?: string | undefined;
   buildArgs?: Record<string, string> | undefined;
   memoryMb?: number | undefined;
+  signal?: AbortSignal | undefined;
 }
 
 
@@ -114,7 +118,7 @@ export class BuildService {
    * Builds an OpenComputer image manifest as an image named by its cache key (the SDK's own:
    * the hash of its base and steps): the same manifest again is that image, built nothing.
    */
-  async buildManifest(owner: string, manifest: ImageManifest, baseImage: string, onLog?: (l: BuildLogLine) => void): Promise<{ image: ImageView; cached: boolean }> {
+  async buildManifest(owner: string, manifest: ImageManifest, baseImage: string, onLog?: (l: BuildLogLine) => void, signal?: AbortSignal): Promise<{ image: ImageView; cached: boolean }> {
     const key = createHash('sha256').update(JSON.stringify({ base: manifest.base, steps: manifest.steps })).digest('hex');
     const name = `oc-${key.slice(0, 40)}`;
     if (await this.store.images.get(owner, name)) {
@@ -122,7 +126,7 @@ export class BuildService {
       return { image: await this.catalog.get(owner, name), cached: true };
     }
     const base = manifest.base === 'base' ? baseImage : manifest.base;
-    const image = await this.build(owner, { name, plan: manifestPlan(manifest, base), memoryMb: manifest.builderMemoryMB }, onLog);
+    const image = await this.build(owner, { name, plan: manifestPlan(manifest, base), memoryMb: manifest.builderMemoryMB, signal }, onLog);
     return { image, cached: false };
   }
 
@@ -133,7 +137,7 @@ export class BuildService {
     try {
       const text = req.dockerfile ?? (await context!.readFile(req.dockerfilePath ?? 'Dockerfile', 1 << 20)).toString('utf8');
       const plan = parseDockerfile(text, req.buildArgs);
-      return await this.build(owner, { name: req.name, plan, context, memoryMb: req.memoryMb }, onLog);
+      return await this.build(owner, { name: req.name, plan, context, memoryMb: req.memoryMb, signal: req.signal }, onLog);
     } finally {
       if (req.contextTar) await context?.dispose();
     }
@@ -155,6 +159,7 @@ export class BuildService {
     const started = performance.now();
     try {
       for (const [i, step] of plan.steps.entries()) {
+        stopIfCancelled(req.signal, step);
         const n = i + 1;
         onLog({ step: n, total, type: 'step', message: `Step ${n}/${total} : ${step.text}` });
         const roots = step.kind === 'copy' ? await this.roots(step, req.context) : [];
@@ -171,7 +176,7 @@ export class BuildService {
           continue;
         }
         builder = await this.builderOn(owner, builder, from, state.layers, req.memoryMb);
-        await this.runStep(owner, builder, step, state.config, roots, req.context, (message) => onLog({ step: n, total, type: 'output', message }));
+        await this.runStep(owner, builder, step, state.config, roots, req.context, (message) => onLog({ step: n, total, type: 'output', message }), req.signal);
         failpoint('build.step-ran');
         builder.layers = await this.instances.commit(builder.id);
         builder.running = false;
@@ -182,6 +187,7 @@ export class BuildService {
         });
         state = { layers: builder.layers, config, key };
       }
+      if (req.signal?.aborted) throw new BuildStepError(`the build was cancelled before its image was recorded: ${String(req.signal.reason)}`, { line: null, step: '', exit_code: null, output: '' });
       await this.catalog.put({ owner, name: req.name, base: from.base, layers: state.layers, config: state.config, buildKey: state.key, createdAt: new Date().toISOString() });
       this.log.info({ owner, image: req.name, steps: total, ms: Math.round(performance.now() - started) }, 'image built');
       onLog({ step: total, total, type: 'done', message: `Built ${req.name} in ${Math.round(performance.now() - started)} ms` });
@@ -218,21 +224,22 @@ export class BuildService {
     roots: Awaited<ReturnType<BuildContext['match']>>[],
     context: BuildContext | undefined,
     print: (line: string) => void,
+    signal: AbortSignal | undefined,
   ): Promise<void> {
     const cwd = config.workdir ?? '/';
     switch (step.kind) {
       case 'run':
-        return this.command(owner, b, step, asUser(config.user, step.argv), { ...config.env, ...step.env }, cwd, print);
+        return this.command(owner, b, step, asUser(config.user, step.argv), { ...config.env, ...step.env }, cwd, print, signal);
       case 'workdir':
-        return this.command(owner, b, step, ['mkdir', '-p', posix.resolve(cwd, step.path)], config.env, cwd, print);
+        return this.command(owner, b, step, ['mkdir', '-p', posix.resolve(cwd, step.path)], config.env, cwd, print, signal);
       case 'download': {
         const dest = posix.resolve(cwd, step.dest.endsWith('/') ? step.dest + (posix.basename(new URL(step.url).pathname) || 'index.html') : step.dest);
         const script = `mkdir -p ${quote(posix.dirname(dest))} && (curl -fsSL -o ${quote(dest)} ${quote(step.url)} || wget -q -O ${quote(dest)} ${quote(step.url)})${step.chown ? ` && chown ${quote(step.chown)} ${quote(dest)}` : ''}`;
-        return this.command(owner, b, step, ['/bin/sh', '-c', script], config.env, cwd, print);
+        return this.command(owner, b, step, ['/bin/sh', '-c', script], config.env, cwd, print, signal);
       }
       case 'write': {
         const dirs = [...new Set(step.files.map((f) => posix.dirname(f.path)))];
-        await this.command(owner, b, step, ['mkdir', '-p', ...dirs], config.env, cwd, print);
+        await this.command(owner, b, step, ['mkdir', '-p', ...dirs], config.env, cwd, print, signal);
         for (const f of step.files) await this.files.write(buildOwner(owner), b.id, f.path, f.content);
         return;
       }
@@ -252,7 +259,7 @@ export class BuildService {
             script = `t=$(mktemp -d) && tar -xof ${archive} -C "$t" && mkdir -p ${quote(posix.dirname(target))} && mv -f "$t"/${quote(name)} ${quote(target)}${chown(quote(target))}; r=$?; rm -rf "$t"; exit $r`;
           }
           try {
-            await this.command(owner, b, step, ['/bin/sh', '-c', script], config.env, '/', print);
+            await this.command(owner, b, step, ['/bin/sh', '-c', script], config.env, '/', print, signal);
           } finally {
             await this.files.remove(buildOwner(owner), b.id, archive).catch(() => {});
           }
@@ -270,7 +277,7 @@ export class BuildService {
 
   /** Runs a step's command, its output printed line by line as it comes; fails with the line
    * and the end of the output unless it exits 0. */
-  private async command(owner: string, b: Builder, step: BuildStep, argv: string[], env: Record<string, string>, cwd: string, print: (line: string) => void): Promise<void> {
+  private async command(owner: string, b: Builder, step: BuildStep, argv: string[], env: Record<string, string>, cwd: string, print: (line: string) => void, signal: AbortSignal | undefined): Promise<void> {
     const o = buildOwner(owner);
     let tail = '';
     let partial = '';
@@ -290,7 +297,13 @@ export class BuildService {
     // The output is heard from the start on: all of it reaches the log, however fast it comes.
     const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, timeoutMs: STEP_TIMEOUT_MS, onOutput: (_stream, data) => emit(decoder.decode(data, { stream: true })) });
     // The step's own timeout kills it; the margin is for the kill to be seen.
-    const final = await this.executions.wait(o, b.id, state.record.id, AbortSignal.timeout(STEP_TIMEOUT_MS + STEP_KILL_MARGIN_MS)).catch(() => undefined);
+    const deadline = AbortSignal.timeout(STEP_TIMEOUT_MS + STEP_KILL_MARGIN_MS);
+    const final = await this.executions.wait(o, b.id, state.record.id, signal ? AbortSignal.any([deadline, signal]) : deadline).catch(() => undefined);
+    if (signal?.aborted && (!final || final.running)) {
+      // Its whole process group: the builder goes with the build (build's finally).
+      await this.executions.signal(o, b.id, state.record.id, 9).catch(() => {});
+      stopIfCancelled(signal, step);
+    }
     emit(decoder.decode());
     if (partial) print(partial);
     const code = final && !final.running ? final.exitCode : null;
@@ -298,6 +311,13 @@ export class BuildService {
     const why = final?.timedOut ? 'timed out' : code === null ? 'ended without an exit (the sandbox was lost)' : `exited with code ${code}`;
     throw new BuildStepError(`${step.line ? `line ${step.line}: ` : ''}${step.text.slice(0, 200)}: ${why}`, { line: step.line, step: step.text, exit_code: code, output: tail });
   }
+}
+
+/** A build whose asker is gone stops at its next step (or in the one running, killed). */
+function stopIfCancelled(signal: AbortSignal | undefined, step: BuildStep): void {
+  if (!signal?.aborted) return;
+  const why = signal.reason instanceof Error ? signal.reason.message : String(signal.reason ?? 'aborted');
+  throw new BuildStepError(`${step.line ? `line ${step.line}: ` : ''}${step.text.slice(0, 200)}: cancelled (${why})`, { line: step.line, step: step.text, exit_code: null, output: '' });
 }
 
 /** argv run as the image's USER (name or uid[:gid]); root needs nothing. */

@@ -59,7 +59,7 @@ export const ocImageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const { name, image } = req.body;
       const run = async (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) => {
-        const built = await fp.builds.buildManifest(req.owner, image, fp.config.manifestBaseImage, onLog);
+        const built = await fp.builds.buildManifest(req.owner, image, fp.config.manifestBaseImage, onLog, req.clientGone);
         return fp.templates.create(req.owner, { name, fromImage: built.image.name });
       };
       if (wantsEvents(req)) return streamBuild(req, reply, run, (t) => snapshotView(t, image));
@@ -91,7 +91,7 @@ export const ocImageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         response: { 201: ok('The template', TemplateInfo), ...errors },
       },
     }, async (req, reply) => {
-      const image = await fp.builds.buildDockerfile(req.owner, { name: req.body.name, dockerfile: req.body.dockerfile });
+      const image = await fp.builds.buildDockerfile(req.owner, { name: req.body.name, dockerfile: req.body.dockerfile, signal: req.clientGone });
       return reply.code(201).send(templateInfo(image));
     });
 

@@ -81,7 +81,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         const template = b.snapshot ?? (b.templateID && (await fp.templates.list(req.owner)).some((t) => t.name === b.templateID) ? b.templateID : undefined);
         if (template) return fp.templates.instantiate(req.owner, template, input);
         if (b.image) {
-          const built = await fp.builds.buildManifest(req.owner, b.image, fp.config.manifestBaseImage, onLog);
+          const built = await fp.builds.buildManifest(req.owner, b.image, fp.config.manifestBaseImage, onLog, req.clientGone);
           return fp.instances.create(req.owner, { ...input, image: built.image.name });
         }
         // OpenComputer's default sandbox (no template, or `base`) has Python, Node.js, git and

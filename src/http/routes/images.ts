@@ -100,7 +100,7 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const b = req.body;
       const run = (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) =>
-        fp.builds.buildDockerfile(req.owner, { name: b.name, dockerfile: b.dockerfile, buildArgs: b.build_args, memoryMb: b.memory_mb }, onLog);
+        fp.builds.buildDockerfile(req.owner, { name: b.name, dockerfile: b.dockerfile, buildArgs: b.build_args, memoryMb: b.memory_mb, signal: req.clientGone }, onLog);
       if (wantsEvents(req)) return streamBuild(req, reply, run, imageView);
       return reply.code(201).send(imageView(await run()));
     });
@@ -120,7 +120,7 @@ export const imageRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     }, async (req, reply) => {
       const q = req.query;
       const run = (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) =>
-        fp.builds.buildDockerfile(req.owner, { name: req.params.name, dockerfilePath: q.dockerfile, contextTar: req.body as Readable, buildArgs: parseBuildArgs(q.build_args), memoryMb: q.memory_mb }, onLog);
+        fp.builds.buildDockerfile(req.owner, { name: req.params.name, dockerfilePath: q.dockerfile, contextTar: req.body as Readable, buildArgs: parseBuildArgs(q.build_args), memoryMb: q.memory_mb, signal: req.clientGone }, onLog);
       if (wantsEvents(req)) return streamBuild(req, reply, run, imageView);
       return reply.code(201).send(imageView(await run()));
     });
