@@ -27,7 +27,7 @@ export function instancePage(root: HTMLElement, id: string, report: Report, sign
   const terminalBox = h('div', { class: 'terminal-box', 'data-testid': 'terminal' });
   const terminalNote = h('span', { class: 'muted' });
   const files = fileBrowser(id, report);
-  const processes = processPanel(id, report);
+  const processes = processPanel(id, report, signal);
   let terminal: TerminalView | undefined;
 
   /** Runs an action with its button held, then shows what it did or why it failed. */

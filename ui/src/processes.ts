@@ -1,6 +1,9 @@
 import { api, type Execution } from './api.js';
 import { fill, h, statusBadge, when } from './dom.js';
 
+/** How often the list is read again while something in it runs. */
+const POLL_MS = 5000;
+
 /** A command as one line: `sh -c SCRIPT` as its script, as it was given. */
 const commandLine = (argv: string[]) => (argv.length === 3 && argv[0] === '/bin/sh' && argv[1] === '-c' ? argv[2]! : argv.join(' '));
 
@@ -9,7 +12,7 @@ const commandLine = (argv: string[]) => (argv.length === 3 && argv[0] === '/bin/
  * one in the background, see whether each runs and how it ended, read what it printed (the last
  * 256 KiB a stream the sandbox keeps), stop it.
  */
-export function processPanel(instanceId: string, report: (err: unknown, info?: string) => void): { element: HTMLElement; refresh(): Promise<void> } {
+export function processPanel(instanceId: string, report: (err: unknown, info?: string) => void, signal: AbortSignal): { element: HTMLElement; refresh(): Promise<void> } {
   const body = h('tbody', { 'data-testid': 'processes' });
   const output = h('pre', { class: 'mono output', 'data-testid': 'process-output', hidden: true });
   const command = h('input', { placeholder: 'a command to run in the background', 'aria-label': 'background command', maxlength: 4096, 'data-testid': 'process-command' });
@@ -59,9 +62,16 @@ export function processPanel(instanceId: string, report: (err: unknown, info?: s
       h('td', {}, out, ' ', stop));
   }
 
+  // A background process's end comes with no event (nobody follows it): while one runs, the list
+  // is read again now and then.
+  let poll: ReturnType<typeof setTimeout> | undefined;
+  signal.addEventListener('abort', () => clearTimeout(poll));
+
   async function refresh(): Promise<void> {
+    clearTimeout(poll);
     try {
       const page = await api.executions(instanceId);
+      if (!signal.aborted && page.items.some((e) => e.status === 'running')) poll = setTimeout(() => void refresh(), POLL_MS);
       fill(body, ...page.items.map(row));
       if (page.items.length === 0) fill(body, h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'Nothing runs in the background.')));
       if (shown) await show(shown);
