@@ -66,9 +66,14 @@ describe('directory watches', () => {
     expect(rolled.status).toBe(200);
     await step('touch /w/after-rollback', 'create after-rollback');
     // A file written through the API is streamed into a temporary name and renamed over its
-    // own: the watch tells it as a write of the file, as envd does, and nothing of the name.
-    expect((await s.api('PUT', `/instances/${inst.id}/files?path=/w/sub/api.txt`, 'bytes', { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' })).status).toBeLessThan(300);
+    // own: the watch tells it as envd tells its write in place (open with O_CREAT, chown,
+    // write), and nothing of the temporary name.
+    const put = (body: string) => s.api('PUT', `/instances/${inst.id}/files?path=/w/sub/api.txt`, body, { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' });
+    expect((await put('bytes')).status).toBeLessThan(300);
     await until('the API write', () => seen.includes('write sub/api.txt'));
+    expect((await put('again')).status).toBeLessThan(300);
+    await until('the second API write', () => seen.filter((e) => e === 'write sub/api.txt').length === 2);
+    expect(seen.filter((e) => e.endsWith(' sub/api.txt'))).toEqual(['create sub/api.txt', 'chmod sub/api.txt', 'write sub/api.txt', 'chmod sub/api.txt', 'write sub/api.txt']);
     expect(seen.filter((e) => e.includes('.upload-'))).toEqual([]);
     expect((await s.api('POST', `/instances/${inst.id}/stop`)).status).toBe(200);
     await done;

@@ -4,7 +4,7 @@ import type { SandboxHandle } from '../seam/sandbox.js';
 import { untilDeadline } from '../lib/deadline.js';
 import { EventQueue } from '../lib/event-queue.js';
 import { ConflictError, QuotaExceededError } from './errors.js';
-import { uploadTargetOf } from './upload-names.js';
+import { uploadTargetOf, type UploadTarget } from './upload-names.js';
 
 /** Events waiting for a reader that is slow: past this the watch ends rather than grow. */
 const MAX_QUEUED_BYTES = 1 << 20;
@@ -54,8 +54,8 @@ export class DirectoryWatch implements AsyncIterable<WatchEvent> {
   private agent: AgentPort | undefined;
   private closed = false;
   private rewatches: number[] = [];
-  /** The file an upload's temporary name was just renamed away from, onto its own name. */
-  private uploaded: string | undefined;
+  /** The upload whose temporary name was just renamed away from, onto its own name. */
+  private uploaded: UploadTarget | undefined;
 
   private constructor(
     private readonly target: WatchTarget,
@@ -97,14 +97,19 @@ export class DirectoryWatch implements AsyncIterable<WatchEvent> {
   }
 
   /** A file written through forkpoint is streamed into a temporary name and renamed over its
-   * own (FileService.writeStream): the watch tells that as envd tells a write in place, a
-   * `write` of the file, and says nothing of the temporary name. */
+   * own (FileService.writeStream): the watch tells that as envd tells its write in place (open
+   * with O_CREAT, chown, write), `create` (of a new file), `chmod` and `write` of the file, and
+   * says nothing of the temporary name. */
   private seen(e: WatchEvent): void {
     const upload = uploadTargetOf(e.name);
-    const renamedOnto = this.uploaded;
+    const renamedFrom = this.uploaded;
     this.uploaded = upload !== undefined && e.op === 'rename' ? upload : undefined;
     if (upload !== undefined) return;
-    if (e.op === 'create' && e.name === renamedOnto) return this.queue.push({ op: 'write', name: e.name });
+    if (e.op === 'create' && e.name === renamedFrom?.target) {
+      if (renamedFrom.fresh) this.queue.push({ op: 'create', name: e.name });
+      this.queue.push({ op: 'chmod', name: e.name });
+      return this.queue.push({ op: 'write', name: e.name });
+    }
     this.queue.push(e);
   }
 

@@ -177,7 +177,7 @@ export class FileService {
     }
     const slash = p.lastIndexOf('/');
     const parent = p.slice(0, slash);
-    const tmp = `${parent}/${uploadNameFor(p.slice(slash + 1))}`;
+    let tmp = '';
     let offset = 0;
     let pending: Buffer[] = [];
     let pendingBytes = 0;
@@ -195,10 +195,13 @@ export class FileService {
         });
       });
     try {
-      ids = await this.op(owner, id, parent || '/', async (a, d, as) => {
+      let fresh: boolean;
+      [ids, fresh] = await this.op(owner, id, parent || '/', async (a, d, as) => {
         if (parent) await a.mkdir(d, as);
-        return as;
+        // Only a file known to be missing is new (a stat refused for permissions is not).
+        return [as, (await a.stat(p, as).catch(() => null)) === undefined] as const;
       }, opts);
+      tmp = `${parent}/${uploadNameFor(p.slice(slash + 1), fresh)}`;
       for await (const chunk of uploadOf(source, path)) {
         pending.push(chunk);
         pendingBytes += chunk.length;

@@ -319,7 +319,7 @@ describe('usage', () => {
 });
 
 describe('directory watches', () => {
-  it('a file written through the API is one `write`, nothing of its temporary name; a rollback does not end the watch; a stop ends it with a code', async () => {
+  it('a file written through the API is told as envd tells its write (a new one: create, chmod, write; one written over: chmod, write), nothing of its temporary name; a rollback does not end the watch; a stop ends it with a code', async () => {
     const n = await node();
     const id = await create(n);
     await putFile(n, id, '/w/a', 'one');
@@ -335,7 +335,7 @@ describe('directory watches', () => {
     await putFile(n, id, '/w/c', 'after the rollback');
     expect((await n.call('POST', `/instances/${id}/stop`)).status).toBe(200);
     await expect(done).rejects.toMatchObject({ code: 'CONFLICT', details: { reason: 'INSTANCE_NOT_RUNNING' } });
-    expect(seen).toEqual(['write a', 'write sub/b', 'write c']);
+    expect(seen).toEqual(['chmod a', 'write a', 'create sub/b', 'chmod sub/b', 'write sub/b', 'create c', 'chmod c', 'write c']);
   });
 });
 
