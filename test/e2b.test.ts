@@ -354,8 +354,9 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
   it('the base template has the tools E2B\'s base has and its tests assume (the default image had busybox only)', async () => {
     const sbx = await Sandbox.create();
     try {
-      const r = await sbx.commands.run('for t in curl python3 git pgrep tput ps; do command -v $t >/dev/null && echo $t; done; python3 -c "print(6*7)"');
-      expect(r.stdout.split('\n').filter(Boolean)).toEqual(['curl', 'python3', 'git', 'pgrep', 'tput', 'ps', '42']);
+      const r = await sbx.commands.run('for t in curl python3 python git pgrep tput ps; do command -v $t >/dev/null && echo $t; done; python -c "print(6*7)"');
+      // `python` too: E2B's Python SDK's own tests start `python -m http.server`.
+      expect(r.stdout.split('\n').filter(Boolean)).toEqual(['curl', 'python3', 'python', 'git', 'pgrep', 'tput', 'ps', '42']);
     } finally {
       await sbx.kill();
     }
