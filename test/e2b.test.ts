@@ -730,6 +730,17 @@ describe('@e2b/code-interpreter, unchanged', () => {
       expect(frame.results[0]!.data).toEqual({ a: [1, 2, 3] });
       expect(frame.results[0]!.html).toContain('<table');
       expect((await sbx.runCode('display({"text/html": "<b>hi</b>", "text/plain": "hi"})')).results[0]).toMatchObject({ html: '<b>hi</b>', text: 'hi' });
+      // What the Python SDK's own tests found: IPython.display's objects as in a notebook (the
+      // import failed: there is no IPython in the image), and every output line with its time
+      // (the Python SDK reads it: KeyError 'timestamp').
+      const shown = await sbx.runCode('from IPython.display import display, Markdown\ndisplay({"text/latex": r"\\text{X}"}, raw=True)\ndisplay(Markdown("# hi"))');
+      expect(shown.results.map((r) => r.formats())).toEqual([['latex'], ['markdown']]);
+      expect(shown.results[1]!.markdown).toBe('# hi');
+      // (The JS SDK stamps lines itself: the kernel's own answer, read inside the sandbox.)
+      const raw = await sbx.commands.run(`curl -s -X POST http://127.0.0.1:49999/execute -H 'content-type: application/json' -d '{"code": "print(1)"}'`);
+      const line = raw.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { type: string; text?: string; timestamp?: number }).find((m) => m.type === 'stdout');
+      expect(line?.text).toBe('1\n');
+      expect(Math.abs((line?.timestamp ?? 0) / 1e6 - Date.now())).toBeLessThan(60_000);
       expect((await sbx.runCode('import os; os.getenv("TEST_ENV_VAR")')).text).toBe('supertest');
       const pil = await sbx.runCode('from PIL import Image\nImage.new("RGB", (4, 4)).save("/tmp/x.png")');
       expect(pil.results[0]?.png).toBeDefined();

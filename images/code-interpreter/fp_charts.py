@@ -32,15 +32,16 @@ def install():
 
 
 def number(value):
-    """A finite number as JSON can carry it (JSON has no NaN), rid of float noise (324.00000000000006)."""
+    """A finite number as JSON can carry it (JSON has no NaN), rid of float noise
+    (324.00000000000006); a float always, whole or not, as E2B's server sends them (its Python
+    SDK's own tests check ticks and points with isinstance(..., float))."""
     try:
         x = float(value)
     except (TypeError, ValueError):
         return None
     if not math.isfinite(x):
         return None
-    x = float(f"{x:.12g}")
-    return int(x) if x.is_integer() and abs(x) < 2**53 else x
+    return float(f"{x:.12g}")
 
 
 def text_or_none(text):

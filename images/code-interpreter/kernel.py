@@ -25,6 +25,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import traceback
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,7 +42,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # The environment children start with: a cell's own variables are that cell's.
 BASE_ENV = dict(os.environ)
 # The running cell's display(), for what shows an object from outside the cell's globals.
-current_display = [lambda *objs: None]
+current_display = [lambda *objs, **kwargs: None]
+# `from IPython.display import display, HTML, ...` as in a notebook (IPython is not in the image,
+# and its own display needs a running IPython shell): last on the path, so an IPython the sandbox
+# installs wins. Not imported here: libraries take an imported IPython for a notebook.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fallback"))
 
 
 class Context:
@@ -321,8 +326,18 @@ class Job:
 jobs = queue.Queue()
 
 
+def stamped(put):
+    """Output as E2B's server says it: a stream's text with when it came (Unix time in
+    nanoseconds), which its Python SDK reads from every stdout and stderr message."""
+    def emit(msg):
+        if msg.get("type") in ("stdout", "stderr") and "timestamp" not in msg:
+            msg = {**msg, "timestamp": time.time_ns()}
+        put(msg)
+    return emit
+
+
 def execute(job):
-    ctx, emit = job.ctx, job.out.put
+    ctx, emit = job.ctx, stamped(job.out.put)
     ctx.count += 1
     emit({"type": "number_of_executions", "execution_count": ctx.count})
     env = {**sandbox_env(), **(job.env or {})}

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, relative, sep } from 'node:path';
 import type { Logger } from 'pino';
 import type { BuildService } from './build/builder.js';
 import type { TemplateService } from './templates.js';
@@ -61,9 +61,14 @@ export class BundledTemplates {
   }
 }
 
-/** A bundled template's version: the digest of its files, names and contents. */
+/** A bundled template's version: the digest of its files (those in its directories too), paths
+ * and contents; Python's byte-code caches aside. */
 function digestOf(dir: string): string {
   const h = createHash('sha256');
-  for (const f of readdirSync(dir).sort()) h.update(`${f}\0`).update(readFileSync(join(dir, f))).update('\0');
+  const files = readdirSync(dir, { recursive: true, withFileTypes: true })
+    .filter((e) => e.isFile() && !relative(dir, e.parentPath).split(sep).includes('__pycache__'))
+    .map((e) => relative(dir, join(e.parentPath, e.name)))
+    .sort();
+  for (const f of files) h.update(`${f}\0`).update(readFileSync(join(dir, f))).update('\0');
   return h.digest('hex').slice(0, 12);
 }
