@@ -71,7 +71,10 @@ interface PolledWatcher {
   owner: string;
   sandbox: string;
   watch: DirectoryWatch;
-  events: FilesystemEvent[];
+  /** In order, each as soon as it came: its entry (asked for with includeEntry) is looked up
+   * after it, one event after another, and a fetch waits for the lookups of what it takes, so
+   * that a fetch sees every event that had come when it was asked. */
+  events: Promise<FilesystemEvent>[];
   ended?: Error;
 }
 
@@ -183,9 +186,12 @@ export function filesystemService(fp: Forkpoint): ServiceImpl<typeof Filesystem>
       polled.set(watcherId, w);
       void (async () => {
         try {
+          let described: Promise<unknown> = Promise.resolve();
           for await (const e of watch) {
             if (w.events.length >= MAX_POLLED_EVENTS) throw new ConnectError(`more than ${MAX_POLLED_EVENTS} events were not fetched; watch again`, Code.ResourceExhausted);
-            w.events.push(await eventOf(c, dir, e, req.includeEntry));
+            const event = described.then(() => eventOf(c, dir, e, req.includeEntry));
+            described = event.catch(() => undefined);
+            w.events.push(event);
           }
           w.ended ??= new ConnectError('the watch ended', Code.NotFound);
         } catch (err) {
@@ -200,7 +206,7 @@ export function filesystemService(fp: Forkpoint): ServiceImpl<typeof Filesystem>
     },
     async getWatcherEvents(req, ctx) {
       const w = watcherOf(callerOf(ctx), req.watcherId);
-      const events = w.events.splice(0);
+      const events = await Promise.all(w.events.splice(0));
       if (!events.length && w.ended) {
         polled.delete(req.watcherId);
         throw w.ended;
