@@ -4,17 +4,23 @@
  * checked out by whoever runs it, and the npm registry for their test dependencies.
  *
  *   npm run compat -- --e2b ../E2B --code-interpreter ../code-interpreter --opencomputer ../opencomputer
+ *   npm run compat -- --e2b-python ../E2B --code-interpreter-python ../code-interpreter --python-deps ../pydeps
+ *
+ * The Python suites run on Debian's python3 with the SDKs and what Debian has too old (httpx,
+ * pytest, ...) taken from clones of their repositories at the releases PYTHON_DISTS names
+ * (`--python-deps DIR`: one clone per repository, named as there), since these machines reach
+ * no PyPI; the rest comes from Debian's packages (apt).
  *
  * Each suite runs from its own source in a temporary directory, with its own dependencies
  * installed there; nothing is written into the checkouts or into this project. Prints, per test
  * file, passed / failed / skipped, and a total per suite. Run as root (it starts a server).
  */
 import { execa } from 'execa';
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join, relative, resolve } from 'node:path';
+import { basename, join, relative, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
 const ROOT = new URL('..', import.meta.url).pathname;
@@ -200,30 +206,157 @@ async function openComputer(repo: string, srv: Server): Promise<FileResult[]> {
   }
 }
 
-/** E2B's Python SDK tests, if the interpreter here has the SDK and pytest (this project's
- * machines reach no PyPI: then it says so and runs nothing). */
-async function e2bPython(repo: string, srv: Server): Promise<FileResult[] | string> {
-  const has = await execa('python3', ['-c', 'import e2b, pytest, pytest_asyncio'], { reject: false });
-  if (has.exitCode !== 0) return 'not run: python3 has no e2b, pytest and pytest-asyncio here (pip install e2b pytest pytest-asyncio)';
+/** One Python distribution taken from a clone of its repository at a release: what pip would
+ * install from its wheel, by hand. */
+interface PythonDist {
+  /** The clone's directory name under `--python-deps`, and the release's tag in it. */
+  repo: string;
+  tag: string;
+  dist: string;
+  version: string;
+  /** What is copied onto the path (package directories and single modules), from the clone's root. */
+  paths: string[];
+  /** The file a build from git would write (setuptools-scm, hatch-vcs), relative to the path. */
+  versionFile?: string;
+  /** pytest's plugins, found through their entry points. */
+  pytest11?: string;
+}
+
+/**
+ * What E2B's Python SDK and its tests need beyond Debian 12's packages (which are too old for
+ * its declared bounds: httpx 0.23, attrs 22, rich 13, wcmatch 8, pytest 7), at the versions its
+ * uv.lock names, or that repository's nearest tag where the lock's is not tagged (rich, iniconfig).
+ * These machines reach no PyPI; every one of these is pure Python, so a clone of its source at
+ * the release is the release. E2B's Python SDK moved to connectrpc and pyqwest (a Rust
+ * extension) after 2.34.0's tag; that tag is the last that runs from source alone.
+ */
+const PYTHON_DISTS: PythonDist[] = [
+  { repo: 'httpx', tag: '0.28.1', dist: 'httpx', version: '0.28.1', paths: ['httpx'] },
+  { repo: 'httpcore', tag: '1.0.9', dist: 'httpcore', version: '1.0.9', paths: ['httpcore'] },
+  { repo: 'h11', tag: 'v0.16.0', dist: 'h11', version: '0.16.0', paths: ['h11'] },
+  { repo: 'anyio', tag: '4.14.1', dist: 'anyio', version: '4.14.1', paths: ['src/anyio'], pytest11: 'anyio = anyio.pytest_plugin' },
+  { repo: 'attrs', tag: '26.1.0', dist: 'attrs', version: '26.1.0', paths: ['src/attr', 'src/attrs'] },
+  { repo: 'packaging', tag: '26.2', dist: 'packaging', version: '26.2', paths: ['src/packaging'] },
+  { repo: 'typing_extensions', tag: '4.15.0', dist: 'typing_extensions', version: '4.15.0', paths: ['src/typing_extensions.py'] },
+  { repo: 'wcmatch', tag: '10.2', dist: 'wcmatch', version: '10.2', paths: ['wcmatch'] },
+  { repo: 'bracex', tag: '3.0', dist: 'bracex', version: '3.0', paths: ['bracex'] },
+  { repo: 'dockerfile-parse', tag: '2.0.1', dist: 'dockerfile-parse', version: '2.0.1', paths: ['dockerfile_parse'] },
+  { repo: 'rich', tag: 'v14.3.3', dist: 'rich', version: '14.3.3', paths: ['rich'] },
+  { repo: 'markdown-it-py', tag: 'v4.2.0', dist: 'markdown-it-py', version: '4.2.0', paths: ['markdown_it'] },
+  { repo: 'pytest', tag: '9.1.1', dist: 'pytest', version: '9.1.1', paths: ['src/_pytest', 'src/pytest', 'src/py.py'], versionFile: '_pytest/_version.py' },
+  { repo: 'pluggy', tag: '1.6.0', dist: 'pluggy', version: '1.6.0', paths: ['src/pluggy'], versionFile: 'pluggy/_version.py' },
+  { repo: 'iniconfig', tag: 'v2.1.0', dist: 'iniconfig', version: '2.1.0', paths: ['src/iniconfig'], versionFile: 'iniconfig/_version.py' },
+  { repo: 'pytest-asyncio', tag: 'v1.4.0', dist: 'pytest-asyncio', version: '1.4.0', paths: ['pytest_asyncio'], pytest11: 'asyncio = pytest_asyncio.plugin' },
+  { repo: 'pytest-timeout', tag: '2.4.0', dist: 'pytest-timeout', version: '2.4.0', paths: ['pytest_timeout.py'], pytest11: 'timeout = pytest_timeout' },
+];
+/** The rest, new enough in Debian 12 (protobuf's 3.21.12 is the Python runtime 4.21.12). */
+const PYTHON_APT = ['python3-protobuf', 'python3-h2', 'python3-hpack', 'python3-hyperframe', 'python3-mdurl', 'python3-pygments', 'python3-idna', 'python3-certifi', 'python3-sniffio', 'python3-dateutil', 'python3-six'];
+/** The SDKs' Python sources, each from its own repository at a tag: E2B's is the last that
+ * runs from source alone (after it, connectrpc and pyqwest); the code interpreter's is the last
+ * that asks for no newer E2B than that (2.8.1; 2.9.1 asks for e2b 2.39). */
+const E2B_PYTHON = { tag: '@e2b/python-sdk@2.34.0', dir: 'packages/python-sdk', dist: 'e2b', packages: ['e2b', 'e2b_connect'] };
+const CODE_INTERPRETER_PYTHON = { tag: '@e2b/code-interpreter-python@2.9.0', dir: 'python', dist: 'e2b-code-interpreter', packages: ['e2b_code_interpreter'] };
+type PythonSdk = typeof E2B_PYTHON;
+/** Debian's interpreter: the one its python3-* packages are for. */
+const PYTHON = '/usr/bin/python3';
+
+/** `git archive` of `paths` of `repo` at `tag`, unpacked into `into`. */
+async function archive(repo: string, tag: string, paths: string[], into: string): Promise<void> {
+  const tar = execa('git', ['-C', repo, 'archive', '--format=tar', tag, '--', ...paths], { encoding: 'buffer' });
+  await execa('tar', ['-x', '-C', into], { input: (await tar).stdout });
+}
+
+/** Installs `d` into `site` as pip would from its wheel: what it imports, the version file a
+ * build from git writes, and the .dist-info importlib.metadata reads. */
+async function installDist(d: PythonDist, from: string, site: string): Promise<void> {
+  for (const p of d.paths) await cp(join(from, p), join(site, basename(p)), { recursive: true });
+  if (d.versionFile) {
+    const tuple = d.version.split('.').map(Number).join(', ');
+    await writeFile(join(site, d.versionFile), `version = __version__ = ${JSON.stringify(d.version)}\nversion_tuple = __version_tuple__ = (${tuple})\n`);
+  }
+  const info = join(site, `${d.dist.replace(/-/g, '_')}-${d.version}.dist-info`);
+  await mkdir(info);
+  await writeFile(join(info, 'METADATA'), `Metadata-Version: 2.1\nName: ${d.dist}\nVersion: ${d.version}\n`);
+  await writeFile(join(info, 'RECORD'), '');
+  if (d.pytest11) await writeFile(join(info, 'entry_points.txt'), `[pytest11]\n${d.pytest11}\n`);
+}
+
+/** Unpacks `sdk` from its clone at its tag into `into`; installs it into `site` under the
+ * version its pyproject.toml says. */
+async function installSdk(sdk: PythonSdk, clone: string, into: string, site: string): Promise<void> {
+  await archive(clone, sdk.tag, [sdk.dir], into);
+  const root = join(into, sdk.dir);
+  const version = /^version = "([^"]+)"/m.exec(await readFile(join(root, 'pyproject.toml'), 'utf8'))?.[1] ?? '0';
+  await installDist({ repo: '', tag: sdk.tag, dist: sdk.dist, version, paths: sdk.packages }, root, site);
+}
+
+/** A directory to put on PYTHONPATH with PYTHON_DISTS (from the clones under `deps`) and the
+ * E2B SDK (from its clone), Debian's part installed by apt. */
+async function pythonSite(e2b: string, deps: string, site: string): Promise<void> {
+  await execa('apt-get', ['install', '-y', '-q', '--no-install-recommends', ...PYTHON_APT], { env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' }, timeout: INSTALL_TIMEOUT_MS, stdio: 'inherit' });
+  await mkdir(site, { recursive: true });
+  for (const d of PYTHON_DISTS) {
+    const unpacked = await mkdtemp(join(tmpdir(), 'forkpoint-compat-pydist-'));
+    try {
+      await archive(join(deps, d.repo), d.tag, d.paths, unpacked);
+      await installDist(d, unpacked, site);
+    } finally {
+      await rm(unpacked, { recursive: true, force: true });
+    }
+  }
+  const unpacked = await mkdtemp(join(tmpdir(), 'forkpoint-compat-pysdk-'));
+  try {
+    await installSdk(E2B_PYTHON, e2b, unpacked, site);
+  } finally {
+    await rm(unpacked, { recursive: true, force: true });
+  }
+}
+
+/** An SDK's own pytest suite (`args`: what to run, from the SDK's directory) from its clone at
+ * its tag, on Debian's interpreter with `site` (and the SDK) on its path, its pytest.ini as it
+ * is but for addopts (the code interpreter's asks for pytest-xdist's workers). */
+async function pytestSuite(sdk: PythonSdk, clone: string, site: string, args: string[], env: Record<string, string>): Promise<FileResult[]> {
   const dir = await mkdtemp(join(tmpdir(), 'forkpoint-compat-py-'));
   try {
-    await cp(join(repo, 'packages', 'python-sdk', 'tests'), join(dir, 'tests'), { recursive: true });
+    const own = join(dir, 'site');
+    await cp(site, own, { recursive: true });
+    if (sdk !== E2B_PYTHON) await installSdk(sdk, clone, dir, own);
+    else await archive(clone, sdk.tag, [sdk.dir], dir);
+    const root = join(dir, sdk.dir);
     const xml = join(dir, 'report.xml');
-    await execa('python3', ['-m', 'pytest', '-q', 'tests/sync', 'tests/async', `--junitxml=${xml}`, '-p', 'no:cacheprovider'], { cwd: dir, env: { ...process.env, E2B_API_URL: srv.url, E2B_SANDBOX_URL: srv.url, E2B_API_KEY: srv.token }, reject: false, timeout: SUITE_TIMEOUT_MS, stdio: 'inherit' });
-    const byFile = new Map<string, FileResult>();
-    for (const m of (await readFile(xml, 'utf8')).matchAll(/<testcase [^>]*classname="([^"]+)"[^>]*?(\/>|>([\s\S]*?)<\/testcase>)/g)) {
-      const file = `${m[1]!.split('.').slice(0, -1).join('/') || m[1]}.py`;
-      const r = byFile.get(file) ?? { file, passed: 0, failed: 0, skipped: 0 };
-      const body = m[3] ?? '';
-      if (/<(failure|error)/.test(body)) r.failed++;
-      else if (/<skipped/.test(body)) r.skipped++;
-      else r.passed++;
-      byFile.set(file, r);
-    }
-    return [...byFile.values()];
+    await execa(PYTHON, ['-m', 'pytest', '-q', '-rfE', '-o', 'addopts=--import-mode=importlib', '-p', 'no:cacheprovider', `--junitxml=${xml}`, ...args], {
+      cwd: root,
+      env: { ...process.env, PYTHONPATH: own, PYTHONDONTWRITEBYTECODE: '1', ...env },
+      reject: false,
+      timeout: SUITE_TIMEOUT_MS,
+      stdio: 'inherit',
+    });
+    return junitByFile(await readFile(xml, 'utf8'));
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
+}
+
+/** pytest's JUnit report, per test file; each failure's first line. */
+function junitByFile(xml: string): FileResult[] {
+  const byFile = new Map<string, FileResult>();
+  const unescape = (t: string) => t.replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&quot;/g, '"').replace(/&#10;/g, ' ').replace(/&amp;/g, '&');
+  for (const m of xml.matchAll(/<testcase [^>]*?classname="([^"]+)"[^>]*?name="([^"]+)"[^>]*?(\/>|>([\s\S]*?)<\/testcase>)/g)) {
+    const parts = m[1]!.split('.');
+    // classname is module.path[.Class]: the file is the part that starts with test_
+    const end = parts.findIndex((p) => p.startsWith('test_'));
+    const file = `${parts.slice(0, end < 0 ? -1 : end + 1).join('/')}.py`;
+    const r = byFile.get(file) ?? { file, passed: 0, failed: 0, skipped: 0, failures: [] };
+    const body = m[4] ?? '';
+    const failure = /<(failure|error)[^>]*?message="([^"]*)"/.exec(body);
+    if (failure || /<(failure|error)/.test(body)) {
+      r.failed++;
+      r.failures!.push(`${unescape(m[2]!)}: ${unescape(failure?.[2] ?? '').slice(0, 240)}`);
+    } else if (/<skipped/.test(body)) r.skipped++;
+    else r.passed++;
+    byFile.set(file, r);
+  }
+  return [...byFile.values()];
 }
 
 function table(name: string, results: FileResult[] | string): string {
@@ -238,9 +371,9 @@ function table(name: string, results: FileResult[] | string): string {
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { e2b: { type: 'string' }, 'code-interpreter': { type: 'string' }, opencomputer: { type: 'string' }, out: { type: 'string' } } });
-  if (!values.e2b && !values['code-interpreter'] && !values.opencomputer) {
-    console.error('usage: npm run compat -- [--e2b DIR] [--code-interpreter DIR] [--opencomputer DIR] [--out FILE.md]\n(checkouts of e2b-dev/E2B, e2b-dev/code-interpreter, diggerhq/opencomputer)');
+  const { values } = parseArgs({ options: { e2b: { type: 'string' }, 'code-interpreter': { type: 'string' }, opencomputer: { type: 'string' }, 'e2b-python': { type: 'string' }, 'code-interpreter-python': { type: 'string' }, 'python-deps': { type: 'string' }, out: { type: 'string' } } });
+  if (!values.e2b && !values['e2b-python'] && !values['code-interpreter'] && !values['code-interpreter-python'] && !values.opencomputer) {
+    console.error('usage: npm run compat -- [--e2b DIR] [--e2b-python DIR --python-deps DIR [--code-interpreter-python DIR]] [--code-interpreter DIR] [--opencomputer DIR] [--out FILE.md]\n(checkouts of e2b-dev/E2B, e2b-dev/code-interpreter, diggerhq/opencomputer; for the Python suites, clones with their tags; --python-deps: a directory of clones named as PYTHON_DISTS in scripts/compat.ts names them)');
     process.exit(2);
   }
   if (!existsSync(CLI)) throw new Error('dist/cli.js is missing: npm run build first');
@@ -251,7 +384,23 @@ async function main(): Promise<void> {
       const js = await e2bJs(resolve(values.e2b), srv);
       report.push(table('E2B JS SDK against forkpoint (packages/js-sdk/tests: sandbox, api)', js.server));
       report.push(table('E2B JS SDK, its files that mock E2B\'s API (msw; no server is asked)', js.mocked));
-      report.push(table('E2B Python SDK (packages/python-sdk/tests: sync, async)', await e2bPython(resolve(values.e2b), srv)));
+    }
+    const python = values['e2b-python'] ? resolve(values['e2b-python']) : undefined;
+    const deps = values['python-deps'] ? resolve(values['python-deps']) : undefined;
+    if ((python || values['code-interpreter-python']) && !(python && deps)) throw new Error('the Python suites need --e2b-python (a clone of e2b-dev/E2B with its tags) and --python-deps (clones of the repositories PYTHON_DISTS names): this machine reaches no PyPI');
+    if (python && deps) {
+      const site = await mkdtemp(join(tmpdir(), 'forkpoint-compat-site-'));
+      try {
+        await pythonSite(python, deps, site);
+        const env = { E2B_API_URL: srv.url, E2B_SANDBOX_URL: srv.url, E2B_VOLUME_API_URL: srv.url, E2B_API_KEY: srv.token, ENABLE_VOLUME_TESTS: '1' };
+        // Its template builds aside, as the JS suite's are.
+        const args = ['tests/sync', 'tests/async', '--ignore', 'tests/sync/template_sync', '--ignore', 'tests/async/template_async'];
+        report.push(table(`E2B Python SDK (${E2B_PYTHON.dir}/tests at ${E2B_PYTHON.tag}: sync, async, volumes)`, await pytestSuite(E2B_PYTHON, python, site, args, env)));
+        const ci = values['code-interpreter-python'];
+        if (ci) report.push(table(`@e2b/code-interpreter, Python (${CODE_INTERPRETER_PYTHON.dir}/tests at ${CODE_INTERPRETER_PYTHON.tag})`, await pytestSuite(CODE_INTERPRETER_PYTHON, resolve(ci), site, ['tests', '--ignore', 'tests/performance.py'], env)));
+      } finally {
+        await rm(site, { recursive: true, force: true });
+      }
     }
     if (values['code-interpreter']) report.push(table('@e2b/code-interpreter (js/tests)', await codeInterpreterJs(resolve(values['code-interpreter']), srv)));
     if (values.opencomputer) report.push(table('OpenComputer SDK examples (sdks/typescript/examples, run-all-tests.ts without the slow one)', await openComputer(resolve(values.opencomputer), srv)));
