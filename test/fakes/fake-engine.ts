@@ -363,6 +363,7 @@ class FakeAgent implements AgentPort {
   }
 
   async stat(path: string): Promise<FileStat | undefined> {
+    if (this.box.statDelayMs) await new Promise((r) => setTimeout(r, this.box.statDelayMs));
     const d = this.box.files.read(path);
     if (d !== undefined) return { type: 'file', size: d.length, mode: 0o644, mtimeMs: 0, target: null };
     return path === '/' || this.box.files.list(path).length ? { type: 'dir', size: 0, mode: 0o755, mtimeMs: 0, target: null } : undefined;
@@ -387,6 +388,8 @@ export class FakeSandbox implements SandboxHandle {
   private agentPort: FakeAgent;
   readonly files: FileView;
   stopped = false;
+  /** How long the agent takes to answer a stat (a busy sandbox's), for tests of what waits on one. */
+  statDelayMs = 0;
 
   constructor(
     private readonly host: FakeHost,

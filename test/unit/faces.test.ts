@@ -118,6 +118,34 @@ describe('the E2B face: {"code": status, "message"}', () => {
   });
 });
 
+describe('envd\'s polled watcher (E2B\'s sync Python SDK)', () => {
+  it('a fetch right after a write through envd has every event of it, in order, each with its entry, however long the entries take to look up (it had those described by then: the chmod, not the write)', async () => {
+    const n = await startFakeNode();
+    try {
+      const made = await n.call('POST', '/sandboxes', { templateID: 'default' }, { 'x-api-key': n.token });
+      expect(made.status, made.raw).toBe(201);
+      const envd = { authorization: '', 'e2b-sandbox-id': made.body.sandboxID, 'x-access-token': made.body.envdAccessToken, 'connect-protocol-version': '1' };
+      const rpc = (method: string, body: object) => n.call('POST', `/filesystem.Filesystem/${method}`, body, envd);
+      const write = (path: string) => n.app.inject({ method: 'POST', url: `/files?path=${path}`, headers: { ...envd, 'content-type': 'application/octet-stream' }, payload: 'x' });
+      expect((await write('/w/a.txt')).statusCode).toBe(200); // the fake's directories are what holds files
+      const created = await rpc('CreateWatcher', { path: '/w', includeEntry: true });
+      expect(created.status, created.raw).toBe(200);
+      n.engine.sandbox(made.body.sandboxID)!.statDelayMs = 20;
+      const put = await write('/w/f.txt');
+      expect(put.statusCode, put.body).toBe(200);
+      const got = await rpc('GetWatcherEvents', { watcherId: created.body.watcherId });
+      const events = (got.body.events ?? []) as { type: string; name: string; entry?: { name: string } }[];
+      expect(events.map((e) => [e.type, e.name, e.entry?.name])).toEqual([
+        ['EVENT_TYPE_CREATE', 'f.txt', 'f.txt'],
+        ['EVENT_TYPE_CHMOD', 'f.txt', 'f.txt'],
+        ['EVENT_TYPE_WRITE', 'f.txt', 'f.txt'],
+      ]);
+    } finally {
+      await n.close();
+    }
+  });
+});
+
 describe('one path, two faces: /volumes', () => {
   it('answers E2B\'s SDKs (`publisher: e2b`) in E2B\'s shapes and everyone else in forkpoint\'s, whichever token header', async () => {
     const e2b = { publisher: 'e2b', 'x-api-key': owner };
