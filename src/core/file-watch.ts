@@ -18,6 +18,30 @@ const EOVERFLOW = 75;
 
 /** How long a rollback or a checkpoint waits for its sandbox's watches to be back. */
 const RESUME_DEADLINE_MS = 2000;
+/** How long a write through the API waits for its sandbox's watches to tell it. */
+const TOLD_DEADLINE_MS = 100;
+
+/** The watches open on each sandbox, by sandbox: a side table, as `resuming` is. */
+const open = new WeakMap<object, Set<DirectoryWatch>>();
+
+/**
+ * Resolves once every watch open on `sb` now that reports `tmp` (a file's absolute temporary
+ * name, FileService.writeStream's) has told its rename onto the file's own name, at most
+ * TOLD_DEADLINE_MS after `renamed` settles. Called before the rename: a write through the API
+ * then answers after the events it caused are in its watches, so that a client polling a watch
+ * the moment its write answers (E2B's sync Python SDK does) finds them. The events come from
+ * the agent on each watch's own connection, not on the one the write's answer came on.
+ */
+export async function watchesTold(sb: object, tmp: string, renamed: Promise<unknown>): Promise<void> {
+  const watches = [...(open.get(sb) ?? [])];
+  const told = watches.flatMap((w) => w.toldOf(tmp) ?? []);
+  try {
+    await renamed;
+    if (told.length) await untilDeadline(Promise.all(told), TOLD_DEADLINE_MS, () => undefined);
+  } finally {
+    for (const w of watches) w.forgetTold(tmp);
+  }
+}
 
 /** Watches being taken up again after a pause, by sandbox: a side table, so that the pause's
  * caller can wait for them without the sandbox knowing of watches. */
@@ -54,8 +78,10 @@ export class DirectoryWatch implements AsyncIterable<WatchEvent> {
   private agent: AgentPort | undefined;
   private closed = false;
   private rewatches: number[] = [];
-  /** The upload whose temporary name was just renamed away from, onto its own name. */
-  private uploaded: UploadTarget | undefined;
+  /** The upload whose temporary name (`temp`, as reported) was just renamed away from, onto its own name. */
+  private uploaded: (UploadTarget & { temp: string }) | undefined;
+  /** Writes waiting for this watch to tell their rename, by temporary name as reported. */
+  private readonly awaited = new Map<string, () => void>();
 
   private constructor(
     private readonly target: WatchTarget,
@@ -67,6 +93,11 @@ export class DirectoryWatch implements AsyncIterable<WatchEvent> {
   static async open(target: WatchTarget, path: string, opts: { recursive: boolean; signal?: AbortSignal }): Promise<DirectoryWatch> {
     const w = new DirectoryWatch(target, path, opts.recursive);
     await w.attach();
+    if (!w.closed) {
+      const watches = open.get(target.sb) ?? new Set();
+      open.set(target.sb, watches);
+      watches.add(w);
+    }
     if (opts.signal) {
       if (opts.signal.aborted) w.close();
       else opts.signal.addEventListener('abort', () => w.close(), { once: true });
@@ -103,14 +134,37 @@ export class DirectoryWatch implements AsyncIterable<WatchEvent> {
   private seen(e: WatchEvent): void {
     const upload = uploadTargetOf(e.name);
     const renamedFrom = this.uploaded;
-    this.uploaded = upload !== undefined && e.op === 'rename' ? upload : undefined;
+    this.uploaded = upload !== undefined && e.op === 'rename' ? { ...upload, temp: e.name } : undefined;
     if (upload !== undefined) return;
     if (e.op === 'create' && e.name === renamedFrom?.target) {
       if (renamedFrom.fresh) this.queue.push({ op: 'create', name: e.name });
       this.queue.push({ op: 'chmod', name: e.name });
-      return this.queue.push({ op: 'write', name: e.name });
+      this.queue.push({ op: 'write', name: e.name });
+      this.awaited.get(renamedFrom.temp)?.();
+      this.awaited.delete(renamedFrom.temp);
+      return;
     }
     this.queue.push(e);
+  }
+
+  /** Resolves once this watch has told the rename of `tmp` (absolute) onto its file; undefined
+   * when this watch does not report that path. */
+  toldOf(tmp: string): Promise<void> | undefined {
+    const name = this.reported(tmp);
+    return name === undefined || this.closed ? undefined : new Promise((resolve) => this.awaited.set(name, resolve));
+  }
+
+  /** Stops waiting for `tmp` (its rename failed, or was not told in time). */
+  forgetTold(tmp: string): void {
+    const name = this.reported(tmp);
+    if (name !== undefined) this.awaited.delete(name);
+  }
+
+  /** `path` (absolute) as this watch reports it, if it does. */
+  private reported(path: string): string | undefined {
+    const prefix = this.path.endsWith('/') ? this.path : `${this.path}/`;
+    const name = path.startsWith(prefix) ? path.slice(prefix.length) : undefined;
+    return name !== undefined && (this.recursive || !name.includes('/')) ? name : undefined;
   }
 
   private ended(agent: AgentPort, err: Error): void {
@@ -164,6 +218,9 @@ export class DirectoryWatch implements AsyncIterable<WatchEvent> {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    open.get(this.target.sb)?.delete(this);
+    for (const resolve of this.awaited.values()) resolve();
+    this.awaited.clear();
     const agent = this.agent;
     this.agent = undefined;
     if (agent) {

@@ -9,6 +9,7 @@ import { ConflictError, ForkpointError, InsufficientStorageError, InvalidRequest
 import type { SandboxAccess } from './access.js';
 import type { FileHosts } from './file-hosts.js';
 import { DirectoryWatch } from './file-watch.js';
+import { watchesTold } from './file-watch.js';
 import { uploadNameFor } from './upload-names.js';
 import { idNames, isRoot, lookupUser, UnknownUserError, type IdNames, type SandboxUser } from './users.js';
 
@@ -210,7 +211,8 @@ export class FileService {
       if (pendingBytes || !written) await flush();
       // On the whole file before it takes the name: a file written over loses the old metadata.
       if (metadata.length) await this.op(owner, id, path, (a) => a.setMetadata(tmp, Object.fromEntries(metadata), ids));
-      await this.op(owner, id, path, (a) => a.rename(tmp, p, ids));
+      const host = await this.hosts.host(owner, id);
+      await watchesTold(host, tmp, this.op(owner, id, path, (a) => a.rename(tmp, p, ids)));
       return { bytes: offset };
     } catch (err) {
       if (written) await this.op(owner, id, tmp, (a) => a.removeFile(tmp, ids)).catch(() => {});

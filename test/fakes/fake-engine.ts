@@ -317,7 +317,10 @@ class FakeAgent implements AgentPort {
   private changed(path: string, ...ops: WatchOp[]): void {
     for (const w of this.watchers.values()) {
       const name = path.startsWith(`${w.dir}/`) ? path.slice(w.dir.length + 1) : undefined;
-      if (name && (w.recursive || !name.includes('/'))) for (const op of ops) w.listener.onEvent({ op, name });
+      if (!name || (!w.recursive && name.includes('/'))) continue;
+      const tell = () => ops.forEach((op) => w.listener.onEvent({ op, name }));
+      if (this.box.watchDelayMs) setTimeout(tell, this.box.watchDelayMs);
+      else tell();
     }
   }
 
@@ -390,6 +393,8 @@ export class FakeSandbox implements SandboxHandle {
   stopped = false;
   /** How long the agent takes to answer a stat (a busy sandbox's), for tests of what waits on one. */
   statDelayMs = 0;
+  /** How long a watch's events take to come (they come on a connection of their own). */
+  watchDelayMs = 0;
 
   constructor(
     private readonly host: FakeHost,

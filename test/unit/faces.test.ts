@@ -146,6 +146,27 @@ describe('envd\'s polled watcher (E2B\'s sync Python SDK)', () => {
   });
 });
 
+describe('a write through the API and the watches of its sandbox', () => {
+  it('answers once the watches that report it have told it, however late their events come (a poll the moment it answered found nothing)', async () => {
+    const n = await startFakeNode();
+    try {
+      const made = await n.call('POST', '/sandboxes', { templateID: 'default' }, { 'x-api-key': n.token });
+      const envd = { authorization: '', 'e2b-sandbox-id': made.body.sandboxID, 'x-access-token': made.body.envdAccessToken, 'connect-protocol-version': '1' };
+      const rpc = (method: string, body: object) => n.call('POST', `/filesystem.Filesystem/${method}`, body, envd);
+      const write = (path: string) => n.app.inject({ method: 'POST', url: `/files?path=${path}`, headers: { ...envd, 'content-type': 'application/octet-stream' }, payload: 'x' });
+      expect((await write('/w/a.txt')).statusCode).toBe(200);
+      const watchers = [await rpc('CreateWatcher', { path: '/w' }), await rpc('CreateWatcher', { path: '/', recursive: true })];
+      n.engine.sandbox(made.body.sandboxID)!.watchDelayMs = 30;
+      expect((await write('/w/f.txt')).statusCode).toBe(200);
+      const [here, below] = await Promise.all(watchers.map(async (w) => ((await rpc('GetWatcherEvents', { watcherId: w.body.watcherId })).body.events ?? []) as { type: string; name: string }[]));
+      expect(here!.map((e) => `${e.type} ${e.name}`)).toEqual(['EVENT_TYPE_CREATE f.txt', 'EVENT_TYPE_CHMOD f.txt', 'EVENT_TYPE_WRITE f.txt']);
+      expect(below!.map((e) => `${e.type} ${e.name}`)).toEqual(['EVENT_TYPE_CREATE w/f.txt', 'EVENT_TYPE_CHMOD w/f.txt', 'EVENT_TYPE_WRITE w/f.txt']);
+    } finally {
+      await n.close();
+    }
+  });
+});
+
 describe('one path, two faces: /volumes', () => {
   it('answers E2B\'s SDKs (`publisher: e2b`) in E2B\'s shapes and everyone else in forkpoint\'s, whichever token header', async () => {
     const e2b = { publisher: 'e2b', 'x-api-key': owner };
