@@ -25,18 +25,18 @@ const TOLD_DEADLINE_MS = 100;
 const open = new WeakMap<object, Set<DirectoryWatch>>();
 
 /**
- * Resolves once every watch open on `sb` now that reports `tmp` (a file's absolute temporary
- * name, FileService.writeStream's) has told its rename onto the file's own name, at most
- * TOLD_DEADLINE_MS after `renamed` settles. Called before the rename: a write through the API
- * then answers after the events it caused are in its watches, so that a client polling a watch
- * the moment its write answers (E2B's sync Python SDK does) finds them. The events come from
- * the agent on each watch's own connection, not on the one the write's answer came on.
+ * Makes `rename` (of `tmp`, a file's absolute temporary name in FileService.writeStream, onto
+ * the file's own) and resolves once every watch open on `sb` that reports `tmp` has told it, at
+ * most TOLD_DEADLINE_MS after the rename. A write through the API then answers after the
+ * events it caused are in its watches, so that a client polling a watch the moment its write
+ * answers (E2B's sync Python SDK does) finds them: the events come from the agent on each
+ * watch's own connection, not on the one the write's answer came on.
  */
-export async function watchesTold(sb: object, tmp: string, renamed: Promise<unknown>): Promise<void> {
+export async function watchesTold(sb: object, tmp: string, rename: () => Promise<unknown>): Promise<void> {
   const watches = [...(open.get(sb) ?? [])];
   const told = watches.flatMap((w) => w.toldOf(tmp) ?? []);
   try {
-    await renamed;
+    await rename();
     if (told.length) await untilDeadline(Promise.all(told), TOLD_DEADLINE_MS, () => undefined);
   } finally {
     for (const w of watches) w.forgetTold(tmp);

@@ -212,7 +212,7 @@ export class FileService {
       // On the whole file before it takes the name: a file written over loses the old metadata.
       if (metadata.length) await this.op(owner, id, path, (a) => a.setMetadata(tmp, Object.fromEntries(metadata), ids));
       const host = await this.hosts.host(owner, id);
-      await watchesTold(host, tmp, this.op(owner, id, path, (a) => a.rename(tmp, p, ids)));
+      await watchesTold(host, tmp, () => this.op(owner, id, path, (a) => a.rename(tmp, p, ids)));
       return { bytes: offset };
     } catch (err) {
       if (written) await this.op(owner, id, tmp, (a) => a.removeFile(tmp, ids)).catch(() => {});
