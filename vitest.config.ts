@@ -5,7 +5,7 @@ import { defineConfig } from 'vitest/config';
 // file's time is spent waiting on sandboxes, not computing. Measured on 2 cores: 313 s with
 // two workers against 610-640 s one file at a time, the same 396 tests passing.
 //
-// The node-container test runs after the rest: its node image is Debian 13's, whose nft
+// The node-container test runs alone, after the rest: its node image is Debian 13's, whose nft
 // writes rules the host's older nft (Debian 12's 1.0.6) crashes on (SIGSEGV, no output) when it
 // reads the ruleset, which every other server here does at start (seen: five kill -9 tests
 // failing with "nft: " while it ran). README, "Running on Kubernetes", says so for operators.
@@ -15,10 +15,7 @@ import { defineConfig } from 'vitest/config';
 // all 621 tests passing). It can be: no file mocks a module or keeps state in one, and each
 // builds its own servers.
 const shared = { testTimeout: 60_000, hookTimeout: 60_000, isolate: false };
-const NODE_CONTAINER = ['test/node-container.test.ts'];
-// What may run beside it, on the worker it leaves idle: files that start no server on the
-// host's network (the fake engine's; the store, protocol, packing, manifest and config files).
-const NO_HOST_NETWORK = ['test/unit/**/*.test.ts', 'test/store.test.ts', 'test/agent-protocol.test.ts', 'test/pack.test.ts', 'test/kubernetes.test.ts', 'test/config.test.ts'];
+const ALONE = ['test/node-container.test.ts'];
 
 export default defineConfig({
   test: {
@@ -27,8 +24,8 @@ export default defineConfig({
     fileParallelism: true,
     maxWorkers: 2,
     projects: [
-      { test: { ...shared, name: 'engine', include: ['test/**/*.test.ts'], exclude: [...NODE_CONTAINER, ...NO_HOST_NETWORK], sequence: { groupOrder: 0 } } },
-      { test: { ...shared, name: 'last', include: [...NODE_CONTAINER, ...NO_HOST_NETWORK], sequence: { groupOrder: 1 } } },
+      { test: { ...shared, name: 'engine', include: ['test/**/*.test.ts'], exclude: ALONE, sequence: { groupOrder: 0 } } },
+      { test: { ...shared, name: 'alone', include: ALONE, sequence: { groupOrder: 1 } } },
     ],
   },
 });
