@@ -9,7 +9,7 @@ import { Forkpoint } from '../../src/core/forkpoint.js';
 import { buildApp } from '../../src/http/app.js';
 import { VERSION } from '../../src/version.js';
 import { FakeEngine } from '../fakes/fake-engine.js';
-import { startFakeNode } from '../fakes/fake-node.js';
+import { startFakeNode, type FakeNode } from '../fakes/fake-node.js';
 
 // Each face's envelope and its auth, through `app.inject`: no root, no engine started, no
 // sandbox, no socket.
@@ -118,19 +118,29 @@ describe('the E2B face: {"code": status, "message"}', () => {
   });
 });
 
+/** An E2B sandbox on a fake node with a file in /w (the fake's directories are what holds
+ * files): envd's filesystem calls and file writes with its access token. */
+async function envdSandbox(n: FakeNode) {
+  const made = await n.call('POST', '/sandboxes', { templateID: 'default' }, { 'x-api-key': n.token });
+  expect(made.status, made.raw).toBe(201);
+  const envd = { authorization: '', 'e2b-sandbox-id': made.body.sandboxID, 'x-access-token': made.body.envdAccessToken, 'connect-protocol-version': '1' };
+  const write = (path: string) => n.app.inject({ method: 'POST', url: `/files?path=${path}`, headers: { ...envd, 'content-type': 'application/octet-stream' }, payload: 'x' });
+  expect((await write('/w/a.txt')).statusCode).toBe(200);
+  return {
+    sandbox: n.engine.sandbox(made.body.sandboxID)!,
+    rpc: (method: string, body: object) => n.call('POST', `/filesystem.Filesystem/${method}`, body, envd),
+    write,
+  };
+}
+
 describe('envd\'s polled watcher (E2B\'s sync Python SDK)', () => {
   it('a fetch right after a write through envd has every event of it, in order, each with its entry, however long the entries take to look up (it had those described by then: the chmod, not the write)', async () => {
     const n = await startFakeNode();
     try {
-      const made = await n.call('POST', '/sandboxes', { templateID: 'default' }, { 'x-api-key': n.token });
-      expect(made.status, made.raw).toBe(201);
-      const envd = { authorization: '', 'e2b-sandbox-id': made.body.sandboxID, 'x-access-token': made.body.envdAccessToken, 'connect-protocol-version': '1' };
-      const rpc = (method: string, body: object) => n.call('POST', `/filesystem.Filesystem/${method}`, body, envd);
-      const write = (path: string) => n.app.inject({ method: 'POST', url: `/files?path=${path}`, headers: { ...envd, 'content-type': 'application/octet-stream' }, payload: 'x' });
-      expect((await write('/w/a.txt')).statusCode).toBe(200); // the fake's directories are what holds files
+      const { sandbox, rpc, write } = await envdSandbox(n);
       const created = await rpc('CreateWatcher', { path: '/w', includeEntry: true });
       expect(created.status, created.raw).toBe(200);
-      n.engine.sandbox(made.body.sandboxID)!.statDelayMs = 20;
+      sandbox.statDelayMs = 20;
       const put = await write('/w/f.txt');
       expect(put.statusCode, put.body).toBe(200);
       const got = await rpc('GetWatcherEvents', { watcherId: created.body.watcherId });
@@ -150,13 +160,9 @@ describe('a write through the API and the watches of its sandbox', () => {
   it('answers once the watches that report it have told it, however late their events come (a poll the moment it answered found nothing)', async () => {
     const n = await startFakeNode();
     try {
-      const made = await n.call('POST', '/sandboxes', { templateID: 'default' }, { 'x-api-key': n.token });
-      const envd = { authorization: '', 'e2b-sandbox-id': made.body.sandboxID, 'x-access-token': made.body.envdAccessToken, 'connect-protocol-version': '1' };
-      const rpc = (method: string, body: object) => n.call('POST', `/filesystem.Filesystem/${method}`, body, envd);
-      const write = (path: string) => n.app.inject({ method: 'POST', url: `/files?path=${path}`, headers: { ...envd, 'content-type': 'application/octet-stream' }, payload: 'x' });
-      expect((await write('/w/a.txt')).statusCode).toBe(200);
+      const { sandbox, rpc, write } = await envdSandbox(n);
       const watchers = [await rpc('CreateWatcher', { path: '/w' }), await rpc('CreateWatcher', { path: '/', recursive: true })];
-      n.engine.sandbox(made.body.sandboxID)!.watchDelayMs = 30;
+      sandbox.watchDelayMs = 30;
       expect((await write('/w/f.txt')).statusCode).toBe(200);
       const [here, below] = await Promise.all(watchers.map(async (w) => ((await rpc('GetWatcherEvents', { watcherId: w.body.watcherId })).body.events ?? []) as { type: string; name: string }[]));
       expect(here!.map((e) => `${e.type} ${e.name}`)).toEqual(['EVENT_TYPE_CREATE f.txt', 'EVENT_TYPE_CHMOD f.txt', 'EVENT_TYPE_WRITE f.txt']);
