@@ -49,22 +49,19 @@ async function countersRunning(s: ChildServer, id: string): Promise<number> {
   const node = (await s.api('GET', `/instances/${id}`)).body.node as string;
   const group = existsSync('/sys/fs/cgroup/cgroup.controllers') ? `/sys/fs/cgroup/forkpoint/${node}/${id}` : `/sys/fs/cgroup/pids/forkpoint/${node}/${id}`;
   const pids = readFileSync(join(group, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean);
-  const loops = new Set(pids.filter((p) => {
+  // Each process's parent is read before its command line: the loop forks `mv` and `sleep`, and
+  // until it execs, a child reads as the loop too (seen under load). Read apart, the child could
+  // be gone by the time its parent was asked, and count as a second loop.
+  const loops = new Map<string, string>(); // pid -> parent pid
+  for (const p of pids) {
     try {
-      return readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('n=0; while true');
+      const parent = readFileSync(`/proc/${p}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1]!;
+      if (readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('n=0; while true')) loops.set(p, parent);
     } catch {
-      return false; // gone meanwhile
+      // gone meanwhile
     }
-  }));
-  // The loop forks `mv` and `sleep`: until it execs, a child reads as the loop too (seen under load).
-  const parentOf = (p: string) => {
-    try {
-      return readFileSync(`/proc/${p}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1];
-    } catch {
-      return undefined;
-    }
-  };
-  return [...loops].filter((p) => !loops.has(parentOf(p) ?? '')).length;
+  }
+  return [...loops].filter(([, parent]) => !loops.has(parent)).length;
 }
 
 /** The CPU weight of the instance's group, as the host has it. */
