@@ -140,6 +140,34 @@ describe('Dockerfile builds on the engine', () => {
     expect((await overlaysUnder(s.dataDir)).filter((m) => !known.has(m.split('/').at(-2) ?? ''))).toEqual([]);
   });
 
+  it('USER, as Docker has it: RUN after it, commands, streamed commands, templates and forks run as it unless told; a build FROM its image starts as it; `user:group` sets the group', async () => {
+    const made = await s.api('POST', '/images', { name: 'as-app', dockerfile: 'FROM debian\nRUN groupadd -g 1600 crew && useradd -m -u 1500 app\nUSER app\nRUN id -un > /home/app/built-as\nCMD ["sleep", "infinity"]\n' });
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
+    expect(made.body.config.user).toBe('app');
+    const inst = await s.instance({ image: 'as-app' });
+    expect((await sh(inst.id, 'id -un; echo $HOME; cat /home/app/built-as')).stdout).toBe('app\n/home/app\napp\n');
+    expect((await s.exec(inst.id, { command: 'id -un', user: 'root' })).stdout).toBe('root\n');
+    const streamed = await fetch(`${s.url}/instances/${inst.id}/exec/stream`, { method: 'POST', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/json' }, body: JSON.stringify({ command: 'id -un' }) });
+    expect(await streamed.text()).toMatch(/event: stdout\ndata: \{"data":"app\\n"/);
+    // A fork of it, and an instance of a template made from it, are the same machine.
+    const ck = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {});
+    const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.body.id });
+    expect((await sh(fork.body.id, 'id -un')).stdout).toBe('app\n');
+    expect((await s.api('POST', '/templates', { name: 'as-app-t', from_image: 'as-app' })).status).toBe(201);
+    await until('the template', async () => (await s.api('GET', '/templates/as-app-t')).body.status === 'ready', 60_000);
+    const fromTemplate = await s.api('POST', '/instances', { template: 'as-app-t' });
+    expect(fromTemplate.status, JSON.stringify(fromTemplate.body)).toBe(201);
+    expect((await sh(fromTemplate.body.id, 'id -un')).stdout).toBe('app\n');
+    // A build FROM the image runs its steps as its USER, and as its own USER after one.
+    const next = await s.api('POST', '/images', { name: 'as-crew', dockerfile: 'FROM as-app\nRUN id -un > /home/app/inherited\nUSER root\nRUN id -un > /built-by\nUSER 1500:crew\n' });
+    expect(next.status, JSON.stringify(next.body)).toBe(201);
+    const crew = await s.instance({ image: 'as-crew' });
+    expect((await sh(crew.id, 'id -u; id -gn; cat /home/app/inherited /built-by')).stdout).toBe('1500\ncrew\napp\nroot\n');
+    for (const id of [inst.id, fork.body.id, fromTemplate.body.id, crew.id]) await s.api('DELETE', `/instances/${id}`);
+    expect((await s.api('DELETE', '/templates/as-app-t')).status).toBe(204);
+    for (const name of ['as-crew', 'as-app']) expect((await s.api('DELETE', `/images/${name}`)).status).toBe(204);
+  });
+
   it('a build whose client goes away stops: its running step killed, its sandbox gone, no image', async () => {
     const sse = await openSse(`${s.url}/images`, { method: 'POST', headers: { authorization: `Bearer ${s.token}` }, body: { name: 'abandoned', dockerfile: 'FROM default\nRUN echo started; sleep 6017\nRUN echo never\n' } });
     expect(sse.status).toBe(200);

@@ -27,7 +27,7 @@ export interface ExecInput {
   /** Aborted when the one who waits for the result is gone: the command is stopped as on its
    * timeout (it ran only for them). */
   signal?: AbortSignal | undefined;
-  /** Runs as this user of the sandbox (a name or a uid); root when absent. */
+  /** Runs as this user of the sandbox (a name or a uid); its image's USER when absent, else root. */
   user?: string | undefined;
 }
 
@@ -67,7 +67,7 @@ export class CommandService {
           return await session.run(script, { stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
         }
         const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
-        const user = await processUser(sb, input.user);
+        const user = await processUser(sb, input.user ?? rec.defaultUser ?? undefined);
         return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env, user.env), cwd: input.cwd ?? rec.workdir ?? '/', user: user.ids, stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
       } catch (err) {
         if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {

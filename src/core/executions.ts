@@ -144,7 +144,7 @@ export class ExecutionService {
       throw new InvalidRequestError('a detached execution is followed by nobody: it takes no timeout and keeps no output but its scrollback');
     }
     return this.access.use(owner, id, async (sb, rec) => {
-      const user = await processUser(sb, input.user);
+      const user = await processUser(sb, input.user ?? rec.defaultUser ?? undefined);
       const processId = newProcessId();
       const record: ExecutionRecord = {
         instanceId: id,

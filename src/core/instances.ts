@@ -230,7 +230,7 @@ export class InstanceService {
     const resolved: ResolvedImage =
       image ??
       (from
-        ? { ref: from.imageRef ?? null, base: input.image ?? this.config.defaultImage, layers: [], config: { ...this.images.emptyConfig, workdir: from.workdir ?? null }, key: '' }
+        ? { ref: from.imageRef ?? null, base: input.image ?? this.config.defaultImage, layers: [], config: { ...this.images.emptyConfig, workdir: from.workdir ?? null, user: from.defaultUser ?? null }, key: '' }
         : await this.images.resolve(owner, input.image ?? this.config.defaultImage));
     // A fork or template brings its source's (`from`): the owner's request is a new instance's.
     const volumes = from ? [] : await this.volumes.mounts(owner, input.volumes);
@@ -276,6 +276,7 @@ export class InstanceService {
       secrets: bound.secrets,
       egressCa: bound.egressCa,
       warmFork: false,
+      defaultUser: resolved.config.user,
       ...from,
       node: this.nodeId,
       uidBase: null,

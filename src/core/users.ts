@@ -92,6 +92,18 @@ export async function lookupUser(agent: AgentPort, name: string): Promise<Sandbo
   return { name: entry.name, uid: entry.uid, gid: entry.gid, groups: [...new Set(supplementary)].slice(0, MAX_GROUPS), home: entry.home };
 }
 
+/** A user as Docker's USER and `-u` name one: a name or a uid, with `:group` (a name or a gid)
+ * for the primary group in place of the passwd entry's. */
+export async function lookupUserSpec(agent: AgentPort, spec: string): Promise<SandboxUser> {
+  const colon = spec.indexOf(':');
+  if (colon < 0) return lookupUser(agent, spec);
+  const user = await lookupUser(agent, spec.slice(0, colon));
+  const group = spec.slice(colon + 1);
+  const gid = id(group) ?? (NAME.test(group) ? groups(await readDb(agent, '/etc/group')).find((g) => g.name === group)?.gid : undefined);
+  if (gid === undefined) throw new InvalidRequestError(`invalid group: '${group}' is not a group of the sandbox`, { reason: 'UNKNOWN_GROUP', group });
+  return { ...user, gid, groups: user.groups.filter((g) => g !== gid) };
+}
+
 /** The names of the sandbox's users and groups, by id (the first entry of an id wins). */
 export async function idNames(agent: AgentPort): Promise<IdNames> {
   const [p, g] = await Promise.all([readDb(agent, '/etc/passwd'), readDb(agent, '/etc/group')]);
@@ -111,10 +123,10 @@ export function isRoot(u: UnixIds): boolean {
   return u.uid === 0 && u.gid === 0 && u.groups.length === 0;
 }
 
-/** What a process started as `name` runs as, and the variables a login would give it (HOME,
+/** What a process started as `name` (Docker's `user[:group]`) runs as, and the variables a login would give it (HOME,
  * USER, LOGNAME); nothing for root, the agent's own. */
 export async function processUser(sb: SandboxHandle, user: string | SandboxUser | undefined): Promise<{ ids: UnixIds | undefined; env: Record<string, string>; home: string | undefined }> {
   if (user === undefined) return { ids: undefined, env: {}, home: undefined };
-  const u = typeof user === 'string' ? await sb.call((agent) => lookupUser(agent, user)) : user;
+  const u = typeof user === 'string' ? await sb.call((agent) => lookupUserSpec(agent, user)) : user;
   return { ids: isRoot(u) ? undefined : u, env: { HOME: u.home, USER: u.name, LOGNAME: u.name }, home: u.home };
 }

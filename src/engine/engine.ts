@@ -358,16 +358,19 @@ export class Engine implements SandboxRuntime {
     const l = this.layout;
     const { hostname, oldGone } = opts;
     const boosted = this.cgroups.boost(spec.id, true);
+    const steps = new Steps();
     try {
       const p = await prepared;
       await Promise.all([boosted, this.imageTreeFor(spec)]);
+      steps.mark('prepared');
       const [, dir, target, options] = this.overlay(spec, true);
       // The sandbox this one replaces must be gone before CRIU forks into the same cgroups
       // (their limits would count both); mounting the disk need not wait for it.
       const [, externalMounts] = await Promise.all([r.worker.mountOverlay(dir!, target!, options!, spec.uidBase), this.volumesForRestore(r, spec), oldGone]);
-      const t = performance.now();
+      steps.mark('mounted');
       const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null, externalMounts });
-      this.log.debug({ instance: spec.id, ms: Math.round((performance.now() - t) * 100) / 100 }, 'criu restore');
+      steps.mark('criu');
+      this.log.debug({ instance: spec.id, userNamespace: spec.uidBase !== null, steps: steps.ms }, 'criu restore');
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
@@ -434,7 +437,9 @@ export class Engine implements SandboxRuntime {
     try {
       this.disk.prepareDisk(spec, true);
       steps.mark('disk');
-      const prepared = this.prepareRestore(restorer, spec, this.inRange(spec, images));
+      const inRange = this.inRange(spec, images);
+      steps.mark('range');
+      const prepared = this.prepareRestore(restorer, spec, inRange);
       const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
       steps.mark('restore');
       const sb = await this.attach(spec, launched);

@@ -89,6 +89,8 @@ export interface InstanceRecord {
   egressCa: string | null;
   /** It took a standby made ahead (core/warm-standbys.ts) instead of being restored or booted. */
   warmFork: boolean;
+  /** Who its commands run as unless told: its image's USER (`name`, `uid`, with `:group`); null: root. */
+  defaultUser: string | null;
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;
 }
@@ -143,6 +145,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   secrets: JSON.parse(r.secrets) as InstanceSecret[],
   egressCa: r.egress_ca,
   warmFork: r.warm_fork === 1,
+  defaultUser: r.default_user,
   version: Number(r.version),
 });
 
@@ -194,6 +197,7 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   secrets: JSON.stringify(rec.secrets),
   egress_ca: rec.egressCa,
   warm_fork: rec.warmFork ? 1 : 0,
+  default_user: rec.defaultUser,
 });
 
 export class InstanceStore {

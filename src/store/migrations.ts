@@ -354,4 +354,11 @@ export const migrations: readonly Migration[] = [
       -- 1: it took a standby made ahead (a warm fork or create) instead of a restore or a boot
       ALTER TABLE instances ADD COLUMN warm_fork INTEGER NOT NULL DEFAULT 0;`,
   },
+  {
+    version: 24,
+    name: 'default users',
+    sql: `
+      -- who its commands run as unless told (its image's USER, name or uid, with :group); null: root
+      ALTER TABLE instances ADD COLUMN default_user TEXT;`,
+  },
 ];

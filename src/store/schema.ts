@@ -100,6 +100,7 @@ export interface InstancesTable {
   secrets: string;
   egress_ca: string | null;
   warm_fork: number;
+  default_user: string | null;
   version: Generated<number>;
 }
 

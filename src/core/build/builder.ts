@@ -295,7 +295,8 @@ export class BuildService {
     };
     const decoder = new TextDecoder();
     // The output is heard from the start on: all of it reaches the log, however fast it comes.
-    const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, timeoutMs: STEP_TIMEOUT_MS, onOutput: (_stream, data) => emit(decoder.decode(data, { stream: true })) });
+    // As root: the step's USER is asUser's to take (the builder's image may name another).
+    const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, user: 'root', timeoutMs: STEP_TIMEOUT_MS, onOutput: (_stream, data) => emit(decoder.decode(data, { stream: true })) });
     // The step's own timeout kills it; the margin is for the kill to be seen.
     const deadline = AbortSignal.timeout(STEP_TIMEOUT_MS + STEP_KILL_MARGIN_MS);
     const final = await this.executions.wait(o, b.id, state.record.id, signal ? AbortSignal.any([deadline, signal]) : deadline).catch(() => undefined);
