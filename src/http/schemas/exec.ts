@@ -8,7 +8,7 @@ import { Env, IdParams } from './common.js';
 export const RunAs = z
   .string()
   .regex(/^([A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?|\d{1,10})$/)
-  .describe('a user of the sandbox, by name or uid, as its /etc/passwd has it: the command runs with its ids, groups and HOME; root by default');
+  .describe('a user of the sandbox, by name or uid, as its /etc/passwd has it: the command runs with its ids, groups and HOME; by default the image\'s USER, else root');
 
 export const Command = z
   .union([z.string().min(1).max(1 << 20), z.array(z.string().max(1 << 16)).min(1).max(4096)])
