@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the `debian` image: Debian stable from Debian's archive by mmdebstrap, with apt working
-# and bash, coreutils, ca-certificates, curl, git, sudo, python3 (also as `python`, as E2B's base
+# and bash, coreutils, ca-certificates, curl, git, jq, sudo, python3 (also as `python`, as E2B's base
 # has it; with matplotlib and pandas, for the code interpreter) and Node.js (with Babel, whose TypeScript preset the code interpreter's
 # TypeScript cells go through), and E2B's user `user`. Output: a rootfs tree at $1, built
 # beside it and renamed into place (a half-built image is never seen). Skipped when the image there was built from this
@@ -11,7 +11,7 @@ set -euo pipefail
 force=0
 [ "${1:-}" = "--force" ] && { force=1; shift; }
 dest=${1:?usage: debian.sh [--force] DEST}
-pkgs=bash,coreutils,ca-certificates,curl,git,passwd,sudo,python3,python-is-python3,python3-matplotlib,python3-pandas,nodejs,npm,node-babel7,procps,iproute2,less,xz-utils
+pkgs=bash,coreutils,ca-certificates,curl,git,passwd,sudo,python3,python-is-python3,python3-matplotlib,python3-pandas,nodejs,npm,node-babel7,procps,iproute2,less,xz-utils,jq,libnss-myhostname
 # E2B's base has a user `user` (uid 1000, home /home/user) whom sudo lets be root without a
 # password; its SDKs run commands and write files as that user by default.
 users="user:1000:sudo"

@@ -39,13 +39,13 @@ async function cliBuild(name: string, context: string) {
 const buildSandboxes = async () => (await s.fp.store.instances.all()).filter((r) => r.owner.startsWith('~build:'));
 
 describe('Dockerfile builds on the engine', () => {
-  it('FROM debian + apt-get install jq + COPY + ENV + WORKDIR builds; an instance has all of it; a second build reuses every step', async () => {
+  it('FROM debian + apt-get install bc + COPY + ENV + WORKDIR builds; an instance has all of it; a second build reuses every step', async () => {
     const ctx = join(work, 'app');
     await mkdir(join(ctx, 'conf'), { recursive: true });
     await writeFile(join(ctx, 'Dockerfile'), [
       'FROM debian',
       'ARG GREETING=hello',
-      'RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*',
+      'RUN apt-get update && apt-get install -y --no-install-recommends bc && rm -rf /var/lib/apt/lists/*',
       'COPY conf/ /etc/app/',
       'COPY notes.txt /opt/notes.txt',
       'ENV APP_MODE=test GREETING2="${GREETING} world"',
@@ -63,11 +63,11 @@ describe('Dockerfile builds on the engine', () => {
     expect(first.err).toBe('');
     expect(first.code).toBe(0);
     expect(first.out).toMatch(/Step 1\/7 : RUN apt-get update/);
-    expect(first.out).toContain('Setting up jq');
+    expect(first.out).toContain('Setting up bc');
 
     const inst = await s.instance({ image: 'tools' });
     expect(inst.image).toBe('tools');
-    expect((await sh(inst.id, 'jq -r .answer /etc/app/app.json')).stdout).toBe('42\n');
+    expect((await sh(inst.id, 'jq -r .answer /etc/app/app.json; echo 6*7 | bc')).stdout).toBe('42\n42\n');
     expect((await sh(inst.id, 'cat /opt/notes.txt')).stdout).toBe('copied notes\n');
     expect((await sh(inst.id, 'test -e /etc/app/secret.key; echo $?')).stdout).toBe('1\n');
     expect((await sh(inst.id, 'echo "$APP_MODE|$GREETING2"')).stdout).toBe('test|hello world\n');

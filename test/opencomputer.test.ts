@@ -37,6 +37,21 @@ describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => 
     await expect(Sandbox.connect(sb.sandboxId, opts)).rejects.toThrow(/404/);
   });
 
+  it('its default sandbox is OpenComputer\'s: commands as `sandbox` (uid 1000, HOME /home/sandbox) who may sudo, /workspace theirs, jq; root on request through the shell\'s sudo only', async () => {
+    const sb = await Sandbox.create({ ...opts, template: 'base' } as Parameters<typeof Sandbox.create>[0]);
+    const r = await sb.exec.run('whoami; id -u; echo $HOME; sudo -n whoami; stat -c %U /workspace; touch /workspace/mine && echo wrote; jq -n 1+1');
+    expect(r).toEqual({ exitCode: 0, stdout: 'sandbox\n1000\n/home/sandbox\nroot\nsandbox\nwrote\n2\n', stderr: '' });
+    // Not root by default: what only root may do is refused.
+    expect((await sb.exec.run('touch /etc/owned')).exitCode).not.toBe(0);
+    // A second sandbox finds the image built; a checkpoint's sandbox is the same machine.
+    const other = await Sandbox.create(opts);
+    expect((await other.exec.run('whoami')).stdout).toBe('sandbox\n');
+    const ck = await other.createCheckpoint('as-sandbox');
+    const fork = await Sandbox.createFromCheckpoint(ck.id, opts);
+    expect((await fork.exec.run('whoami')).stdout).toBe('sandbox\n');
+    for (const x of [sb, other, fork]) await x.kill();
+  });
+
   it('checkpoints, restores in place, and creates a sandbox from a checkpoint', async () => {
     const sb = await Sandbox.create(opts);
     await sb.files.write('/root/state.txt', 'before\n');
@@ -73,7 +88,7 @@ describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => 
       // Its examples' working directory is there (they write to it with the shell).
       expect((await sb.exec.run('echo here > /workspace/marker && cat /workspace/marker')).stdout).toBe('here\n');
       await sb.files.write('/work/tree/deep/a.txt', 'a');
-      await sb.exec.run('ln -s /etc /work/tree/etc-link');
+      expect((await sb.exec.run('sudo -n ln -s /etc /work/tree/etc-link')).exitCode).toBe(0); // in root's directory
       await sb.files.remove('/work/tree');
       expect([await sb.files.exists('/work/tree'), await sb.files.exists('/etc/passwd')]).toEqual([false, true]);
       await sb.files.remove('/work/never-was');

@@ -228,7 +228,7 @@ export class Forkpoint {
       maxEntries: config.buildContextMaxEntries,
       room: (bytes) => requireRoom(this.engine, bytes),
     }, log);
-    this.bundled = new BundledTemplates(this.builds, this.templates, log);
+    this.bundled = new BundledTemplates(this.builds, this.templates, this.catalog, log);
   }
 
   /** Opens the store and wires the services over the runtime `makeRuntime` makes (the local

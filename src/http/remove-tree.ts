@@ -5,7 +5,8 @@ import type { AsUser } from '../core/files.js';
 /**
  * Removes a path as `os.RemoveAll` does, which both E2B's envd and OpenComputer's agent call: a
  * directory with everything under it, a link itself (never what it points to), and nothing at
- * all when nothing is there. Runs inside the sandbox, resolved in its own root.
+ * all when nothing is there. Runs inside the sandbox, resolved in its own root, as root unless
+ * told (as the files API acts, whoever the image's USER is).
  */
 export async function removeTree(fp: Forkpoint, owner: string, id: string, path: string, as: AsUser = {}): Promise<void> {
   const st = await fp.files.stat(owner, id, path, as).catch((err: unknown) => {
@@ -14,6 +15,6 @@ export async function removeTree(fp: Forkpoint, owner: string, id: string, path:
   });
   if (!st) return;
   if (st.type !== 'dir') return fp.files.remove(owner, id, path, as);
-  const r = await fp.commands.exec(owner, id, { command: ['rm', '-rf', '--', path], user: typeof as.user === 'object' ? as.user.name : as.user });
+  const r = await fp.commands.exec(owner, id, { command: ['rm', '-rf', '--', path], user: (typeof as.user === 'object' ? as.user.name : as.user) ?? 'root' });
   if (r.exitCode !== 0) throw new ConflictError(`could not remove all of ${path} (rm exited ${r.exitCode})`, { path, exit_code: r.exitCode });
 }

@@ -121,7 +121,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), action ?? 'delete');
     /** E2B's commands start in its user's home: made once, for any image. */
     const home = async (owner: string, id: string) => {
-      await fp.commands.exec(owner, id, { command: ['mkdir', '-p', E2B_HOME] });
+      await fp.commands.exec(owner, id, { command: ['mkdir', '-p', E2B_HOME], user: 'root' });
     };
 
     const create = async (owner: string, b: z.infer<typeof NewSandbox>): Promise<InstanceRecord> => {

@@ -17,6 +17,8 @@ const SignedPathQuery = z.object({ path: z.string().min(1).max(4096), signature:
 
 /** OpenComputer's working directory in every sandbox. */
 const OC_WORKSPACE = '/workspace';
+/** The bundled image of OpenComputer's default sandbox. */
+const OC_BASE = 'opencomputer-base';
 import { sendWithOutputs } from '../output-json.js';
 import { noContent, ok, OPTIONAL_BODY, optionalBody } from '../schemas/common.js';
 import {
@@ -66,7 +68,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     app.post('/sandboxes', {
       config: { placement: 'new' },
-      schema: { operationId: 'ocCreateSandbox', tags, summary: 'Create a sandbox', description: 'Boots a sandbox on `templateID` (an image; `base` or none: the Debian image, with Python, Node.js, git and curl) with `envs`, `memoryMB` and `cpuCount`; answers once it runs.', body: CreateSandboxBody, response: { 201: ok('The sandbox, running', SandboxData), ...errors } },
+      schema: { operationId: 'ocCreateSandbox', tags, summary: 'Create a sandbox', description: 'Boots a sandbox on `templateID` (an image; `base` or none: the Debian image, with Python, Node.js, git and curl, its commands run as `sandbox`, uid 1000, who may `sudo`) with `envs`, `memoryMB` and `cpuCount`; answers once it runs.', body: CreateSandboxBody, response: { 201: ok('The sandbox, running', SandboxData), ...errors } },
     }, async (req, reply) => {
       const b = req.body;
       const input = {
@@ -84,9 +86,10 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
           const built = await fp.builds.buildManifest(req.owner, b.image, fp.config.manifestBaseImage, onLog, req.clientGone);
           return fp.instances.create(req.owner, { ...input, image: built.image.name });
         }
-        // OpenComputer's default sandbox (no template, or `base`) has Python, Node.js, git and
-        // curl: the image its manifests build on, Debian's.
-        return fp.instances.create(req.owner, { ...input, image: !b.templateID || b.templateID === 'base' ? fp.config.manifestBaseImage : b.templateID });
+        // OpenComputer's default sandbox (no template, or `base`): Debian's image with its
+        // `sandbox` user (images/opencomputer-base), made for the owner the first time.
+        const image = !b.templateID || b.templateID === 'base' ? await fp.bundled.image(req.owner, OC_BASE) : b.templateID;
+        return fp.instances.create(req.owner, { ...input, image });
       };
       // OpenComputer's sandboxes have /workspace, its examples' working directory, whatever
       // the image: made here once, as the E2B face makes E2B's home.
