@@ -3,6 +3,7 @@ import { mkdtemp, readdir, readFile, rm, writeFile, lstat } from 'node:fs/promis
 import { tmpdir } from 'node:os';
 import { gunzipSync } from 'node:zlib';
 import { join } from 'node:path';
+import { Sandbox as OcSandbox, SecretStore } from '@opencomputer/sdk';
 import { execa } from 'execa';
 import S3rver from 's3rver';
 import { request } from 'undici';
@@ -226,6 +227,48 @@ describe('secrets', () => {
     expect((await seenByHost()).length).toBe(before);
     for (const i of [inst, closed, plain]) await s.api('DELETE', `/instances/${i.id}`);
     await s.api('DELETE', '/secrets/TOKEN');
+  });
+
+  it('OpenComputer\'s secret stores, through its published SDK: osb_sealed_ placeholders replaced for the secret\'s hosts, user variables plain, the store\'s allowlist applied, refused with a snapshot, values never shown back', async () => {
+    const opts = { apiUrl: s.url, apiKey: s.token };
+    const store = await SecretStore.create({ ...opts, name: 'prod', egressAllowlist: ['testhost.internal', '*.testhost.internal'] });
+    expect(store).toMatchObject({ name: 'prod', egressAllowlist: ['testhost.internal', '*.testhost.internal'] });
+    await expect(SecretStore.create({ ...opts, name: 'prod' })).rejects.toThrow(/409/);
+    await SecretStore.setSecret(store.id, 'STORE_KEY', SECRET, { ...opts, allowedHosts: ['testhost.internal'] });
+    await SecretStore.setSecret(store.id, 'ANY_KEY', `${SECRET}-any`, opts); // no hosts of its own: the allowlist's
+    const listed = await SecretStore.listSecrets(store.id, opts);
+    expect(listed.map((e) => [e.name, e.allowedHosts])).toEqual([['ANY_KEY', []], ['STORE_KEY', ['testhost.internal']]]);
+    expect(JSON.stringify([listed, await SecretStore.list(opts), await SecretStore.get(store.id, opts)])).not.toContain(SECRET);
+
+    const sb = await OcSandbox.create({ ...opts, secretStore: 'prod', envs: { USER_VAR: 'plain' } });
+    const vars = (await sb.exec.run('printf "%s %s %s" "$USER_VAR" "$STORE_KEY" "$ANY_KEY"')).stdout.split(' ');
+    expect(vars[0]).toBe('plain');
+    expect(vars[1]).toMatch(/^osb_sealed_[0-9a-f]{32}$/);
+    expect(vars[2]).toMatch(/^osb_sealed_[0-9a-f]{32}$/);
+    const hosts = (await request(`${s.url}/api/sandboxes/${sb.sandboxId}/allowed-hosts`, { headers: { 'x-api-key': s.token } })).body;
+    expect(await hosts.json()).toMatchObject({ egressAllowlist: ['testhost.internal', '*.testhost.internal'], perSecretAllowedHosts: { STORE_KEY: ['testhost.internal'], ANY_KEY: ['testhost.internal', '*.testhost.internal'] } });
+    const before = (await seenByHost()).length;
+    const r = await sb.exec.run('curl -sS --max-time 20 -H "x-key: $STORE_KEY" -H "x-any: $ANY_KEY" https://testhost.internal/record && curl -sS --max-time 20 -H "x-key: $STORE_KEY" http://other.testhost.internal/record');
+    expect(r.stdout + r.stderr).toBe('recorded\nrecorded\n');
+    const seen = (await seenByHost()).slice(before);
+    expect(seen.map((x) => [x.host, x.headers['x-key'], x.headers['x-any']])).toEqual([
+      ['testhost.internal', SECRET, `${SECRET}-any`],
+      ['other.testhost.internal', vars[1], undefined],
+    ]);
+    // The store's allowlist is the sandbox's egress: nothing else is reachable.
+    expect((await sb.exec.run(`curl -sS --max-time 5 http://${net.address}/record`)).exitCode).not.toBe(0);
+    // A snapshot's sandboxes keep the secrets it was made with: the store cannot be named beside it.
+    await sb.createCheckpoint('with-store');
+    const snap = await s.api('POST', '/templates', { name: 'oc-snap', from_checkpoint: (await sb.listCheckpoints())[0]!.id });
+    expect(snap.status, JSON.stringify(snap.body)).toBe(201);
+    const both = await s.api('POST', '/api/sandboxes', { snapshot: 'oc-snap', secretStore: 'prod' });
+    expect([both.status, both.body.error]).toEqual([400, expect.stringMatching(/secretStore cannot be given with a snapshot/)]);
+    expect((await s.api('POST', '/api/sandboxes', { secretStore: 'nowhere' })).status).toBe(404);
+    await sb.kill();
+    await s.api('DELETE', '/templates/oc-snap');
+    await SecretStore.deleteSecret(store.id, 'ANY_KEY', opts);
+    await SecretStore.delete(store.id, opts);
+    expect(await SecretStore.list(opts)).toEqual([]);
   });
 
   it('refuse what is not theirs or not well formed: 404 for another owner\'s secret, 400 for bad names, values and hosts', async () => {

@@ -12,10 +12,12 @@ import type { SecretsKey } from './secrets-key.js';
 export const SECRET_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,63}$/;
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
 /** A value goes into HTTP headers: printable ASCII, spaces and tabs, nothing that ends a line. */
-const SECRET_VALUE = /^[\x20-\x7e\t]{1,8192}$/;
+export const SECRET_VALUE = /^[\x20-\x7e\t]{1,8192}$/;
 export const SECRETS_PER_OWNER = 128;
 export const SECRETS_PER_INSTANCE = 16;
 const HOSTS_PER_SECRET = 16;
+/** What a sandbox sees in place of a secret store's secret (OpenComputer's shape). */
+const STORE_PLACEHOLDER_PREFIX = 'osb_sealed_';
 
 /** Where the instance's CA goes in its sandbox, and the bundle it is added to if the image has one. */
 export const EGRESS_CA_PATH = '/usr/local/share/ca-certificates/forkpoint-egress.crt';
@@ -70,14 +72,16 @@ export class EgressSecretService {
     this.log.info({ owner, secret: name }, 'secret deleted');
   }
 
-  /** What a new instance's record holds for the secrets it asks for: each with a placeholder of
-   * its own, the variables its commands see, and a CA of its own (sealed). */
-  async bind(owner: string, requested: SecretRequest[] | undefined): Promise<{ secrets: InstanceSecret[]; env: Record<string, string>; egressCa: string | null }> {
-    if (!requested?.length) return { secrets: [], env: {}, egressCa: null };
-    if (requested.length > SECRETS_PER_INSTANCE) throw new InvalidRequestError(`at most ${SECRETS_PER_INSTANCE} secrets per instance`);
-    const secrets: InstanceSecret[] = [];
-    const env: Record<string, string> = {};
-    for (const r of requested) {
+  /** What a new instance's record holds for the secrets it asks for, and those of the secret
+   * store it names: each with a placeholder of its own, the variables its commands see, a CA of
+   * its own (sealed), and the store's egress allowlist. */
+  async bind(owner: string, requested: SecretRequest[] | undefined, storeName?: string): Promise<{ secrets: InstanceSecret[]; env: Record<string, string>; egressCa: string | null; egressAllowlist: string[] }> {
+    const fromStore = storeName === undefined ? { secrets: [], egressAllowlist: [] } : await this.bindStore(owner, storeName);
+    const secrets: InstanceSecret[] = [...fromStore.secrets];
+    const env: Record<string, string> = Object.fromEntries(secrets.map((s) => [s.env, s.placeholder]));
+    if (!requested?.length && !secrets.length) return { secrets: [], env: {}, egressCa: null, egressAllowlist: fromStore.egressAllowlist };
+    if ((requested?.length ?? 0) + secrets.length > SECRETS_PER_INSTANCE) throw new InvalidRequestError(`at most ${SECRETS_PER_INSTANCE} secrets per instance`);
+    for (const r of requested ?? []) {
       if (!SECRET_NAME.test(r.name) || !(await this.store.ownerSecrets.get(owner, r.name))) throw new NotFoundError('secret', r.name);
       const envName = r.env ?? r.name;
       if (!ENV_NAME.test(envName)) throw new InvalidRequestError(`not an environment variable name: ${envName}`, { env: envName });
@@ -93,7 +97,29 @@ export class EgressSecretService {
       env[envName] = placeholder;
     }
     const ca = await newEgressCa(`forkpoint egress ${owner.slice(0, 32)}`);
-    return { secrets, env, egressCa: await this.key.seal(JSON.stringify(ca)) };
+    return { secrets, env, egressCa: await this.key.seal(JSON.stringify(ca)), egressAllowlist: fromStore.egressAllowlist };
+  }
+
+  /** A store's secrets as an instance holds them: in variables of their names. One with no hosts
+   * of its own is put in for the store's allowlisted host names; with neither, for none (the
+   * proxy opens TLS only to hosts a secret names). */
+  private async bindStore(owner: string, name: string): Promise<{ secrets: InstanceSecret[]; egressAllowlist: string[] }> {
+    const store = await this.store.secretStores.byName(owner, name);
+    if (!store) throw new NotFoundError('secret store', name);
+    const allowlistHosts = store.egressAllowlist.filter((e) => parseEntry(e)?.kind === 'host');
+    const secrets = (await this.store.secretStores.entries(store.id)).map((e): InstanceSecret => ({
+      name: e.name,
+      env: e.name,
+      hosts: e.allowedHosts.length ? e.allowedHosts : allowlistHosts,
+      placeholder: `${STORE_PLACEHOLDER_PREFIX}${randomBytes(16).toString('hex')}`,
+      store: store.id,
+    }));
+    return { secrets, egressAllowlist: store.egressAllowlist };
+  }
+
+  private async sealedValueOf(owner: string, s: InstanceSecret): Promise<string | undefined> {
+    if (s.store) return (await this.store.secretStores.entry(s.store, s.name))?.sealedValue;
+    return (await this.store.ownerSecrets.get(owner, s.name))?.sealedValue;
   }
 
   private async caOf(rec: InstanceRecord): Promise<CertificateAndKey | undefined> {
@@ -107,8 +133,8 @@ export class EgressSecretService {
     if (!ca || !rec.secrets.length) return null;
     const rules: SecretRule[] = [];
     for (const s of rec.secrets) {
-      const stored = await this.store.ownerSecrets.get(rec.owner, s.name);
-      if (stored) rules.push({ hosts: s.hosts, placeholder: s.placeholder, value: await this.key.open(stored.sealedValue) });
+      const sealed = await this.sealedValueOf(rec.owner, s);
+      if (sealed !== undefined && s.hosts.length) rules.push({ hosts: s.hosts, placeholder: s.placeholder, value: await this.key.open(sealed) });
     }
     return { ca, rules };
   }

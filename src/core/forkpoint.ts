@@ -34,6 +34,7 @@ import { Credentials } from './credentials.js';
 import { InstanceService } from './instances.js';
 import { VolumeService } from './volumes.js';
 import { EgressSecretService } from './egress-secrets.js';
+import { SecretStoreService } from './secret-stores.js';
 import { ChainSquasher } from './squash.js';
 import { InstanceRecovery } from './instance-recovery.js';
 import { JobQueue, KeyedLock } from './jobs.js';
@@ -100,6 +101,8 @@ export class Forkpoint {
   readonly registryLogins: RegistryLogins;
   readonly volumes: VolumeService;
   readonly secrets: EgressSecretService;
+  /** OpenComputer's secret stores: named groups of secrets an instance is made with. */
+  readonly secretStores: SecretStoreService;
   readonly instances: InstanceService;
   readonly checkpoints: CheckpointService;
   /** Sandboxes restored or booted ahead for the next forks and creates (warm-standbys.ts). */
@@ -166,6 +169,7 @@ export class Forkpoint {
     this.catalog = new ImageCatalog(this.store, this.images, pulls);
     this.volumes = new VolumeService(this.store, this.engine, locks, { maxMb: config.maxVolumeMb, ownerMaxMb: config.ownerMaxVolumeMb }, nodeId, log);
     this.secrets = new EgressSecretService(this.store, secretsKey, log);
+    this.secretStores = new SecretStoreService(this.store, secretsKey, log);
     // One pool of standbys for forks and creates; made by the service whose call it stands in for.
     this.warm = new WarmStandbys({ count: config.warmForks, memoryBytes: config.warmForksMemoryMb * 1024 * 1024 }, {
       make: (recipe, owner) =>

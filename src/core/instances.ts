@@ -54,6 +54,9 @@ export interface CreateInstance {
   volumes?: VolumeRequest[] | undefined;
   /** Secrets its requests to some hosts carry (it sees placeholders). */
   secrets?: SecretRequest[] | undefined;
+  /** A secret store (by name) whose secrets it gets, each in a variable of its name, and whose
+   * egress allowlist it gets unless `egress` says otherwise. */
+  secretStore?: string | undefined;
 }
 
 const BASE_ENV: Record<string, string> = {
@@ -234,8 +237,9 @@ export class InstanceService {
         : await this.images.resolve(owner, input.image ?? this.config.defaultImage));
     // A fork or template brings its source's (`from`): the owner's request is a new instance's.
     const volumes = from ? [] : await this.volumes.mounts(owner, input.volumes);
-    if (!from && input.secrets?.length && !this.networking) throw new InvalidRequestError('secrets reach their hosts through the sandboxes\' network, which this server runs without (FORKPOINT_NETWORKING)');
-    const bound = from ? { secrets: [], env: {}, egressCa: null } : await this.secrets.bind(owner, input.secrets);
+    if (!from && (input.secrets?.length || input.secretStore !== undefined) && !this.networking) throw new InvalidRequestError('secrets reach their hosts through the sandboxes\' network, which this server runs without (FORKPOINT_NETWORKING)');
+    const bound = from ? { secrets: [], env: {}, egressCa: null, egressAllowlist: [] } : await this.secrets.bind(owner, input.secrets, input.secretStore);
+    const egress = input.egress ?? (bound.egressAllowlist.length ? { egress: 'deny' as const, allow: bound.egressAllowlist, deny: [] } : DEFAULT_POLICY);
     const id = newId('inst');
     const name = input.name ?? id.replace('_', '-');
     if (!INSTANCE_NAME.test(name)) {
@@ -263,7 +267,7 @@ export class InstanceService {
       hibernationId: null,
       idleTimeoutS: input.idleTimeoutS && input.idleTimeoutS > 0 ? input.idleTimeoutS : null,
       address: null,
-      egress: checkEgress(input.egress ?? DEFAULT_POLICY),
+      egress: checkEgress(egress),
       imageRef: resolved.ref,
       workdir: resolved.config.workdir,
       expiresAt: null,

@@ -14,6 +14,7 @@ import { TemplateStore } from './templates.js';
 import { TokenStore } from './tokens.js';
 import { VolumeStore } from './volumes.js';
 import { OwnerSecretStore } from './owner-secrets.js';
+import { SecretStoreStore } from './secret-stores.js';
 
 export interface Store {
   dialect: SqlDialect;
@@ -27,6 +28,7 @@ export interface Store {
   registryCredentials: RegistryCredentialStore;
   volumes: VolumeStore;
   ownerSecrets: OwnerSecretStore;
+  secretStores: SecretStoreStore;
   durable: DurableStore;
   templates: TemplateStore;
   nodes: NodeStore;
@@ -61,6 +63,7 @@ function storeOn(db: Db, dialect: SqlDialect, close: () => Promise<void>, fence:
     registryCredentials: new RegistryCredentialStore(db),
     volumes: new VolumeStore(db),
     ownerSecrets: new OwnerSecretStore(db),
+    secretStores: new SecretStoreStore(db),
     durable: new DurableStore(db),
     templates: new TemplateStore(db),
     nodes: new NodeStore(db),

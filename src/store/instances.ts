@@ -15,6 +15,8 @@ export interface InstanceSecret {
   env: string;
   hosts: string[];
   placeholder: string;
+  /** The secret store (its id) the secret is of; absent: the owner's own secrets. */
+  store?: string;
 }
 
 /** A volume as an instance mounts it, with the volume's name (null for a placeholder). */

@@ -361,4 +361,31 @@ export const migrations: readonly Migration[] = [
       -- who its commands run as unless told (its image's USER, name or uid, with :group); null: root
       ALTER TABLE instances ADD COLUMN default_user TEXT;`,
   },
+  {
+    version: 25,
+    name: 'secret stores',
+    sql: `
+      -- a named group of an owner's secrets (OpenComputer's secret store), with the egress
+      -- allowlist ([host]) the instances made with it get
+      CREATE TABLE secret_stores (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        egress_allowlist TEXT NOT NULL DEFAULT '[]',
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (owner, name)
+      );
+      -- a store's secret, sealed with the server's secrets key, and the hosts ([host]) whose
+      -- requests carry it
+      CREATE TABLE secret_store_entries (
+        store_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed_value TEXT NOT NULL,
+        allowed_hosts TEXT NOT NULL DEFAULT '[]',
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (store_id, name)
+      );`,
+  },
 ];

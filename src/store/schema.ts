@@ -43,6 +43,8 @@ export interface Tables {
   images: { owner: string; name: string; base: string; layers: string; config: string; build_key: string; created_at: string; pulled_bytes: number | string | null };
   volumes: { id: string; owner: string; name: string; size_mb: number; node: string; created_at: string };
   owner_secrets: { owner: string; name: string; sealed_value: string; created_at: string; updated_at: string };
+  secret_stores: { id: string; owner: string; name: string; egress_allowlist: string; created_at: string; updated_at: string };
+  secret_store_entries: { store_id: string; name: string; sealed_value: string; allowed_hosts: string; created_at: string; updated_at: string };
   registry_credentials: { owner: string; registry: string; username: string; sealed_password: string; created_at: string };
   build_cache: { owner: string; key: string; layers: string; config: string; used_at: string };
   templates: {

@@ -27,6 +27,7 @@ import {
 } from './schemas.js';
 import { execSessionRoutes } from './exec-routes.js';
 import { ocImageRoutes } from './image-routes.js';
+import { ocSecretStoreRoutes } from './secret-store-routes.js';
 import { streamBuild, wantsEvents } from '../streams/build-sse.js';
 
 const STATUS: Record<InstanceRecord['status'], string> = { starting: 'creating', running: 'running', hibernated: 'hibernated', stopped: 'stopped', error: 'error', lost: 'error' };
@@ -76,11 +77,16 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         metadata: b.metadata,
         limits: { memoryMb: b.memoryMB, cpuPercent: b.cpuCount ? b.cpuCount * 100 : undefined },
         idleTimeoutS: b.timeout,
+        secretStore: b.secretStore,
       };
       const boot = async (onLog?: Parameters<typeof fp.builds.buildDockerfile>[2]) => {
         // A snapshot, or a template of that name, starts from its checkpoint; an image manifest
         // is built (or found built) first; otherwise templateID is an image.
         const template = b.snapshot ?? (b.templateID && (await fp.templates.list(req.owner)).some((t) => t.name === b.templateID) ? b.templateID : undefined);
+        if (template && b.secretStore !== undefined) {
+          // Its sandboxes are forks: they keep the secrets it was made with (OpenComputer refuses the same).
+          throw new InvalidRequestError('secretStore cannot be given with a snapshot or template: its sandboxes keep the secrets it was made with', { reason: 'SECRET_STORE_WITH_SNAPSHOT' });
+        }
         if (template) return fp.templates.instantiate(req.owner, template, input);
         if (b.image) {
           const built = await fp.builds.buildManifest(req.owner, b.image, fp.config.manifestBaseImage, onLog, req.clientGone);
@@ -140,7 +146,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       },
     }, async (req) => {
       const r = await fp.instances.get(req.owner, req.params.id);
-      return { sandboxID: r.id, egressAllowlist: r.egress.egress === 'deny' ? r.egress.allow : [], perSecretAllowedHosts: {} };
+      return { sandboxID: r.id, egressAllowlist: r.egress.egress === 'deny' ? r.egress.allow : [], perSecretAllowedHosts: Object.fromEntries(r.secrets.map((s) => [s.env, s.hosts])) };
     });
 
     app.post('/sandboxes/:id/timeout', {
@@ -248,6 +254,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
 
     await app.register(execSessionRoutes(fp));
     await app.register(ocImageRoutes(fp));
+    await app.register(ocSecretStoreRoutes(fp));
     await app.register(fileRoutes(fp));
   };
 

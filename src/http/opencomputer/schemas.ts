@@ -42,6 +42,7 @@ export const CreateSandboxBody = z
     diskMB: z.number().int().min(1).optional(),
     image: ImageManifest.optional().describe('an Image builder manifest: built (or found built, by its hash) and booted'),
     snapshot: z.string().max(63).optional().describe('a snapshot (a template) to start from, its processes running'),
+    secretStore: z.string().min(1).max(63).optional().describe('a secret store (by name): each of its secrets in a variable of its name, as an `osb_sealed_` placeholder the egress proxy replaces for the secret\'s hosts; the store\'s egress allowlist. Not with `snapshot` (a snapshot\'s sandboxes keep the secrets it was made with)'),
   })
   .strip()
   .meta({ id: 'OpenComputerCreateSandboxRequest', examples: [{ templateID: 'base', envs: { A: '1' } }] });
