@@ -20,6 +20,7 @@ const spec = (id: string) => ({
   network: null, // the baseline: no network link
   uidBase: null,
   volumes: [],
+  ownMounts: [],
 });
 const echo = { argv: ['/bin/echo', 'hi'], env: ['PATH=/bin'], cwd: '/', timeoutMs: 5000, maxOutputBytes: 1 << 20, spillDir: engine.layout.spill };
 

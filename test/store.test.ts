@@ -39,7 +39,7 @@ const instance = (id: string, createdAt: string, extra: Partial<InstanceRecord> 
   env: { A: '1' }, limits: { memoryMb: 256, pids: 64, cpuPercent: 100, diskMb: null }, metadata: { k: 'v' }, pid: null, pidStart: null,
   sourceInstanceId: null, sourceCheckpointId: null, maxCheckpoints: null, headCheckpointId: null, hibernationId: null, idleTimeoutS: null,
   address: null, egress: { egress: 'allow', allow: [], deny: [] }, imageRef: null, workdir: null, expiresAt: null, onExpiry: null, error: null,
-  createdAt, updatedAt: createdAt, node: null, uidBase: null, restoringFrom: null, volumes: [], secrets: [], egressCa: null, warmFork: false, defaultUser: null, version: 0, ...extra,
+  createdAt, updatedAt: createdAt, node: null, uidBase: null, restoringFrom: null, volumes: [], secrets: [], egressCa: null, warmFork: false, defaultUser: null, imageVolumes: [], version: 0, ...extra,
 });
 
 describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {

@@ -139,7 +139,18 @@ describe('warm forks', () => {
     expect(rb!.address).not.toBe(ra!.address);
     expect(rb!.uidBase).not.toBe(ra!.uidBase);
     for (const uid of hostUids(b.id)) expect(uid >= rb!.uidBase! && uid < rb!.uidBase! + 65536, `uid ${uid}`).toBe(true);
-    for (const id of [a.id, b.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
+    // A create that names a secret store is not warm: a standby has none of its secrets or allowlist
+    // (one was taken, and the store's secrets and allowlist were dropped).
+    await s.fp.warm.settled();
+    expect(imageStandbys()).toHaveLength(1);
+    const store = await s.api('POST', '/api/secret-stores', { name: 'warm-test', egressAllowlist: ['example.internal'] });
+    await s.api('PUT', `/api/secret-stores/${store.body.id}/secrets/TOKEN`, { value: 'never-seen' });
+    const c = await s.api('POST', '/api/sandboxes', { templateID: 'default', secretStore: 'warm-test' });
+    expect(c.status, JSON.stringify(c.body)).toBe(201);
+    const rc = (await s.fp.store.instances.get(c.body.sandboxID))!;
+    expect([rc.warmFork, rc.egress, rc.secrets.map((x) => x.name)]).toEqual([false, { egress: 'deny', allow: ['example.internal'], deny: [] }, ['TOKEN']]);
+    expect((await sh(rc.id, 'printf %s "$TOKEN"')).stdout).toMatch(/^osb_sealed_[0-9a-f]{32}$/);
+    for (const id of [a.id, b.id, rc.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
   });
 
   it('a server killed (-9) while it holds a standby removes it at its next start: its processes, disk and record', async () => {

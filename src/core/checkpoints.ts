@@ -649,7 +649,7 @@ export class CheckpointService {
         ? { ...instead, image: c.image, env: { ...source.env, ...instead.env }, limits: { ...source.limits, ...instead.limits }, ...userNamespaceOf(c) }
         : { name, image: c.image, env: { ...source.env, ...input.env }, limits: source.limits, metadata: source.metadata, maxCheckpoints: source.maxCheckpoints ?? undefined, ...userNamespaceOf(c) },
       {
-        layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, defaultUser: source.defaultUser, restoringFrom: c.id,
+        layers: c.layers, baseLayer: c.baseLayer, agentLayer: this.agentLayerFor(c), sourceInstanceId: source.id, sourceCheckpointId: c.id, headCheckpointId: c.id, imageRef: source.imageRef, workdir: source.workdir, defaultUser: source.defaultUser, imageVolumes: source.imageVolumes, restoringFrom: c.id,
         // A template's instances (`instead`, another owner's) never get the source's volumes.
         volumes: instead || input.volumes === 'none' ? placeholdersFor(source.volumes) : source.volumes,
         // Its processes hold the source's placeholders and trust its CA: a fork of the same

@@ -7,6 +7,7 @@ import type { SandboxRuntime } from '../seam/runtime.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
+import { ownMountsOf } from '../lib/volume-path.js';
 import type { ExpiryAction, InstancePatch, InstanceRecord, Limits, Page } from '../store/instances.js';
 import { Lifecycle } from './lifecycle.js';
 import { DEFAULT_POLICY, parseEntry, type EgressPolicy } from '../lib/egress-policy.js';
@@ -201,6 +202,7 @@ export class InstanceService {
       network: rec.address && this.networking ? { address: rec.address, mac: macOf(rec.address) } : null,
       uidBase: rec.uidBase,
       volumes: rec.volumes.map(({ volumeId, path, readOnly }) => ({ volumeId, path, readOnly })),
+      ownMounts: ownMountsOf(rec.imageVolumes, rec.volumes.map((v) => v.path)),
     };
   }
 
@@ -233,7 +235,7 @@ export class InstanceService {
     const resolved: ResolvedImage =
       image ??
       (from
-        ? { ref: from.imageRef ?? null, base: input.image ?? this.config.defaultImage, layers: [], config: { ...this.images.emptyConfig, workdir: from.workdir ?? null, user: from.defaultUser ?? null }, key: '' }
+        ? { ref: from.imageRef ?? null, base: input.image ?? this.config.defaultImage, layers: [], config: { ...this.images.emptyConfig, workdir: from.workdir ?? null, user: from.defaultUser ?? null, volumes: from.imageVolumes ?? [] }, key: '' }
         : await this.images.resolve(owner, input.image ?? this.config.defaultImage));
     // A fork or template brings its source's (`from`): the owner's request is a new instance's.
     const volumes = from ? [] : await this.volumes.mounts(owner, input.volumes);
@@ -281,6 +283,7 @@ export class InstanceService {
       egressCa: bound.egressCa,
       warmFork: false,
       defaultUser: resolved.config.user,
+      imageVolumes: resolved.config.volumes ?? [],
       ...from,
       node: this.nodeId,
       uidBase: null,
@@ -431,7 +434,7 @@ export class InstanceService {
     await requireRoom(this.engine);
     // A create from an image with nothing of its own to mount or bind: a standby booted ahead
     // (warm-standbys.ts) stands in for it when there is one, and one is made for the next.
-    const warmFrom = !image && !input.volumes?.length && !input.secrets?.length && (input.userNamespace ?? this.userNamespacesByDefault) === this.userNamespacesByDefault ? input.image ?? this.config.defaultImage : undefined;
+    const warmFrom = !image && !input.volumes?.length && !input.secrets?.length && input.secretStore === undefined && (input.userNamespace ?? this.userNamespacesByDefault) === this.userNamespacesByDefault ? input.image ?? this.config.defaultImage : undefined;
     const refill = () => warmFrom !== undefined && this.warm.refill({ kind: 'create', image: warmFrom }, owner);
     const standby = warmFrom !== undefined ? this.warm.take(standbyKeyOf({ kind: 'create', image: warmFrom }), owner) : undefined;
     const taken = standby && warmFrom !== undefined && (await this.takeBootedStandby(standby, owner, warmFrom, input));

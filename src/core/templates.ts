@@ -57,7 +57,7 @@ export class TemplateService {
     const c = await this.store.checkpoints.get(t.checkpointId);
     const inst = t.instanceId ? await this.store.instances.get(t.instanceId) : undefined;
     if (!c || !inst || c.baseLayer) return undefined;
-    return { ref: null, base: c.image, layers: c.layers, config: { ...this.catalog.emptyConfig, env: inst.env, workdir: inst.workdir, user: inst.defaultUser }, key: `template:${c.id}` };
+    return { ref: null, base: c.image, layers: c.layers, config: { ...this.catalog.emptyConfig, env: inst.env, workdir: inst.workdir, user: inst.defaultUser, volumes: inst.imageVolumes }, key: `template:${c.id}` };
   }
 
   async create(owner: string, input: CreateTemplate): Promise<TemplateRecord> {

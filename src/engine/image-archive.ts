@@ -6,6 +6,7 @@ import { ArchiveRefusedError, checkArchive, type ArchiveBounds } from '../lib/ar
 import { EngineError } from '../seam/errors.js';
 import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type Images } from './images.js';
 import type { Mounter } from './overlay.js';
+import { MAX_OWN_MOUNTS, volumePathProblem } from '../lib/volume-path.js';
 
 /** `docker save`'s manifest.json. */
 const DockerManifest = z.array(z.object({ Config: z.string(), Layers: z.array(z.string()) })).min(1);
@@ -22,6 +23,7 @@ const ImageConfigFile = z.object({
       Entrypoint: z.array(z.string()).nullish(),
       Labels: z.record(z.string(), z.string()).nullish(),
       ExposedPorts: z.record(z.string(), z.unknown()).nullish(),
+      Volumes: z.record(z.string(), z.unknown()).nullish(),
     })
     .nullish(),
 });
@@ -93,6 +95,8 @@ function configOf(text: string): ImageConfig {
     entrypoint: c.Entrypoint ?? null,
     labels: c.Labels ?? {},
     exposedPorts: Object.keys(c.ExposedPorts ?? {}).map((p) => Number(p.split('/')[0])).filter((p) => p > 0 && p < 65536),
+    // One that could not be a mount point here (a path through /proc, say) is left out.
+    volumes: Object.keys(c.Volumes ?? {}).map((p) => p.replace(/(.)\/+$/, '$1')).filter((p) => !volumePathProblem(p)).slice(0, MAX_OWN_MOUNTS),
   };
 }
 

@@ -24,3 +24,14 @@ export function nestedVolumePaths(paths: string[]): [string, string] | undefined
   }
   return undefined;
 }
+
+/** How many paths of its own disk a sandbox mounts on themselves (its image's VOLUMEs). */
+export const MAX_OWN_MOUNTS = 16;
+
+/** The image's VOLUME paths a sandbox mounts on themselves: not one a persistent volume takes (at
+ * it, over it or under it), nor one under another (one mount point holds both). */
+export function ownMountsOf(imageVolumes: string[], volumePaths: string[]): string[] {
+  const clash = (a: string, b: string) => a === b || a.startsWith(`${b}/`) || b.startsWith(`${a}/`);
+  const free = imageVolumes.filter((p) => !volumePaths.some((v) => clash(p, v)));
+  return free.filter((p) => !free.some((q) => q !== p && p.startsWith(`${q}/`))).slice(0, MAX_OWN_MOUNTS);
+}

@@ -75,6 +75,10 @@ export interface SandboxSpec {
   /** Persistent volumes it mounts: not part of its disk, so no checkpoint holds or restores
    * their contents; a memory image records only where they were mounted. */
   volumes: VolumeMount[];
+  /** Paths of its own disk mounted on themselves at boot (its image's VOLUMEs): each a mount
+   * point of its own, as tools that look for a separate filesystem expect; checkpoints keep them
+   * like any other mount of the sandbox. */
+  ownMounts: string[];
 }
 
 export interface FreezeResult {
@@ -96,6 +100,9 @@ export interface ImageConfig {
   entrypoint: string[] | null;
   labels: Record<string, string>;
   exposedPorts: number[];
+  /** VOLUME: paths that are each a mount point of their own in its instances (on their own
+   * disk); absent in configurations recorded before it. */
+  volumes?: string[];
 }
 
 export const EMPTY_IMAGE_CONFIG: ImageConfig = { env: {}, workdir: null, user: null, cmd: null, entrypoint: null, labels: {}, exposedPorts: [] };

@@ -93,6 +93,8 @@ export interface InstanceRecord {
   warmFork: boolean;
   /** Who its commands run as unless told: its image's USER (`name`, `uid`, with `:group`); null: root. */
   defaultUser: string | null;
+  /** Its image's VOLUME paths: each a mount point of its own in its sandbox, on its own disk. */
+  imageVolumes: string[];
   /** How many writes the row has had (a transition's compare-and-set is on it). */
   version: number;
 }
@@ -148,6 +150,7 @@ const fromRow = (r: Row): InstanceRecord => ({
   egressCa: r.egress_ca,
   warmFork: r.warm_fork === 1,
   defaultUser: r.default_user,
+  imageVolumes: JSON.parse(r.image_volumes) as string[],
   version: Number(r.version),
 });
 
@@ -200,6 +203,7 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   egress_ca: rec.egressCa,
   warm_fork: rec.warmFork ? 1 : 0,
   default_user: rec.defaultUser,
+  image_volumes: JSON.stringify(rec.imageVolumes),
 });
 
 export class InstanceStore {

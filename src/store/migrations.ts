@@ -388,4 +388,11 @@ export const migrations: readonly Migration[] = [
         PRIMARY KEY (store_id, name)
       );`,
   },
+  {
+    version: 26,
+    name: 'image volumes',
+    sql: `
+      -- its image's VOLUME paths ([path]): each mounted on itself in its sandbox, on its own disk
+      ALTER TABLE instances ADD COLUMN image_volumes TEXT NOT NULL DEFAULT '[]';`,
+  },
 ];

@@ -103,6 +103,7 @@ export interface InstancesTable {
   egress_ca: string | null;
   warm_fork: number;
   default_user: string | null;
+  image_volumes: string;
   version: Generated<number>;
 }
 

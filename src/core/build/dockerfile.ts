@@ -1,5 +1,6 @@
 import { posix } from 'node:path';
 import { DockerfileParser, type Instruction } from 'dockerfile-ast';
+import { MAX_OWN_MOUNTS, volumePathProblem } from '../../lib/volume-path.js';
 import { DockerfileError } from '../errors.js';
 import type { ImageConfig } from '../../store/images.js';
 import type { BuildPlan, BuildStep } from './steps.js';
@@ -142,10 +143,19 @@ export function parseDockerfile(source: string, buildArgs: Record<string, string
         steps.push({ kind: 'config', line, text, apply: (c) => ({ ...c, [field]: argv }) });
         break;
       }
+      case 'VOLUME': {
+        const paths = (execForm(raw, line) ?? raw.split(/\s+/).filter(Boolean)).map((p) => expand(p, vars()).replace(/(.)\/+$/, '$1'));
+        if (!paths.length) throw new DockerfileError('VOLUME needs a path', line);
+        for (const path of paths) {
+          const problem = volumePathProblem(path);
+          if (problem) throw new DockerfileError(`VOLUME ${path}: ${problem}`, line);
+        }
+        steps.push({ kind: 'config', line, text: `VOLUME ${paths.join(' ')}`, apply: (c) => ({ ...c, volumes: [...new Set([...(c.volumes ?? []), ...paths])].slice(0, MAX_OWN_MOUNTS) }) });
+        break;
+      }
       case 'SHELL':
       case 'STOPSIGNAL':
       case 'HEALTHCHECK':
-      case 'VOLUME':
       case 'ONBUILD':
       case 'MAINTAINER':
         throw new DockerfileError(`${keyword} is not supported`, line);
