@@ -48,6 +48,13 @@ static struct {
 } volumes[MAX_VOLUMES];
 static int nvolumes = 0;
 
+/* --own-mount PATH: a directory of the sandbox's own disk mounted on itself (its image's
+ * VOLUME), so that it is a mount point of its own, as tools that look for a separate filesystem
+ * expect. Made after the volumes, whose mount points the engine keeps apart from these. */
+#define MAX_OWN_MOUNTS 16
+static const char *own_mounts[MAX_OWN_MOUNTS];
+static int nown_mounts = 0;
+
 static void fail(const char *fmt, ...) {
   char msg[512];
   va_list ap;
@@ -228,6 +235,24 @@ static void attach_volumes(void) {
   close(root);
 }
 
+/* Every own mount on itself, in the new root (the current directory): the directory (made where
+ * missing, nothing on its path followed: volume_mountpoint) cloned and attached on itself. */
+static void attach_own_mounts(void) {
+  if (nown_mounts == 0) return;
+  int root = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) fail("open the root");
+  for (int i = 0; i < nown_mounts; i++) {
+    int at = volume_mountpoint(root, own_mounts[i]);
+    if (at < 0) fail("mount point %s", own_mounts[i]);
+    int tree = (int)syscall(SYS_open_tree, at, "", OPEN_TREE_CLONE | AT_EMPTY_PATH | O_CLOEXEC);
+    if (tree < 0) fail("clone %s", own_mounts[i]);
+    if (syscall(SYS_move_mount, tree, "", at, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0) fail("mount %s on itself", own_mounts[i]);
+    close(tree);
+    close(at);
+  }
+  close(root);
+}
+
 /* The sandbox's PID 1, in its namespaces, its cwd the root of its disk (a mount point): turns
  * that into its root and execs the agent. */
 static void sandbox_init(const char *hostname) {
@@ -241,6 +266,7 @@ static void sandbox_init(const char *hostname) {
   if (fchdir(tree) < 0) fail("enter the root mount");
   close(tree);
   attach_volumes();
+  attach_own_mounts();
   /* /proc before the old root goes: in a user namespace the kernel mounts a procfs only while
    * a fully visible one is in the mount namespace. "proc" is one name, checked to be a
    * directory of the sandbox's own (need_dir), and nothing of the sandbox runs yet. */
@@ -375,6 +401,7 @@ int boot_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--hostname")) hostname = argv[++i];
     else if (!strcmp(argv[i], "--pidfile")) pidfile = argv[++i];
     else if (!strcmp(argv[i], "--overlay") && i + 2 < argc) ov_dir = argv[i + 1], ov_options = argv[i + 2], i += 2;
+    else if (!strcmp(argv[i], "--own-mount") && nown_mounts < MAX_OWN_MOUNTS) own_mounts[nown_mounts++] = argv[++i];
     else if (!strcmp(argv[i], "--volume") && i + 3 < argc && nvolumes < MAX_VOLUMES) {
       volumes[nvolumes].dir = argv[i + 1], volumes[nvolumes].target = argv[i + 2];
       volumes[nvolumes++].read_only = !strcmp(argv[i + 3], "ro");

@@ -168,6 +168,42 @@ describe('Dockerfile builds on the engine', () => {
     for (const name of ['as-crew', 'as-app']) expect((await s.api('DELETE', `/images/${name}`)).status).toBe(204);
   });
 
+  it('VOLUME: each path a mount point of its own, on the instance\'s disk, through a memory checkpoint, a rollback, forks (memory and files only), a hibernation and a stop; a persistent volume takes its path; bad paths refused', async () => {
+    const made = await s.api('POST', '/images', { name: 'with-volume', dockerfile: 'FROM debian\nVOLUME ["/workspace", "/srv/data/"]\nRUN echo built > /workspace/at-build\n' });
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
+    expect(made.body.config.volumes).toEqual(['/workspace', '/srv/data']);
+    const mounted = async (id: string) => (await sh(id, 'for p in /workspace /srv/data; do mountpoint -q $p && echo $p; done; df /workspace | tail -1 | awk \'{print $NF}\'; cat /workspace/*')).stdout;
+    const inst = await s.instance({ image: 'with-volume' });
+    await sh(inst.id, 'echo mine > /workspace/file');
+    expect(await mounted(inst.id)).toBe('/workspace\n/srv/data\n/workspace\nbuilt\nmine\n');
+    // Its files are the instance's disk: a checkpoint keeps them, a rollback brings them back.
+    const ck = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {});
+    await sh(inst.id, 'echo later > /workspace/file');
+    expect((await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.body.id })).status).toBe(200);
+    expect(await mounted(inst.id)).toBe('/workspace\n/srv/data\n/workspace\nbuilt\nmine\n');
+    const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.body.id });
+    expect(await mounted(fork.body.id)).toBe('/workspace\n/srv/data\n/workspace\nbuilt\nmine\n');
+    const filesOnly = await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: false });
+    const booted = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: filesOnly.body.id });
+    expect(await mounted(booted.body.id)).toBe('/workspace\n/srv/data\n/workspace\nbuilt\nmine\n');
+    expect((await s.api('POST', `/instances/${inst.id}/hibernate`)).status).toBe(200);
+    expect(await mounted(inst.id)).toBe('/workspace\n/srv/data\n/workspace\nbuilt\nmine\n');
+    expect((await s.api('POST', `/instances/${inst.id}/stop`)).status).toBe(200);
+    expect((await s.api('POST', `/instances/${inst.id}/start`)).status).toBe(200);
+    expect(await mounted(inst.id)).toBe('/workspace\n/srv/data\n/workspace\nbuilt\nmine\n');
+    // A persistent volume named at one of them is mounted there instead.
+    expect((await s.api('POST', '/volumes', { name: 'ws', size_mb: 64 })).status).toBe(201);
+    const withVolume = await s.instance({ image: 'with-volume', volumes: [{ name: 'ws', path: '/workspace' }] });
+    expect((await sh(withVolume.id, 'mountpoint -q /srv/data && echo own; ls /workspace')).stdout).toBe('own\n');
+    for (const id of [inst.id, fork.body.id, booted.body.id, withVolume.id]) await s.api('DELETE', `/instances/${id}`);
+    expect((await s.api('DELETE', '/volumes/ws')).status).toBe(204);
+    expect((await s.api('DELETE', '/images/with-volume')).status).toBe(204);
+    for (const bad of ['VOLUME /proc/x', 'VOLUME relative', 'VOLUME /a/../b']) {
+      const r = await s.api('POST', '/images', { name: 'bad-volume', dockerfile: `FROM debian\n${bad}\n` });
+      expect([r.status, r.body.error.code, r.body.error.details.line], bad).toEqual([400, 'DOCKERFILE_INVALID', 2]);
+    }
+  });
+
   it('a build whose client goes away stops: its running step killed, its sandbox gone, no image', async () => {
     const sse = await openSse(`${s.url}/images`, { method: 'POST', headers: { authorization: `Bearer ${s.token}` }, body: { name: 'abandoned', dockerfile: 'FROM default\nRUN echo started; sleep 6017\nRUN echo never\n' } });
     expect(sse.status).toBe(200);

@@ -37,10 +37,10 @@ describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => 
     await expect(Sandbox.connect(sb.sandboxId, opts)).rejects.toThrow(/404/);
   });
 
-  it('its default sandbox is OpenComputer\'s: commands as `sandbox` (uid 1000, HOME /home/sandbox) who may sudo, /workspace theirs, jq; root on request through the shell\'s sudo only', async () => {
+  it('its default sandbox is OpenComputer\'s: commands as `sandbox` (uid 1000, HOME /home/sandbox) who may sudo, /workspace theirs and a mount of its own, jq; root on request through the shell\'s sudo only', async () => {
     const sb = await Sandbox.create({ ...opts, template: 'base' } as Parameters<typeof Sandbox.create>[0]);
-    const r = await sb.exec.run('whoami; id -u; echo $HOME; sudo -n whoami; stat -c %U /workspace; touch /workspace/mine && echo wrote; jq -n 1+1');
-    expect(r).toEqual({ exitCode: 0, stdout: 'sandbox\n1000\n/home/sandbox\nroot\nsandbox\nwrote\n2\n', stderr: '' });
+    const r = await sb.exec.run('whoami; id -u; echo $HOME; sudo -n whoami; stat -c %U /workspace; touch /workspace/mine && echo wrote; jq -n 1+1; df /workspace | tail -1 | awk \'{print $NF}\'');
+    expect(r).toEqual({ exitCode: 0, stdout: 'sandbox\n1000\n/home/sandbox\nroot\nsandbox\nwrote\n2\n/workspace\n', stderr: '' });
     // Not root by default: what only root may do is refused.
     expect((await sb.exec.run('touch /etc/owned')).exitCode).not.toBe(0);
     // A second sandbox finds the image built; a checkpoint's sandbox is the same machine.

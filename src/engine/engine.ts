@@ -261,6 +261,7 @@ export class Engine implements SandboxRuntime {
         ...(this.opts.unconfinedForBenchmarks ? ['--unconfined'] : []),
         ...(spec.uidBase !== null ? ['--userns', String(spec.uidBase)] : []),
         ...spec.volumes.flatMap((v) => ['--volume', this.volumeSource(v), v.path, this.volumeReadOnly(v) ? 'ro' : 'rw']),
+        ...spec.ownMounts.flatMap((p) => ['--own-mount', p]),
         ...this.overlay(spec, false),
       ],
       pidfile: join(run, 'pid'),

@@ -15,6 +15,7 @@ import { parseDockerfile } from './dockerfile.js';
 import { manifestPlan, type ImageManifest } from './manifest.js';
 import type { BuildPlan, BuildStep } from './steps.js';
 import { failpoint } from '../../lib/failpoints.js';
+import { MAX_OWN_MOUNTS } from '../../lib/volume-path.js';
 
 /** One line of a build's log: a step starting, cached or done, or what its command printed. */
 export interface BuildLogLine {
@@ -168,7 +169,10 @@ export class BuildService {
           state = { ...state, config: step.apply(state.config), key };
           continue;
         }
-        const config = step.kind === 'workdir' ? { ...state.config, workdir: posix.resolve(state.config.workdir ?? '/', step.path) } : state.config;
+        const config =
+          step.kind === 'workdir' ? { ...state.config, workdir: posix.resolve(state.config.workdir ?? '/', step.path) }
+          : step.kind === 'volume' ? { ...state.config, volumes: [...new Set([...(state.config.volumes ?? []), ...step.paths])].slice(0, MAX_OWN_MOUNTS) }
+          : state.config;
         const hit = await this.store.images.cached(owner, key);
         if (hit) {
           onLog({ step: n, total, type: 'cached', message: ' ---> cached' });
@@ -232,6 +236,8 @@ export class BuildService {
         return this.command(owner, b, step, asUser(config.user, step.argv), { ...config.env, ...step.env }, cwd, print, signal);
       case 'workdir':
         return this.command(owner, b, step, ['mkdir', '-p', posix.resolve(cwd, step.path)], config.env, cwd, print, signal);
+      case 'volume':
+        return this.command(owner, b, step, ['mkdir', '-p', '--', ...step.paths], config.env, '/', print, signal);
       case 'download': {
         const dest = posix.resolve(cwd, step.dest.endsWith('/') ? step.dest + (posix.basename(new URL(step.url).pathname) || 'index.html') : step.dest);
         const script = `mkdir -p ${quote(posix.dirname(dest))} && (curl -fsSL -o ${quote(dest)} ${quote(step.url)} || wget -q -O ${quote(dest)} ${quote(step.url)})${step.chown ? ` && chown ${quote(step.chown)} ${quote(dest)}` : ''}`;

@@ -1,6 +1,6 @@
 import { posix } from 'node:path';
 import { DockerfileParser, type Instruction } from 'dockerfile-ast';
-import { MAX_OWN_MOUNTS, volumePathProblem } from '../../lib/volume-path.js';
+import { volumePathProblem } from '../../lib/volume-path.js';
 import { DockerfileError } from '../errors.js';
 import type { ImageConfig } from '../../store/images.js';
 import type { BuildPlan, BuildStep } from './steps.js';
@@ -150,7 +150,7 @@ export function parseDockerfile(source: string, buildArgs: Record<string, string
           const problem = volumePathProblem(path);
           if (problem) throw new DockerfileError(`VOLUME ${path}: ${problem}`, line);
         }
-        steps.push({ kind: 'config', line, text: `VOLUME ${paths.join(' ')}`, apply: (c) => ({ ...c, volumes: [...new Set([...(c.volumes ?? []), ...paths])].slice(0, MAX_OWN_MOUNTS) }) });
+        steps.push({ kind: 'volume', line, text: `VOLUME ${paths.join(' ')}`, paths });
         break;
       }
       case 'SHELL':

@@ -18,6 +18,8 @@ export type BuildStep =
   /** Files given whole (an image manifest's add_file and add_dir). */
   | (StepBase & { kind: 'write'; files: { path: string; content: Buffer }[] })
   | (StepBase & { kind: 'workdir'; path: string })
+  /** VOLUME: the directories made (as root, where missing) and named in the configuration. */
+  | (StepBase & { kind: 'volume'; paths: string[] })
   /** Only the image's configuration changes (ENV, USER, CMD, LABEL, EXPOSE, ...). */
   | (StepBase & { kind: 'config'; apply: (c: ImageConfig) => ImageConfig });
 

@@ -16,7 +16,7 @@ export const imageView = (i: ImageView) => ({
   kind: i.kind,
   base: i.base,
   layers: i.layers,
-  config: { env: i.config.env, workdir: i.config.workdir, user: i.config.user, cmd: i.config.cmd, entrypoint: i.config.entrypoint, labels: i.config.labels, exposed_ports: i.config.exposedPorts },
+  config: { env: i.config.env, workdir: i.config.workdir, user: i.config.user, cmd: i.config.cmd, entrypoint: i.config.entrypoint, labels: i.config.labels, exposed_ports: i.config.exposedPorts, volumes: i.config.volumes ?? [] },
   created_at: i.createdAt,
 });
 

@@ -17,8 +17,9 @@ export const ImageConfig = z
     entrypoint: z.array(z.string()).nullable(),
     labels: z.record(z.string(), z.string()),
     exposed_ports: z.array(z.number().int()),
+    volumes: z.array(z.string()).describe('its VOLUMEs: paths of an instance\'s own disk, each a mount point of its own in the sandbox'),
   })
-  .meta({ id: 'ImageConfig', description: 'What instances made from the image get: its environment and working directory; its CMD/ENTRYPOINT as a template\'s start command.' });
+  .meta({ id: 'ImageConfig', description: 'What instances made from the image get: its environment, working directory and user (its commands\' default); its CMD/ENTRYPOINT as a template\'s start command.' });
 
 export const Image = z
   .object({
@@ -29,7 +30,7 @@ export const Image = z
     config: ImageConfig,
     created_at: z.string(),
   })
-  .meta({ id: 'Image', examples: [{ name: 'my-app', kind: 'built', base: 'debian', layers: 3, config: { env: { NODE_ENV: 'production' }, workdir: '/app', user: null, cmd: ['node', 'server.js'], entrypoint: null, labels: {}, exposed_ports: [3000] }, created_at: '2026-11-22T08:00:00.000Z' }] });
+  .meta({ id: 'Image', examples: [{ name: 'my-app', kind: 'built', base: 'debian', layers: 3, config: { env: { NODE_ENV: 'production' }, workdir: '/app', user: null, cmd: ['node', 'server.js'], entrypoint: null, labels: {}, exposed_ports: [3000], volumes: [] }, created_at: '2026-11-22T08:00:00.000Z' }] });
 
 export const ImageList = z.object({ images: z.array(Image) }).meta({ id: 'ImageList' });
 
