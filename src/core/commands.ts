@@ -96,6 +96,7 @@ export class CommandService {
         return s;
       }
     }
+    // As root whatever the image's USER: the session's protocol files are under /.fp, root's alone.
     const s = await ShellSession.open(sb, name, this.instances.envOf(rec));
     entries.set(name, s.processId);
     await registry.write(entries);
