@@ -35,7 +35,7 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const call = async (method: 'GET' | 'POST' | 'DELETE', url: string, headers: Record<string, string> = {}, payload?: string | object) => {
+const call = async (method: 'GET' | 'POST' | 'PUT' | 'DELETE', url: string, headers: Record<string, string> = {}, payload?: string | object) => {
   const r = await app.inject({ method, url, headers: { ...(payload !== undefined ? { 'content-type': 'application/json' } : {}), ...headers }, ...(payload !== undefined ? { payload } : {}) });
   return { status: r.statusCode, body: r.body ? (JSON.parse(r.body) as Record<string, any>) : null, length: Number(r.headers['content-length']), raw: r.body };
 };
@@ -81,6 +81,38 @@ describe('the OpenComputer face: {"error": "message"}', () => {
     const invalid = await call('POST', '/api/sandboxes', bearer(owner), { timeout: 'soon' });
     expect([invalid.status, typeof invalid.body?.error]).toEqual([400, 'string']);
     expect((await call('GET', '/api/sandboxes', bearer(owner))).body).toEqual([]);
+  });
+});
+
+describe('OpenComputer\'s secret stores', () => {
+  it('keep values to themselves, check what they are given, and are each owner\'s own', async () => {
+    const key = { 'x-api-key': owner };
+    const made = await call('POST', '/api/secret-stores', key, { name: 'unit-store', egressAllowlist: ['API.example.com', '10.0.0.0/8'] });
+    expect([made.status, made.body?.name, made.body?.egressAllowlist]).toEqual([201, 'unit-store', ['api.example.com', '10.0.0.0/8']]);
+    const id = made.body!.id as string;
+    expect((await call('POST', '/api/secret-stores', key, { name: 'unit-store' })).status).toBe(409);
+    expect((await call('POST', '/api/secret-stores', key, { name: 'bad name!' })).status).toBe(400);
+    expect((await call('POST', '/api/secret-stores', key, { name: 'x', egressAllowlist: ['http://nope'] })).status).toBe(400);
+    const set = await call('PUT', `/api/secret-stores/${id}/secrets/API_KEY`, key, { value: 'sk-unit-secret', allowedHosts: ['api.example.com'] });
+    expect([set.status, set.body]).toEqual([200, { name: 'API_KEY', status: 'set', refreshed: 0 }]);
+    expect((await call('PUT', `/api/secret-stores/${id}/secrets/1BAD`, key, { value: 'v' })).status).toBe(400);
+    expect((await call('PUT', `/api/secret-stores/${id}/secrets/OK`, key, { value: 'line\nbreak' })).status).toBe(400);
+    expect((await call('PUT', `/api/secret-stores/${id}/secrets/OK`, key, { value: 'v', allowedHosts: ['10.0.0.1'] })).status).toBe(400); // a host name, not an address
+    const listed = await call('GET', `/api/secret-stores/${id}/secrets`, key);
+    expect(listed.body).toEqual([expect.objectContaining({ name: 'API_KEY', storeId: id, allowedHosts: ['api.example.com'] })]);
+    for (const url of ['/api/secret-stores', `/api/secret-stores/${id}`, `/api/secret-stores/${id}/secrets`]) expect((await call('GET', url, key)).raw).not.toContain('sk-unit-secret');
+    // Another owner's store does not exist for them, not even to overwrite a secret in.
+    const theirs = { 'x-api-key': tenant };
+    expect((await call('GET', `/api/secret-stores/${id}`, theirs)).status).toBe(404);
+    expect((await call('PUT', `/api/secret-stores/${id}/secrets/API_KEY`, theirs, { value: 'stolen' })).status).toBe(404);
+    expect((await call('GET', '/api/secret-stores', theirs)).body).toEqual([]);
+    // Without the sandboxes' network (this server has none) a secret cannot reach its host: refused.
+    const sb = await call('POST', '/api/sandboxes', key, { templateID: 'default', secretStore: 'unit-store' });
+    expect([sb.status, sb.body?.error], JSON.stringify(sb.body)).toEqual([400, expect.stringMatching(/network/)]);
+    expect((await call('DELETE', `/api/secret-stores/${id}/secrets/API_KEY`, key)).status).toBe(204);
+    expect((await call('DELETE', `/api/secret-stores/${id}/secrets/API_KEY`, key)).status).toBe(404);
+    expect((await call('DELETE', `/api/secret-stores/${id}`, key)).status).toBe(204);
+    expect((await call('GET', `/api/secret-stores/${id}`, key)).status).toBe(404);
   });
 });
 
