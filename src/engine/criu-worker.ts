@@ -206,7 +206,7 @@ export class CriuWorker {
         // A tree that is restored from its dump (a checkpoint by rename, a hibernation) resumes
         // its connections: those are locked.
         network_lock: opts.frozenIn ? NETWORK_LOCK.SKIP : NETWORK_LOCK.NFTABLES,
-        log_level: Number(process.env.FP_CRIU_LOG_LEVEL ?? 2),
+        log_level: 2,
         log_file: 'dump.log',
         manage_cgroups_mode: CG_IGNORE,
         ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET } : {}),
@@ -236,7 +236,7 @@ export class CriuWorker {
         // Locking and unlocking here cost an RCU grace period (7-10 ms) in the pause; forkpoint's
         // CRIU honours this (deploy/criu/0002-*), an unpatched one takes the dump's method.
         network_lock: NETWORK_LOCK.SKIP,
-        log_level: Number(process.env.FP_CRIU_LOG_LEVEL ?? 2),
+        log_level: 2,
         log_file: 'restore.log',
         manage_cgroups_mode: CG_IGNORE,
         ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET, notify_scripts: true } : {}),
