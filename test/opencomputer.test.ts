@@ -1,4 +1,5 @@
 import { Sandbox } from '@opencomputer/sdk';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
 
@@ -41,7 +42,9 @@ describe('the published @opencomputer/sdk, unchanged, against forkpoint', () => 
     const sb = await Sandbox.create({ ...opts, template: 'base' } as Parameters<typeof Sandbox.create>[0]);
     const r = await sb.exec.run('whoami; id -u; echo $HOME; sudo -n whoami; stat -c %U /workspace; touch /workspace/mine && echo wrote; jq -n 1+1; df /workspace | tail -1 | awk \'{print $NF}\'');
     expect(r).toEqual({ exitCode: 0, stdout: 'sandbox\n1000\n/home/sandbox\nroot\nsandbox\nwrote\n2\n/workspace\n', stderr: '' });
-    // Not root by default: what only root may do is refused.
+    // Not root by default: what only root may do is refused. Commands start in the user's home.
+    expect((await request(`${s.url}/api/sandboxes/${sb.sandboxId}/exec/run`, { method: 'POST', headers: { 'x-api-key': s.token, 'content-type': 'application/json' }, body: JSON.stringify({ cmd: 'pwd' }) }).then((r) => r.body.json()))).toMatchObject({ exitCode: 0, stdout: '/home/sandbox\n' });
+    expect((await sb.exec.run('pwd')).stdout).toBe('/home/sandbox\n');
     expect((await sb.exec.run('touch /etc/owned')).exitCode).not.toBe(0);
     // A second sandbox finds the image built; a checkpoint's sandbox is the same machine.
     const other = await Sandbox.create(opts);

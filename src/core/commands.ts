@@ -29,6 +29,9 @@ export interface ExecInput {
   signal?: AbortSignal | undefined;
   /** Runs as this user of the sandbox (a name or a uid); its image's USER when absent, else root. */
   user?: string | undefined;
+  /** Where it starts without a `cwd`: the image's working directory (Docker's `exec`, the
+   * default), or its user's home (OpenComputer's way). */
+  startIn?: 'workdir' | 'home' | undefined;
 }
 
 export const DEFAULT_TIMEOUT_MS = 60_000;
@@ -68,7 +71,7 @@ export class CommandService {
         }
         const argv = Array.isArray(input.command) ? input.command : ['/bin/sh', '-c', input.command];
         const user = await processUser(sb, input.user ?? rec.defaultUser ?? undefined);
-        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env, user.env), cwd: input.cwd ?? rec.workdir ?? '/', user: user.ids, stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
+        return await execOnce(sb, { argv, env: this.instances.envOf(rec, input.env, user.env), cwd: input.cwd ?? (input.startIn === 'home' ? user.home : undefined) ?? rec.workdir ?? '/', user: user.ids, stdin, timeoutMs, maxOutputBytes, spillDir, signal: input.signal });
       } catch (err) {
         if (err instanceof EngineError && err.code === 'SPAWN_FAILED') {
           return { exitCode: 127, signal: 0, stdout: Output.of('', spillDir), stderr: Output.of(`${err.message}\n`, spillDir), durationMs: 0, timedOut: false, truncated: false };

@@ -164,6 +164,7 @@ export const openComputerRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         command: [b.cmd, ...(b.args ?? [])],
         env: b.envs,
         cwd: b.cwd,
+        startIn: 'home',
         timeoutMs: b.timeout ? Math.round(b.timeout * 1000) : undefined,
         signal: req.clientGone,
       });
