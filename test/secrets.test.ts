@@ -255,6 +255,11 @@ describe('secrets', () => {
       ['testhost.internal', SECRET, `${SECRET}-any`],
       ['other.testhost.internal', vars[1], undefined],
     ]);
+    // A new value is in force at once for the sandboxes made with the store.
+    const renewed = await request(`${s.url}/api/secret-stores/${store.id}/secrets/STORE_KEY`, { method: 'PUT', headers: { 'x-api-key': s.token, 'content-type': 'application/json' }, body: JSON.stringify({ value: `${SECRET}-2`, allowedHosts: ['testhost.internal'] }) });
+    expect(await renewed.body.json()).toEqual({ name: 'STORE_KEY', status: 'set', refreshed: 1 });
+    await sb.exec.run('curl -sS --max-time 20 -H "x-key: $STORE_KEY" https://testhost.internal/record');
+    expect((await seenByHost()).at(-1)!.headers['x-key']).toBe(`${SECRET}-2`);
     // The store's allowlist is the sandbox's egress: nothing else is reachable.
     expect((await sb.exec.run(`curl -sS --max-time 5 http://${net.address}/record`)).exitCode).not.toBe(0);
     // A snapshot's sandboxes keep the secrets it was made with: the store cannot be named beside it.

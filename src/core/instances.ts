@@ -408,12 +408,19 @@ export class InstanceService {
     if (rec.address) await this.engine.network.setPolicy(rec.id, rec.address, rec.egress, await this.secrets.forEngine(rec));
   }
 
-  /** A secret's value changed or it went: the instances here that use it get their rules again. */
-  async refreshSecret(owner: string, name: string): Promise<void> {
+  /** A secret's value changed or it went (an owner's own, or one of a secret store's; any of the
+   * store's when no name is given): the instances here that use it get their rules again. How
+   * many did. */
+  async refreshSecret(owner: string, name: string | undefined, store?: string): Promise<number> {
+    let renewed = 0;
     for (const rec of await this.local()) {
-      if (rec.owner !== owner || !rec.secrets.some((s) => s.name === name)) continue;
-      await this.admit(rec).catch((err: unknown) => this.log.warn({ err, instance: rec.id }, 'could not renew an instance\'s secret rules'));
+      if (rec.owner !== owner || !rec.secrets.some((s) => s.store === store && (name === undefined || s.name === name))) continue;
+      await this.admit(rec).then(
+        () => renewed++,
+        (err: unknown) => this.log.warn({ err, instance: rec.id }, 'could not renew an instance\'s secret rules'),
+      );
     }
+    return renewed;
   }
 
   /** Replaces an instance's egress policy; in force at once, for connections opened from now on. */

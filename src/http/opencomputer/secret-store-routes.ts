@@ -17,7 +17,7 @@ const SecretStoreInfo = z
 const SecretEntryInfo = z
   .object({ id: z.string(), storeId: z.string(), name: z.string(), allowedHosts: z.array(z.string()), createdAt: z.string(), updatedAt: z.string() })
   .meta({ id: 'OcSecretEntry' });
-const SecretSet = z.object({ name: z.string(), status: z.literal('set'), refreshed: z.number().int() }).meta({ id: 'OcSecretSet' });
+const SecretSet = z.object({ name: z.string(), status: z.literal('set'), refreshed: z.number().int().describe('running sandboxes here whose requests carry the new value from now on') }).meta({ id: 'OcSecretSet' });
 
 const storeView = (owner: string, s: SecretStoreView) => ({ id: s.id, orgId: owner, name: s.name, egressAllowlist: s.egressAllowlist, createdAt: s.createdAt, updatedAt: s.updatedAt });
 const entryView = (e: SecretEntryView) => ({ id: `${e.storeId}/${e.name}`, storeId: e.storeId, name: e.name, allowedHosts: e.allowedHosts, createdAt: e.createdAt, updatedAt: e.updatedAt });
@@ -50,6 +50,7 @@ export const ocSecretStoreRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       schema: { operationId: 'ocDeleteSecretStore', tags, summary: 'Delete a secret store', description: 'With its secrets: sandboxes made with it keep their placeholders, which from now on go out as they are.', params: StoreParams, response: { 204: noContent('Gone'), ...errors } },
     }, async (req, reply) => {
       await fp.secretStores.delete(req.owner, req.params.id);
+      await fp.instances.refreshSecret(req.owner, undefined, req.params.id);
       return reply.code(204).send(null);
     });
 
@@ -57,7 +58,8 @@ export const ocSecretStoreRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       schema: { operationId: 'ocSetSecret', tags, summary: 'Set a secret of a store', description: `Creates or replaces it; its name is the variable sandboxes see it in. Running sandboxes made with the store get the new value in their requests from now on. ${SEALED}`, params: EntryParams, body: SetSecretBody, response: { 200: ok('Set', SecretSet), ...errors } },
     }, async (req) => {
       await fp.secretStores.setSecret(req.owner, req.params.id, req.params.name, req.body.value, req.body.allowedHosts);
-      return { name: req.params.name, status: 'set' as const, refreshed: 0 };
+      const refreshed = await fp.instances.refreshSecret(req.owner, req.params.name, req.params.id);
+      return { name: req.params.name, status: 'set' as const, refreshed };
     });
 
     app.get('/secret-stores/:id/secrets', {
@@ -68,6 +70,7 @@ export const ocSecretStoreRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       schema: { operationId: 'ocDeleteSecret', tags, summary: 'Delete a secret of a store', description: 'Sandboxes made with the store keep its placeholder, which from now on goes out as it is.', params: EntryParams, response: { 204: noContent('Gone'), ...errors } },
     }, async (req, reply) => {
       await fp.secretStores.deleteSecret(req.owner, req.params.id, req.params.name);
+      await fp.instances.refreshSecret(req.owner, req.params.name, req.params.id);
       return reply.code(204).send(null);
     });
   };
