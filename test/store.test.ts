@@ -113,6 +113,22 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
     }
   });
 
+  it('secret stores: one name per owner; an insert or a rename onto a taken name answers false, never an error, racing ones included', async () => {
+    const store = await open();
+    try {
+      const rec = (id: string, owner: string, name: string) => ({ id, owner, name, egressAllowlist: ['a.example'], createdAt: 'now', updatedAt: 'now' });
+      const firsts = await Promise.all(['ss_1', 'ss_2', 'ss_3'].map((id) => store.secretStores.insert(rec(id, 'alice', 'prod'))));
+      expect(firsts.filter(Boolean)).toHaveLength(1);
+      expect(await store.secretStores.insert(rec('ss_4', 'bob', 'prod'))).toBe(true); // another owner's
+      expect(await store.secretStores.insert(rec('ss_5', 'alice', 'dev'))).toBe(true);
+      expect(await store.secretStores.update(rec('ss_5', 'alice', 'prod'))).toBe(false);
+      expect(await store.secretStores.update(rec('ss_5', 'alice', 'staging'))).toBe(true);
+      expect((await store.secretStores.list('alice')).map((r) => r.name)).toEqual(['prod', 'staging']);
+    } finally {
+      await store.close();
+    }
+  });
+
   it('instances: a record reads back as written, pages newest first, and updates', async () => {
     const store = await open();
     try {

@@ -51,7 +51,7 @@ export class SecretStoreService {
     }
     const now = new Date().toISOString();
     const rec: SecretStoreRecord = { id: newId('ss'), owner, name: input.name, egressAllowlist, createdAt: now, updatedAt: now };
-    await this.store.secretStores.insert(rec);
+    if (!(await this.store.secretStores.insert(rec))) throw new ConflictError(`secret store ${input.name} exists`, { reason: 'SECRET_STORE_EXISTS', name: input.name });
     this.log.info({ owner, secretStore: rec.id }, 'secret store created');
     return view(rec);
   }
@@ -76,7 +76,7 @@ export class SecretStoreService {
       egressAllowlist: patch.egressAllowlist ? checkEntries(patch.egressAllowlist, false, ALLOWLIST_ENTRIES, 'egressAllowlist') : rec.egressAllowlist,
       updatedAt: new Date().toISOString(),
     };
-    await this.store.secretStores.update(next);
+    if (!(await this.store.secretStores.update(next))) throw new ConflictError(`secret store ${next.name} exists`, { reason: 'SECRET_STORE_EXISTS', name: next.name });
     return view(next);
   }
 

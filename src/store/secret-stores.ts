@@ -30,12 +30,25 @@ const entryOf = (r: EntryRow): SecretStoreEntryRecord => ({ storeId: r.store_id,
 export class SecretStoreStore {
   constructor(private readonly db: Db) {}
 
-  async insert(r: SecretStoreRecord): Promise<void> {
-    await this.db.insertInto('secret_stores').values({ id: r.id, owner: r.owner, name: r.name, egress_allowlist: JSON.stringify(r.egressAllowlist), created_at: r.createdAt, updated_at: r.updatedAt }).execute();
+  /** Whether it was inserted: not if the owner has a store of that name (a create that raced). */
+  async insert(r: SecretStoreRecord): Promise<boolean> {
+    const res = await this.db
+      .insertInto('secret_stores')
+      .values({ id: r.id, owner: r.owner, name: r.name, egress_allowlist: JSON.stringify(r.egressAllowlist), created_at: r.createdAt, updated_at: r.updatedAt })
+      .onConflict((oc) => oc.columns(['owner', 'name']).doNothing())
+      .executeTakeFirst();
+    return Number(res.numInsertedOrUpdatedRows ?? 0) > 0;
   }
 
-  async update(r: SecretStoreRecord): Promise<void> {
-    await this.db.updateTable('secret_stores').set({ name: r.name, egress_allowlist: JSON.stringify(r.egressAllowlist), updated_at: r.updatedAt }).where('id', '=', r.id).execute();
+  /** Whether it was updated: not if another of the owner's stores has its new name. */
+  async update(r: SecretStoreRecord): Promise<boolean> {
+    const res = await this.db
+      .updateTable('secret_stores')
+      .set({ name: r.name, egress_allowlist: JSON.stringify(r.egressAllowlist), updated_at: r.updatedAt })
+      .where('id', '=', r.id)
+      .where(({ not, exists, selectFrom }) => not(exists(selectFrom('secret_stores as other').select('other.id').where('other.owner', '=', r.owner).where('other.name', '=', r.name).where('other.id', '!=', r.id))))
+      .executeTakeFirst();
+    return Number(res.numUpdatedRows) > 0;
   }
 
   async get(owner: string, id: string): Promise<SecretStoreRecord | undefined> {

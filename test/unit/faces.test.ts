@@ -92,6 +92,9 @@ describe('OpenComputer\'s secret stores', () => {
     const id = made.body!.id as string;
     expect((await call('POST', '/api/secret-stores', key, { name: 'unit-store' })).status).toBe(409);
     expect((await call('POST', '/api/secret-stores', key, { name: 'bad name!' })).status).toBe(400);
+    const other = await call('POST', '/api/secret-stores', key, { name: 'other-store' });
+    expect((await call('PUT', `/api/secret-stores/${id}`, key, { name: 'other-store' })).status).toBe(409);
+    expect((await call('DELETE', `/api/secret-stores/${other.body!.id}`, key)).status).toBe(204);
     expect((await call('POST', '/api/secret-stores', key, { name: 'x', egressAllowlist: ['http://nope'] })).status).toBe(400);
     const set = await call('PUT', `/api/secret-stores/${id}/secrets/API_KEY`, key, { value: 'sk-unit-secret', allowedHosts: ['api.example.com'] });
     expect([set.status, set.body]).toEqual([200, { name: 'API_KEY', status: 'set', refreshed: 0 }]);
