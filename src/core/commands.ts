@@ -8,7 +8,7 @@ import { SessionRegistry, ShellSession } from './process/shell-session.js';
 import type { InstanceRecord } from '../store/instances.js';
 import type { SandboxAccess } from './access.js';
 import { InvalidRequestError, NotFoundError } from './errors.js';
-import { processUser } from './users.js';
+import { processUser, type SandboxUser } from './users.js';
 import type { EventBus } from './events.js';
 import type { InstanceService } from './instances.js';
 
@@ -28,7 +28,7 @@ export interface ExecInput {
    * timeout (it ran only for them). */
   signal?: AbortSignal | undefined;
   /** Runs as this user of the sandbox (a name or a uid); its image's USER when absent, else root. */
-  user?: string | undefined;
+  user?: string | SandboxUser | undefined;
   /** Where it starts without a `cwd`: the image's working directory (Docker's `exec`, the
    * default), or its user's home (OpenComputer's way). */
   startIn?: 'workdir' | 'home' | undefined;

@@ -20,6 +20,9 @@ const MAX_DB_BYTES = 1 << 20;
 const NAME = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$/;
 const MAX_ID = 0xfffffffe;
 const ROOT: SandboxUser = { name: 'root', uid: 0, gid: 0, groups: [], home: '/root' };
+/** Root, for what forkpoint itself runs in a sandbox whatever its image's USER: no lookup of the
+ * sandbox's /etc/passwd (a round trip to its agent) on the way. */
+export const AS_ROOT: SandboxUser = ROOT;
 
 /** A user named that does not exist in the sandbox (envd: "invalid username"). */
 export class UnknownUserError extends InvalidRequestError {

@@ -1,4 +1,5 @@
 import type { Forkpoint } from '../core/forkpoint.js';
+import { AS_ROOT } from '../core/users.js';
 import { NotFoundError, ConflictError } from '../core/errors.js';
 import type { AsUser } from '../core/files.js';
 
@@ -15,6 +16,6 @@ export async function removeTree(fp: Forkpoint, owner: string, id: string, path:
   });
   if (!st) return;
   if (st.type !== 'dir') return fp.files.remove(owner, id, path, as);
-  const r = await fp.commands.exec(owner, id, { command: ['rm', '-rf', '--', path], user: (typeof as.user === 'object' ? as.user.name : as.user) ?? 'root' });
+  const r = await fp.commands.exec(owner, id, { command: ['rm', '-rf', '--', path], user: as.user ?? AS_ROOT });
   if (r.exitCode !== 0) throw new ConflictError(`could not remove all of ${path} (rm exited ${r.exitCode})`, { path, exit_code: r.exitCode });
 }

@@ -16,6 +16,7 @@ import { manifestPlan, type ImageManifest } from './manifest.js';
 import type { BuildPlan, BuildStep } from './steps.js';
 import { failpoint } from '../../lib/failpoints.js';
 import { MAX_OWN_MOUNTS } from '../../lib/volume-path.js';
+import { AS_ROOT } from '../users.js';
 
 /** One line of a build's log: a step starting, cached or done, or what its command printed. */
 export interface BuildLogLine {
@@ -302,7 +303,7 @@ export class BuildService {
     const decoder = new TextDecoder();
     // The output is heard from the start on: all of it reaches the log, however fast it comes.
     // As root: the step's USER is asUser's to take (the builder's image may name another).
-    const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, user: 'root', timeoutMs: STEP_TIMEOUT_MS, onOutput: (_stream, data) => emit(decoder.decode(data, { stream: true })) });
+    const state = await this.executions.start(o, b.id, { kind: 'exec', argv, env, cwd, user: AS_ROOT, timeoutMs: STEP_TIMEOUT_MS, onOutput: (_stream, data) => emit(decoder.decode(data, { stream: true })) });
     // The step's own timeout kills it; the margin is for the kill to be seen.
     const deadline = AbortSignal.timeout(STEP_TIMEOUT_MS + STEP_KILL_MARGIN_MS);
     const final = await this.executions.wait(o, b.id, state.record.id, signal ? AbortSignal.any([deadline, signal]) : deadline).catch(() => undefined);

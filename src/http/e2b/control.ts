@@ -2,6 +2,7 @@ import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
+import { AS_ROOT } from '../../core/users.js';
 import { NotFoundError } from '../../core/errors.js';
 import type { CreateInstance } from '../../core/instances.js';
 import type { EgressPolicy } from '../../lib/egress-policy.js';
@@ -121,7 +122,7 @@ export const e2bControlRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       await fp.instances.setExpiry(owner, id, new Date(Date.now() + (seconds ?? DEFAULT_TIMEOUT_S) * 1000), action ?? 'delete');
     /** E2B's commands start in its user's home: made once, for any image. */
     const home = async (owner: string, id: string) => {
-      await fp.commands.exec(owner, id, { command: ['mkdir', '-p', E2B_HOME], user: 'root' });
+      await fp.commands.exec(owner, id, { command: ['mkdir', '-p', E2B_HOME], user: AS_ROOT });
     };
 
     const create = async (owner: string, b: z.infer<typeof NewSandbox>): Promise<InstanceRecord> => {
