@@ -84,6 +84,8 @@ export class Sandbox implements SandboxHandle {
   private held: { gate: Promise<void>; open: () => void; count: number; timer: NodeJS.Timeout } | undefined;
   private readonly tracked = new Map<number, Tracked>();
   private readonly sideClients = new Set<AgentClient>();
+  /** Side connections let go of and not yet closed by the agent too: a pause waits for them. */
+  private readonly closingSides = new Set<Promise<void>>();
   /** Side connections being made (sideAgent). */
   private readonly opening = new Set<Promise<AgentClient>>();
   /** Requests sent and not yet answered: a pause lets them finish before it closes the socket. */
@@ -243,7 +245,10 @@ export class Sandbox implements SandboxHandle {
 
   releaseSide(c: AgentClient): void {
     this.sideClients.delete(c);
-    void c.close();
+    // A dump right after must not find the agent's end still open to a peer that is gone
+    // ("Unix socket N not found"): the next pause waits for the close (bounded by close's grace).
+    const closing: Promise<void> = c.close().finally(() => this.closingSides.delete(closing));
+    this.closingSides.add(closing);
   }
 
   get paused(): boolean {
@@ -272,6 +277,7 @@ export class Sandbox implements SandboxHandle {
       await Promise.allSettled([...this.opening]);
       await Promise.all([...this.sideClients].map((c) => c.close()));
       this.sideClients.clear();
+      await Promise.allSettled([...this.closingSides]);
       let out: { pid: number; startTime: string; result: T } | undefined;
       try {
         out = await withDeadline(work(), PAUSE_DEADLINE_MS, `the pause of ${this.id}`);
