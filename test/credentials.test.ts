@@ -1,3 +1,4 @@
+import { getSignature } from 'e2b';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type TestServer } from './helpers/server.js';
@@ -176,6 +177,27 @@ describe('credentials × routes', () => {
       expect((await call('GET', `${link.pathname}${link.search}`, {})).text).toBe('secret-ish\n');
     } finally {
       await s.api('DELETE', `/instances/${inst.id}`);
+    }
+  });
+
+  it('a URL E2B\'s SDK signed (downloadUrl) reads its file on envd\'s /files and opens nothing else, on every route', async () => {
+    const made = await s.api('POST', '/sandboxes', { templateID: 'base', timeout: 120, secure: true }, { 'x-api-key': s.token });
+    expect(made.status).toBe(201);
+    const id: string = made.body.sandboxID;
+    try {
+      await s.exec(id, { command: 'echo secret-ish > /tmp/f' });
+      const { signature, expiration } = await getSignature({ path: '/tmp/f', operation: 'read', user: undefined, expirationInSeconds: 60, envdAccessToken: made.body.envdAccessToken });
+      const query = `path=%2Ftmp%2Ff&signature=${encodeURIComponent(signature)}&signature_expiration=${expiration}`;
+      const opened: string[] = [];
+      for (const [method, path] of [...(await ownerRoutes()), ['POST', '/files'] as [string, string]]) {
+        const url = fill(path, id);
+        const r = await call(method, `${url}${url.includes('?') ? '&' : '?'}${query}`, {});
+        if (r.status !== 401) opened.push(`${method} ${url} → ${r.status}`);
+      }
+      expect(opened).toEqual([]);
+      expect((await call('GET', `/files?${query}`, {})).text).toBe('secret-ish\n');
+    } finally {
+      await s.api('DELETE', `/instances/${id}`);
     }
   });
 

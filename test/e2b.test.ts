@@ -1,4 +1,5 @@
 import { execa } from 'execa';
+import { request } from 'undici';
 import { readFileSync, statSync } from 'node:fs';
 import { CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError, TimeoutError, Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -552,6 +553,88 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
       expect(await Sandbox.deleteSnapshot(snap.snapshotId)).toBe(false);
     } finally {
       await sbx.kill();
+    }
+  });
+
+  it('signed file URLs (downloadUrl, uploadUrl): they read and write their one file with no other credential, by E2B_SANDBOX_URL (which names no sandbox) or envd\'s host name; they were 401', async () => {
+    const sbx = await Sandbox.create({ secure: true });
+    const other = await Sandbox.create({ secure: true });
+    try {
+      await sbx.files.write('hello.txt', 'hello world');
+      const download = await sbx.downloadUrl('hello.txt', { useSignatureExpiration: 60 });
+      expect(new URL(download).origin).toBe(s.url); // no sandbox in it
+      const got = await fetch(download);
+      expect([got.status, await got.text()]).toEqual([200, 'hello world']);
+      // With no expiry, and as root (the user is signed).
+      await sbx.files.write('/root/mine', 'root only', { user: 'root' });
+      expect(await (await fetch(await sbx.downloadUrl('/root/mine', { user: 'root' }))).text()).toBe('root only');
+      // An upload: multipart, as the SDK's docs do it; the answer is envd's.
+      const form = new FormData();
+      form.append('file', 'file content');
+      const up = await fetch(await sbx.uploadUrl('up.txt', { useSignatureExpiration: 60 }), { method: 'POST', body: form });
+      expect([up.status, await up.json()]).toEqual([200, [{ name: 'up.txt', path: '/home/user/up.txt', type: 'file' }]]);
+      expect(await sbx.files.read('up.txt')).toBe('file content');
+      expect((await sbx.commands.run('stat -c %U up.txt')).stdout).toBe('user\n');
+      // Expired: envd's own answer.
+      const expired = await fetch(await sbx.downloadUrl('hello.txt', { useSignatureExpiration: -10 }));
+      expect([expired.status, await expired.json()]).toEqual([401, { code: 401, message: 'signature is already expired' }]);
+      // By envd's host name (E2B's SDKs outside debug mode): that sandbox's, and no other's.
+      const byHost = async (url: string, id: string) => {
+        const u = new URL(url);
+        const r = await request(`${s.url}${u.pathname}${u.search}`, { headers: { host: `49983-${id}.localhost` } });
+        return [r.statusCode, await r.body.text()];
+      };
+      expect(await byHost(download, sbx.sandboxId)).toEqual([200, 'hello world']);
+      expect((await byHost(download, other.sandboxId))[0]).toBe(401);
+    } finally {
+      await sbx.kill();
+      await other.kill();
+    }
+  });
+
+  it('attack: a signed file URL opens nothing but its path, its user and its direction; it dies with the API token it was made with', async () => {
+    const { token, record } = await s.fp.store.tokens.create('default', 'signed-urls');
+    const sbx = await Sandbox.create({ secure: true, apiKey: token });
+    const other = await Sandbox.create({ secure: true });
+    try {
+      await sbx.files.write('/root/secret', 'root only', { user: 'root' });
+      await sbx.files.write('hello.txt', 'hello world');
+      const link = new URL(await sbx.downloadUrl('hello.txt', { useSignatureExpiration: 60 }));
+      const tampered = (change: (q: URLSearchParams) => void) => {
+        const u = new URL(link);
+        change(u.searchParams);
+        return u.toString();
+      };
+      const status = async (url: string, init?: RequestInit) => (await fetch(url, init)).status;
+      // Another path, another user, a later expiry, no expiry: the signature no longer fits.
+      expect(await status(tampered((q) => q.set('path', '/root/secret')))).toBe(401);
+      expect(await status(tampered((q) => q.set('path', '../../root/secret')))).toBe(401);
+      expect(await status(tampered((q) => q.set('username', 'root')))).toBe(401);
+      expect(await status(tampered((q) => q.set('signature_expiration', String(Number(q.get('signature_expiration')) + 3600))))).toBe(401);
+      expect(await status(tampered((q) => q.delete('signature_expiration')))).toBe(401);
+      // A read's signature does not write.
+      expect(await status(link.toString(), { method: 'POST', body: 'overwritten', headers: { 'content-type': 'application/octet-stream' } })).toBe(401);
+      expect(await sbx.files.read('hello.txt')).toBe('hello world');
+      // A user the link does not sign, asked for by envd's Basic header, is not taken: what an
+      // upload signed for the default user writes is the default user's.
+      const upload = await sbx.uploadUrl('owned.txt', { useSignatureExpiration: 60 });
+      const basicRoot = { authorization: `Basic ${Buffer.from('root:').toString('base64')}`, 'content-type': 'application/octet-stream' };
+      expect(await status(upload, { method: 'POST', body: 'x', headers: basicRoot })).toBe(200);
+      expect((await sbx.commands.run('stat -c %U /home/user/owned.txt')).stdout).toBe('user\n');
+      // Another sandbox named by the header: the link is that sandbox's, not this one's.
+      expect(await status(link.toString(), { headers: { 'e2b-sandbox-id': other.sandboxId } })).toBe(401);
+      // A URL with no path signs no file (envd's "whatever the upload names").
+      const anywhere = await sbx.uploadUrl(undefined, { useSignatureExpiration: 60 });
+      const form = new FormData();
+      form.append('file', new Blob(['planted']), '/root/.bashrc');
+      expect(await status(anywhere, { method: 'POST', body: form })).toBe(401);
+      // Revoking the API token the sandbox was made with ends its links.
+      expect(await status(link.toString())).toBe(200);
+      await s.fp.store.tokens.revoke(record.id);
+      expect(await status(link.toString())).toBe(401);
+    } finally {
+      await s.api('DELETE', `/instances/${sbx.sandboxId}`);
+      await other.kill();
     }
   });
 });

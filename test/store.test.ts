@@ -113,6 +113,28 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
     }
   });
 
+  it('tokens: the running sandboxes with each live token of their owner (what an E2B-signed URL is tried against), newest first, bounded', async () => {
+    const store = await open();
+    try {
+      const a1 = await store.tokens.create('alice', 'one');
+      const a2 = await store.tokens.create('alice', 'two');
+      const b = await store.tokens.create('bob', 'one');
+      await store.tokens.revoke(a2.record.id);
+      await store.instances.insert(instance('inst_1', '2026-01-01T00:00:01Z'));
+      await store.instances.insert(instance('inst_2', '2026-01-01T00:00:02Z', { owner: 'bob' }));
+      await store.instances.insert(instance('inst_3', '2026-01-01T00:00:03Z', { status: 'hibernated' }));
+      expect(await store.tokens.runningSandboxGrants(10)).toEqual([
+        { sandboxId: 'inst_2', owner: 'bob', tokenId: b.record.id },
+        { sandboxId: 'inst_1', owner: 'alice', tokenId: a1.record.id },
+      ]);
+      expect(await store.tokens.runningSandboxGrants(1)).toHaveLength(1);
+      expect(await store.tokens.runningSandboxGrants(10, 'inst_1')).toEqual([{ sandboxId: 'inst_1', owner: 'alice', tokenId: a1.record.id }]);
+      expect(await store.tokens.runningSandboxGrants(10, 'inst_3')).toEqual([]);
+    } finally {
+      await store.close();
+    }
+  });
+
   it('secret stores: one name per owner; an insert or a rename onto a taken name answers false, never an error, racing ones included', async () => {
     const store = await open();
     try {

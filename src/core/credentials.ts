@@ -1,7 +1,11 @@
 import { createHash } from 'node:crypto';
 import type { Store } from '../store/index.js';
 import { isStoreAway } from './errors.js';
-import type { FileLinkDirection, PreviewLinks, SandboxTokenKind } from './previews.js';
+import type { EnvdFileLink, FileLinkDirection, PreviewLinks, SandboxTokenKind } from './previews.js';
+
+/** How many (sandbox, API token) pairs an E2B file URL that names no sandbox is tried against:
+ * each is a hash, done for a request nobody has authenticated yet. */
+export const MAX_ENVD_LINK_CANDIDATES = 4096;
 
 /** How many API tokens the cache for a database away remembers (the most recently checked). */
 const REMEMBERED = 10_000;
@@ -39,13 +43,18 @@ export interface PreviewCredential {
 }
 
 /** A signed file link: one path of one sandbox, read or written, until it expires or the API
- * token that made it is revoked. */
+ * token that made it is revoked. `forkpoint`: a link this server signed (OpenComputer's
+ * `downloadUrl`), for its route under the sandbox's id; `envd`: a URL E2B's SDK signed with the
+ * sandbox's access token, for envd's `/files`, which names the user as well. */
 export interface FileLinkCredential {
   kind: 'file';
+  form: 'forkpoint' | 'envd';
   owner: string;
   sandboxId: string;
   path: string;
   direction: FileLinkDirection;
+  /** For `envd`: the user it signs (empty: the sandbox's default user). */
+  user?: string;
 }
 
 /** A volume's content token (E2B's volume token): that volume's files, nothing else, until the
@@ -164,7 +173,25 @@ export class Credentials {
   async fileLink(signed: string, sandboxId: string, path: string, direction: FileLinkDirection): Promise<FileLinkCredential | undefined> {
     const link = this.links().verifyFileLink(direction, signed, sandboxId, path);
     if (!link || !(await this.lives(link.tokenId, link.owner))) return undefined;
-    return { kind: 'file', owner: link.owner, sandboxId, path, direction };
+    return { kind: 'file', form: 'forkpoint', owner: link.owner, sandboxId, path, direction };
+  }
+
+  /**
+   * The sandbox file an E2B-signed file URL opens: the URL names its sandbox only by its host
+   * name, which a deployment behind `E2B_SANDBOX_URL` does not have, so without `sandboxId` the
+   * running sandboxes are tried (each with each live API token of its owner's: an access token is
+   * made for one), newest first and at most MAX_ENVD_LINK_CANDIDATES of them. The API token the
+   * access token was made for must live, as for the access token itself. Expiry is the caller's.
+   */
+  async envdFileLink(signature: string, link: EnvdFileLink, sandboxId?: string): Promise<FileLinkCredential | undefined> {
+    if (!/^v1_[A-Za-z0-9+/]{43}$/.test(signature)) return undefined;
+    const links = this.links();
+    for (const g of await this.store.tokens.runningSandboxGrants(MAX_ENVD_LINK_CANDIDATES, sandboxId)) {
+      if (links.isEnvdFileSignature(signature, link, g.owner, g.sandboxId, g.tokenId)) {
+        return { kind: 'file', form: 'envd', owner: g.owner, sandboxId: g.sandboxId, path: link.path, direction: link.operation === 'read' ? 'download' : 'upload', user: link.user };
+      }
+    }
+    return undefined;
   }
 
   /** Whether the API token a derived credential was made from is still the owner's, unrevoked. */

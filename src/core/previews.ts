@@ -1,4 +1,4 @@
-import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 
@@ -8,6 +8,16 @@ export type SandboxTokenKind = 'access' | 'traffic' | 'volume';
 
 /** Which way a signed file link goes: a read (`download`) or a write (`upload`). */
 export type FileLinkDirection = 'download' | 'upload';
+
+/** What an E2B file URL (its SDKs' `downloadUrl`/`uploadUrl`) signs, as its query has it: the
+ * path and user as given (empty when absent), the operation its method is, and the expiry (unix
+ * seconds) if it has one. */
+export interface EnvdFileLink {
+  path: string;
+  user: string;
+  operation: 'read' | 'write';
+  expiration?: number | undefined;
+}
 
 /** The longest a file link may live (OpenComputer's bound). */
 export const MAX_FILE_LINK_TTL_S = 86400;
@@ -93,6 +103,17 @@ export class PreviewLinks {
     const want = Buffer.from(this.fileMac(direction, owner, id, path, expires, m[3]!));
     const got = Buffer.from(m[4]!);
     return want.length === got.length && timingSafeEqual(want, got) ? { owner, tokenId: m[3]! } : undefined;
+  }
+
+  /** Whether `signature` is what E2B's SDKs sign a file URL with (`getSignature`: `v1_` and the
+   * unpadded base64 of sha256 of `path:operation:user:access token[:expiration]`) for the access
+   * token this instance's owner's API token `tokenId` was given. */
+  isEnvdFileSignature(signature: string, link: EnvdFileLink, owner: string, id: string, tokenId: string): boolean {
+    const access = this.sandboxToken('access', owner, id, tokenId);
+    const raw = [link.path, link.operation, link.user, access, ...(link.expiration === undefined ? [] : [String(link.expiration)])].join(':');
+    const want = Buffer.from(`v1_${createHash('sha256').update(raw).digest('base64').replace(/=+$/, '')}`);
+    const got = Buffer.from(signature);
+    return want.length === got.length && timingSafeEqual(want, got);
   }
 
   private fileMac(direction: FileLinkDirection, owner: string, id: string, path: string, expires: number, tokenId: string): string {

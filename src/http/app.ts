@@ -12,6 +12,7 @@ import replyFrom from '@fastify/reply-from';
 import { installAuth, redactUrl } from './auth.js';
 import { installClusterRouting } from './cluster-routing.js';
 import { e2bSdkConstraint } from './e2b/sdk-constraint.js';
+import { ENVD_PORT, envdHostSandbox } from './e2b/caller.js';
 import { e2bFace, e2bPortRoute } from './e2b/index.js';
 import { installBodyParsers } from './body-parsers.js';
 import { installClientGone } from './client-gone.js';
@@ -63,7 +64,8 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     // A preview host name (<port>-<instance>.<domain>) is that port's proxy, at its root.
     rewriteUrl: (req: { url?: string; headers: Record<string, string | string[] | undefined> }) => {
       const to = hostRoute(domain, req.headers.host as string | undefined) ?? e2bPortRoute(req.headers);
-      return to ? `/instances/${to.id}/ports/${to.port}${req.url ?? '/'}` : (req.url ?? '/');
+      // envd's own host name is envd's routes (E2B's SDKs' signed file URLs come by it).
+      return to && to.port !== ENVD_PORT ? `/instances/${to.id}/ports/${to.port}${req.url ?? '/'}` : (req.url ?? '/');
     },
   };
   const app: FastifyInstance = opts.logger ? Fastify({ ...base, loggerInstance: withRequestSerializers(opts.logger) }) : Fastify({ ...base, logger: false });
@@ -77,7 +79,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // Upgrades are routed as GETs through the hooks (a bad token is a plain 401). The plugin's
   // own hooks come first: they close the socket of an upgrade that was answered, not upgraded.
   await app.register(websocket, { options: { maxPayload: WS_MAX_MESSAGE } });
-  installAuth(app, opts.forkpoint.credentials, previewSourceFor(domain));
+  installAuth(app, opts.forkpoint.credentials, previewSourceFor(domain), (host) => envdHostSandbox(domain, host));
   // Streams to other nodes and to ports inside instances; no deadline on bodies (streams).
   // A forwarded call is answered when its node has done it: a command run and waited for may take
   // its whole timeout. A node that vanishes meanwhile is found by TCP keep-alive (undici's

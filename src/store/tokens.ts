@@ -69,6 +69,20 @@ export class TokenStore {
     return (await this.db.selectFrom('tokens').selectAll().orderBy('created_at').execute()).map(toRecord);
   }
 
+  /**
+   * The running sandboxes (or the one named) with each live API token of their owner's: every
+   * pair an access token can have been made for. At most `limit` pairs, newest sandboxes first.
+   */
+  async runningSandboxGrants(limit: number, sandboxId?: string): Promise<{ sandboxId: string; owner: string; tokenId: string }[]> {
+    let q = this.db
+      .selectFrom('instances')
+      .innerJoin('tokens', (j) => j.onRef('tokens.owner', '=', 'instances.owner').on('tokens.revoked_at', 'is', null))
+      .select(['instances.id as sandboxId', 'instances.owner as owner', 'tokens.id as tokenId'])
+      .where('instances.status', '=', 'running');
+    if (sandboxId !== undefined) q = q.where('instances.id', '=', sandboxId);
+    return q.orderBy('instances.created_at', 'desc').limit(limit).execute();
+  }
+
   async countActive(): Promise<number> {
     const row = await this.db.selectFrom('tokens').select((eb) => eb.fn.countAll().as('n')).where('revoked_at', 'is', null).executeTakeFirstOrThrow();
     return Number(row.n);

@@ -3,6 +3,7 @@ import { posix } from 'node:path';
 import type { FastifyRequest } from 'fastify';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import type { SandboxUser } from '../../core/users.js';
+import { hostRoute } from '../routes/proxy.js';
 
 /** Who an in-sandbox (envd) call is for: the sandbox, by its `E2b-Sandbox-Id`, and its owner,
  * proven by the sandbox's own `X-Access-Token` (the auth hook checked both). */
@@ -27,6 +28,13 @@ export const ENVD_VERSION = '0.6.4';
 /** The port envd listens on inside an E2B sandbox; calls for any other port are proxied. */
 export const ENVD_PORT = 49983;
 
+/** The sandbox envd's own host name names (`49983-<id>.<domain>`: E2B's SDKs address envd so
+ * outside debug mode), if the request came by one. */
+export function envdHostSandbox(domain: string, host: string | undefined): string | undefined {
+  const to = hostRoute(domain, host);
+  return to?.port === ENVD_PORT ? to.id : undefined;
+}
+
 export function callerOf(ctx: HandlerContext): SandboxCaller {
   const c = ctx.values.get(callerKey);
   if (!c) throw new ConnectError('E2b-Sandbox-Id and X-Access-Token are required', Code.Unauthenticated);
@@ -34,7 +42,16 @@ export function callerOf(ctx: HandlerContext): SandboxCaller {
 }
 
 export function callerOfRequest(req: FastifyRequest, username?: string): SandboxCaller | undefined {
-  return req.sandboxId ? { owner: req.owner, id: req.sandboxId, user: username || basicUser(req.headers.authorization) } : undefined;
+  // A signed URL acts as the user it signs, whatever else the request says.
+  const signed = req.credential?.kind === 'file' ? req.credential : undefined;
+  const user = signed ? signed.user || undefined : username || basicUser(req.headers.authorization);
+  return req.sandboxId ? { owner: req.owner, id: req.sandboxId, user } : undefined;
+}
+
+/** The path an envd `/files` call names: its query's, or for a signed URL the one it signs (the
+ * same words, as the auth hook read them: no second parser decides). */
+export function envdFilePath(req: FastifyRequest, query: string | undefined): string | undefined {
+  return req.credential?.kind === 'file' ? req.credential.path : query;
 }
 
 /** The user of envd's `Authorization: Basic base64(<user>:)` (the SDKs' `user` option). */

@@ -1,5 +1,5 @@
 import { posix } from 'node:path';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import multipart from '@fastify/multipart';
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
@@ -7,7 +7,7 @@ import type { FastifyReply } from 'fastify';
 import { z } from 'zod';
 import type { Forkpoint } from '../../core/forkpoint.js';
 import { ForkpointError, httpStatusOf } from '../../core/errors.js';
-import { callerOfRequest, envdPath, envdUser } from './caller.js';
+import { callerOfRequest, envdFilePath, envdPath, envdUser } from './caller.js';
 
 const FilesQuery = z.object({ path: z.string().max(4096).optional(), username: z.string().max(64).optional() });
 const MAX_PARTS = 1000;
@@ -21,7 +21,8 @@ function envdError(reply: FastifyReply, err: unknown): FastifyReply {
 }
 
 /** envd's plain HTTP: `GET /files` (a file's bytes), `POST /files` (multipart or raw bytes),
- * `GET /health`. For a sandbox's own calls only (its access token). */
+ * `GET /health`. For a sandbox's own calls (its access token), and `/files` for the URLs its SDK
+ * signs with that token. */
 export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
   async (app) => {
     // A part's file name is its path in the sandbox (the SDK's multi-file write): busboy keeps
@@ -30,6 +31,8 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
     app.addContentTypeParser(['application/octet-stream', 'application/x-gzip'], (_req, payload, done) => done(null, payload));
     const hidden = { hide: true };
     const config = { scope: 'sandbox' as const };
+    // A file's bytes also open to a URL the SDK signed (downloadUrl, uploadUrl) for that path.
+    const fileConfig = { scope: 'envd-file' as const };
 
     // The SDK's isRunning(): 204 while the sandbox runs, 502 (E2B's proxy's answer) once it is
     // paused, stopped or being killed.
@@ -46,12 +49,12 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       return reply.code(204).send();
     });
 
-    app.get('/files', { config, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
+    app.get('/files', { config: fileConfig, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
       const c = callerOfRequest(req, req.query.username);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
       try {
         const user = await envdUser(fp, c);
-        const path = envdPath(req.query.path ?? '', user.home);
+        const path = envdPath(envdFilePath(req, req.query.path) ?? '', user.home);
         const { size, stream } = await fp.files.readStream(c.owner, c.id, path, { user });
         reply.type('application/octet-stream');
         if (size !== undefined) reply.header('content-length', size);
@@ -61,7 +64,7 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
       }
     });
 
-    app.post('/files', { config, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
+    app.post('/files', { config: fileConfig, schema: { ...hidden, querystring: FilesQuery } }, async (req, reply) => {
       const c = callerOfRequest(req, req.query.username);
       if (!c) return reply.code(401).send({ code: 401, message: 'E2b-Sandbox-Id and X-Access-Token are required' });
       const written: { name: string; type: 'file'; path: string; metadata?: Record<string, string> }[] = [];
@@ -75,16 +78,24 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
         const user = await envdUser(fp, c);
         const as = { ...withMetadata, user };
         if (req.isMultipart()) {
-          for await (const part of req.files()) {
-            const path = envdPath(req.query.path ?? part.filename, user.home);
-            await fp.files.writeStream(c.owner, c.id, path, part.file, as);
+          for await (const part of req.parts()) {
+            // A form field named `file` is a file too (envd takes it; E2B's docs upload so),
+            // written where the query's path says; other fields are not files.
+            if (part.type === 'field' && part.fieldname !== 'file') continue;
+            const named = part.type === 'file' ? part.filename : undefined;
+            const target = envdFilePath(req, req.query.path) ?? named;
+            if (!target) return reply.code(400).send({ code: 400, message: 'path is required for a form field (or give the part a file name)' });
+            const path = envdPath(target, user.home);
+            const content = part.type === 'file' ? part.file : Readable.from([Buffer.from(String(part.value))]);
+            await fp.files.writeStream(c.owner, c.id, path, content, as);
             written.push({ name: posix.basename(path), type: 'file', path, ...withMetadata });
           }
         } else {
-          if (!req.query.path) return reply.code(400).send({ code: 400, message: 'path is required' });
+          const target = envdFilePath(req, req.query.path);
+          if (!target) return reply.code(400).send({ code: 400, message: 'path is required' });
           const encoding = (req.headers['content-encoding'] ?? 'identity').toLowerCase();
           if (encoding !== 'identity' && encoding !== 'gzip') return reply.code(415).send({ code: 415, message: `content-encoding ${encoding} is not supported (gzip or none)` });
-          const path = envdPath(req.query.path, user.home);
+          const path = envdPath(target, user.home);
           // The SDK's gzip upload: the file is what the body decompresses to. Its size is bounded
           // where every write is, by the sandbox's disk, not by the compressed length.
           const body = req.body as Readable;
