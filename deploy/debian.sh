@@ -2,7 +2,7 @@
 # Builds the `debian` image: Debian stable from Debian's archive by mmdebstrap, with apt working
 # and bash, coreutils, ca-certificates, curl, git, jq, sudo, python3 (also as `python`, as E2B's base
 # has it; with matplotlib and pandas, for the code interpreter) and Node.js (with Babel, whose TypeScript preset the code interpreter's
-# TypeScript cells go through), and E2B's user `user`. Output: a rootfs tree at $1, built
+# TypeScript cells go through), R and a JDK (the code interpreter's R and Java cells), and E2B's user `user`. Output: a rootfs tree at $1, built
 # beside it and renamed into place (a half-built image is never seen). Skipped when the image there was built from this
 # package list (its stamp, /etc/forkpoint-image), unless --force: a changed list builds it again.
 # The mirror and suite are the host's apt sources' by default (FORKPOINT_DEBIAN_MIRROR,
@@ -15,7 +15,11 @@ pkgs=bash,coreutils,ca-certificates,curl,git,passwd,sudo,python3,python-is-pytho
 # E2B's base has a user `user` (uid 1000, home /home/user) whom sudo lets be root without a
 # password; its SDKs run commands and write files as that user by default.
 users="user:1000:sudo"
-stamp="packages=$pkgs users=$users"
+# The code interpreter's R and Java (r_kernel.R, JavaKernel.java), without what they recommend:
+# R's recommends are a compiler toolchain and ~30 R packages. (The JDK's post-install links its
+# manual pages into /usr/share/man/man1, which the image leaves out: the directory is made.)
+lean=r-base-core,default-jdk-headless
+stamp="packages=$pkgs lean=$lean users=$users"
 [ $force = 0 ] && [ -x "$dest/usr/bin/apt-get" ] && [ "$(cat "$dest/etc/forkpoint-image" 2>/dev/null)" = "$stamp" ] && exit 0
 
 log() { echo "forkpoint setup: $*" >&2; }
@@ -44,7 +48,9 @@ mmdebstrap --variant=apt --include="$pkgs" --quiet \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-  --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
+  --customize-hook='mkdir -p "$1/usr/share/man/man1"' \
+  --customize-hook="chroot \"\$1\" apt-get install -y -q --no-install-recommends ${lean//,/ } > \"\$1/tmp/lean.log\" 2>&1 || { tail -40 \"\$1/tmp/lean.log\"; exit 1; }; rm -f \"\$1/tmp/lean.log\"" \
+  --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/cache/apt/archives/*.deb' \
   --customize-hook='printf "127.0.0.1 localhost\n::1 localhost\n" > "$1/etc/hosts"' \
   --customize-hook="printf '%s\n' '$stamp' > \"\$1/etc/forkpoint-image\"" \
   --customize-hook='printf "PS1=\"\\\\u@\\\\h:\\\\w\\\\$ \"\n" >> "$1/root/.bashrc"' \

@@ -776,6 +776,35 @@ describe('@e2b/code-interpreter, unchanged', () => {
     }
   }, 180_000);
 
+  it('R and Java cells: a value as R prints it and as E2B\'s Java shows it, state between cells, the sandbox\'s and a cell\'s variables (Java\'s as system properties), errors and output (they were refused: "language r is not served")', async () => {
+    const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
+    const sbx = await CodeSandbox.create({ envs: { SANDBOX_VAR: 'from-create' } });
+    try {
+      const text = async (code: string, opts: { language: string; envs?: Record<string, string> }) => {
+        const r = await sbx.runCode(code, opts);
+        expect(r.error, JSON.stringify(r.error)).toBeUndefined();
+        return r.results[0]?.text;
+      };
+      expect(await text('Sys.getenv("SANDBOX_VAR")', { language: 'r' })).toBe('[1] "from-create"');
+      expect(await text('Sys.getenv("FOO")', { language: 'r', envs: { FOO: 'bar' } })).toBe('[1] "bar"');
+      expect(await text('Sys.getenv("FOO", unset = "default")', { language: 'r' })).toBe('[1] "default"');
+      await text('x <- c(1, 2, 3)', { language: 'r' });
+      const r = await sbx.runCode('cat("sum:", sum(x), "\\n"); x * 2', { language: 'r' });
+      expect([r.logs.stdout, r.results[0]?.text]).toEqual([['sum: 6 \n'], '[1] 2 4 6']);
+      expect((await sbx.runCode('stop("boom")', { language: 'r' })).error).toMatchObject({ value: 'boom' });
+      expect(await text('System.getProperty("SANDBOX_VAR")', { language: 'java' })).toBe('from-create');
+      expect(await text('System.getProperty("FOO")', { language: 'java', envs: { FOO: 'bar' } })).toBe('bar');
+      expect(await text('System.getProperty("FOO", "default")', { language: 'java' })).toBe('default');
+      await text('int n = 20;', { language: 'java' });
+      const j = await sbx.runCode('System.out.println("n=" + n); n + 22', { language: 'java' });
+      expect([j.logs.stdout, j.results[0]?.text]).toEqual([['n=20\n'], '42']);
+      expect((await sbx.runCode('Integer.parseInt("x")', { language: 'java' })).error).toMatchObject({ name: 'java.lang.NumberFormatException' });
+      expect((await sbx.runCode('int y = ', { language: 'java' })).error).toMatchObject({ name: 'CompilationError' });
+    } finally {
+      await sbx.kill();
+    }
+  }, 180_000);
+
   it('runCode keeps state between cells, and a snapshot and a sandbox from it keep it too', async () => {
     const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter');
     const sbx = await CodeSandbox.create();

@@ -3,11 +3,12 @@ calls (`POST /execute` answering NDJSON, `/contexts`, `/health`).
 
 Languages: Python (in this process, so that a forkpoint checkpoint, snapshot or fork keeps a
 context's globals), JavaScript and TypeScript (a Node.js process per context, kept with the
-sandbox the same way; TypeScript's types stripped by Babel, which the Debian image has) and bash
-(a shell per cell). Rich outputs as E2B's result fields: `display()`, an object's
+sandbox the same way; TypeScript's types stripped by Babel, which the Debian image has), R (an
+Rscript process per context, r_kernel.R), Java (a JVM per context evaluating with JShell,
+JavaKernel.java) and bash (a shell per cell). Rich outputs as E2B's result fields: `display()`, an object's
 `_repr_html_`/`_repr_png_`/..., matplotlib figures as PNG (as Jupyter's inline backend shows
-them) with their chart data (fp_charts.py), pandas frames as HTML and `data`. Not served: R,
-Java.
+them) with their chart data (fp_charts.py), pandas frames as HTML and `data`. R and Java
+give their values as text.
 
 Cells run one at a time on the main thread, so that an interrupt is a signal: a client that
 goes away while its cell runs interrupts it (KeyboardInterrupt, or the child process's end),
@@ -34,10 +35,18 @@ PORT = 49999
 MAX_BODY = 16 << 20
 HOME = "/home/user"
 LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js": "javascript",
-             "typescript": "typescript", "ts": "typescript", "bash": "bash", "sh": "bash"}
-SERVED = "python, javascript, typescript, bash"
+             "typescript": "typescript", "ts": "typescript", "bash": "bash", "sh": "bash", "r": "r",
+             "java": "java"}
+SERVED = "python, javascript, typescript, r, java, bash"
 NODE_LANGUAGES = ("javascript", "typescript")
 NODE_DRIVER = "/opt/forkpoint/js_kernel.js"
+# The process that runs a context's cells, per language (one per context, started on first use).
+CHILDREN = {
+    "javascript": ["node", NODE_DRIVER],
+    "typescript": ["node", NODE_DRIVER],
+    "r": ["Rscript", "--vanilla", "/opt/forkpoint/r_kernel.R"],
+    "java": ["java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-cp", "/opt/forkpoint/java", "JavaKernel"],
+}
 os.environ.setdefault("MPLBACKEND", "Agg")
 # The environment children start with: a cell's own variables are that cell's.
 BASE_ENV = dict(os.environ)
@@ -56,7 +65,7 @@ class Context:
         self.cwd = cwd
         self.globals = {"__name__": "__main__"}
         self.count = 0
-        self.node = None  # the JavaScript context's Node.js process, started on first use
+        self.child = None  # the process of a JavaScript, TypeScript, R or Java context (CHILDREN)
 
     def view(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -68,6 +77,17 @@ default_js = Context("javascript")
 contexts[default_js.id] = default_js
 default_ts = Context("typescript")
 contexts[default_ts.id] = default_ts
+# R's and Java's default contexts: made on their first cell (a JVM is not started for nothing).
+defaults = {"python": default, "javascript": default_js, "typescript": default_ts}
+
+
+def default_of(language):
+    if language == "bash":
+        return Context("bash")
+    if language not in defaults:
+        defaults[language] = Context(language)
+        contexts[defaults[language].id] = defaults[language]
+    return defaults[language]
 
 
 def sandbox_env():
@@ -251,10 +271,10 @@ def run_python(ctx, code, emit):
 
 # ---------- JavaScript and bash ----------
 
-def node_of(ctx):
-    if ctx.node is None or ctx.node.poll() is not None:
-        ctx.node = subprocess.Popen(["node", NODE_DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ctx.cwd, env=BASE_ENV, text=True, bufsize=1)
-    return ctx.node
+def child_of(ctx):
+    if ctx.child is None or ctx.child.poll() is not None:
+        ctx.child = subprocess.Popen(CHILDREN[ctx.language], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ctx.cwd, env=BASE_ENV, text=True, bufsize=1)
+    return ctx.child
 
 
 def run_child(proc, emit, job):
@@ -275,14 +295,24 @@ def run_child(proc, emit, job):
     if job.interrupted:
         emit({"type": "error", "name": "Interrupted", "value": "interrupted", "traceback": "the cell was interrupted"})
     else:
-        emit({"type": "error", "name": "KernelDied", "value": "the JavaScript process ended", "traceback": ""})
+        emit({"type": "error", "name": "KernelDied", "value": "the process of the cell's language ended", "traceback": ""})
 
 
 def run_javascript(ctx, code, env, emit, job):
-    node = node_of(ctx)
+    node = child_of(ctx)
     node.stdin.write(json.dumps({"code": code, "env": env, "typescript": ctx.language == "typescript"}) + "\n")
     node.stdin.flush()
     run_child(node, emit, job)
+
+
+def run_hex_child(ctx, code, env, emit, job):
+    """A cell for the R or Java process: its code and variables in hex on one line (neither
+    reads JSON without a library the image does not have)."""
+    child = child_of(ctx)
+    pairs = ",".join(f"{k.encode().hex()}:{str(v).encode().hex()}" for k, v in env.items())
+    child.stdin.write(f"{code.encode().hex()} {pairs}\n")
+    child.stdin.flush()
+    run_child(child, emit, job)
 
 
 def run_bash(ctx, code, env, emit, job):
@@ -351,6 +381,8 @@ def execute(job):
             run_python(ctx, job.code, emit)
         elif ctx.language in NODE_LANGUAGES:
             run_javascript(ctx, job.code, env, emit, job)
+        elif ctx.language in ("r", "java"):
+            run_hex_child(ctx, job.code, env, emit, job)
         else:
             run_bash(ctx, job.code, env, emit, job)
     except KeyboardInterrupt:
@@ -427,8 +459,8 @@ class Handler(BaseHTTPRequestHandler):
         ctx = contexts.pop(cid, None)
         if ctx is None:
             return self.reply(404, {"error": f"context {cid} not found"})
-        if ctx.node is not None:
-            ctx.node.kill()
+        if ctx.child is not None:
+            ctx.child.kill()
         self.send_response(204)
         self.send_header("content-length", "0")
         self.end_headers()
@@ -451,9 +483,9 @@ class Handler(BaseHTTPRequestHandler):
             if ctx is None:
                 return self.reply(404, {"error": "context not found"})
             ctx.globals = {"__name__": "__main__"}
-            if ctx.node is not None:
-                ctx.node.kill()
-                ctx.node = None
+            if ctx.child is not None:
+                ctx.child.kill()
+                ctx.child = None
             return self.reply(200, {})
         if path != "/execute":
             return self.reply(404, {"error": "not found"})
@@ -469,7 +501,7 @@ class Handler(BaseHTTPRequestHandler):
             language = LANGUAGES.get(req.get("language") or "python")
             if language is None:
                 return self.reply(400, {"error": f"language {req.get('language')} is not served here ({SERVED})"})
-            ctx = {"python": default, "javascript": default_js, "typescript": default_ts}.get(language) or Context("bash")
+            ctx = default_of(language)
         job = Job(ctx, req.get("code") or "", req.get("env_vars"))
         self.send_response(200)
         self.send_header("content-type", "application/x-ndjson")
