@@ -5,7 +5,6 @@
 // messages on stdout, then {"type": "end_of_cell"}; a cell's value is its last snippet's, a
 // string as its text (as E2B's shows it).
 import java.io.BufferedReader;
-import java.io.ByteArrayOutputStream;
 import java.io.FileDescriptor;
 import java.io.FileOutputStream;
 import java.io.InputStreamReader;
@@ -56,21 +55,19 @@ public class JavaKernel {
     PROTOCOL.flush();
   }
 
-  /** A stream a cell writes to, told as E2B's stdout or stderr messages a line at a time. */
+  /** A stream a cell writes to, told as E2B's stdout or stderr messages a write at a time: a
+   * `println` is two, its text and the line's end (a subclass of PrintStream writes them apart),
+   * as E2B's Java kernel tells them. */
   static PrintStream relay(String type) {
     OutputStream sink = new OutputStream() {
-      private final ByteArrayOutputStream line = new ByteArrayOutputStream();
-      @Override public synchronized void write(int b) {
-        line.write(b);
-        if (b == '\n') flush();
+      @Override public void write(int b) {
+        write(new byte[] {(byte) b}, 0, 1);
       }
-      @Override public synchronized void flush() {
-        if (line.size() == 0) return;
-        emit(type, "text", line.toString(StandardCharsets.UTF_8));
-        line.reset();
+      @Override public void write(byte[] b, int off, int len) {
+        if (len > 0) emit(type, "text", new String(b, off, len, StandardCharsets.UTF_8));
       }
     };
-    return new PrintStream(sink, true, StandardCharsets.UTF_8);
+    return new PrintStream(sink, true, StandardCharsets.UTF_8) {};
   }
 
   static String unhex(String h) {
