@@ -106,8 +106,10 @@ export function workerUnderShim(opts: ShimOptions): CriuWorker {
 /** A CRIU worker of our own (for dumps, which leave nothing behind to parent). */
 export function worker(agentPath: string, args: string[], logFile: string): CriuWorker {
   const log = openSync(logFile, 'a');
-  // A process group of its own, so that a deadline can end CRIU with it.
-  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'], detached: true });
+  // A process group of its own, so that a deadline can end CRIU with it. The sandbox's
+  // namespaces are forkpoint's own making, under its user namespace: CRIU need not fork to
+  // check that they are (deploy/criu/0003: ~1.5 ms of the pause).
+  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'], detached: true, env: { ...process.env, CRIU_SKIP_USERNS_CHECK: '1' } });
   closeSync(log);
   child.on('error', () => {});
   const exit = new Promise<number>((resolve) => child.once('exit', (c) => resolve(c ?? 1)));
