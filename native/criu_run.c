@@ -304,9 +304,18 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
           long npid = -1;
           if (got <= 0 || !notification((const uint8_t *)buf, (const uint8_t *)buf + got, script, sizeof(script), &npid)) break;
           int ok = 1;
-          if (!strcmp(script, "setup-namespaces") && npid > 0 &&
-              (userns_limits_of((pid_t)npid, msg, sizeof(msg)) < 0 || set_up_restored_netns(npid, &later, msg, sizeof(msg)) < 0))
-            ok = 0, setup_failed = 1;
+          if (!strcmp(script, "setup-namespaces") && npid > 0) {
+            /* The limits' child joins the user namespace while this sets up the network. */
+            struct limits_child limits;
+            char net_msg[sizeof(msg)];
+            if (userns_limits_start((pid_t)npid, &limits, msg, sizeof(msg)) < 0) ok = 0;
+            else {
+              int net = set_up_restored_netns(npid, &later, net_msg, sizeof(net_msg));
+              if (userns_limits_finish(&limits, msg, sizeof(msg)) < 0) ok = 0;
+              else if (net < 0) ok = 0, snprintf(msg, sizeof(msg), "%s", net_msg);
+            }
+            if (!ok) setup_failed = 1;
+          }
           const uint8_t ack[] = {0x08, 0x06, 0x18, (uint8_t)ok}; /* criu_req: type NOTIFY, notify_success */
           if (send(sk, ack, sizeof(ack), 0) != (ssize_t)sizeof(ack)) { got = -1; break; }
         }

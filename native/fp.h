@@ -28,7 +28,10 @@ int write_id_maps(pid_t pid, unsigned long base, char *err, size_t errlen);
 int userns_for_range(unsigned long base, char *err, size_t errlen);
 int replace_overlay_idmapped(const char *dir, const char *target, const char *options, unsigned long base, char *err, size_t errlen);
 int userns_limits(char *err, size_t errlen);
-int userns_limits_of(pid_t pid, char *err, size_t errlen);
+/* A child bounding a user namespace's per-user counters (userns_limits_start/finish). */
+struct limits_child { pid_t pid; int pipe; };
+int userns_limits_start(pid_t pid, struct limits_child *c, char *err, size_t errlen);
+int userns_limits_finish(struct limits_child *c, char *err, size_t errlen);
 int volume_tree(const char *dir, long base, int read_only, char *err, size_t errlen);
 int mount_disk_for(const char *dir, const char *target, const char *options, long base, char *err, size_t errlen);
 /* An empty directory of the agent layer, bound read-only over masked /proc directories. */

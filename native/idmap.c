@@ -255,10 +255,13 @@ int userns_limits(char *err, size_t errlen) {
 }
 
 /* userns_limits for the user namespace PID is in (a tree CRIU restored: it made the namespace
- * afresh, unbounded), from a child that joins it. */
-int userns_limits_of(pid_t pid, char *err, size_t errlen) {
+ * afresh, unbounded), from a child that joins it. Started, then finished: the caller sets up the
+ * tree's network meanwhile (a child of its own, on the other CPU). */
+int userns_limits_start(pid_t pid, struct limits_child *c, char *err, size_t errlen) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
+  c->pid = -1;
+  c->pipe = -1;
   int ns = open(path, O_RDONLY | O_CLOEXEC);
   if (ns < 0) return fail_errno(err, errlen, "open", path);
   int pipefd[2];
@@ -276,10 +279,21 @@ int userns_limits_of(pid_t pid, char *err, size_t errlen) {
   }
   close(ns);
   close(pipefd[1]);
-  ssize_t n = child < 0 ? -1 : read(pipefd[0], err, errlen - 1);
-  close(pipefd[0]);
-  if (child > 0) while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {}
-  if (child < 0) return fail_errno(err, errlen, "fork", NULL);
+  if (child < 0) {
+    close(pipefd[0]);
+    return fail_errno(err, errlen, "fork", NULL);
+  }
+  c->pid = child;
+  c->pipe = pipefd[0];
+  return 0;
+}
+
+int userns_limits_finish(struct limits_child *c, char *err, size_t errlen) {
+  if (c->pid < 0) return 0;
+  ssize_t n = read(c->pipe, err, errlen - 1);
+  close(c->pipe);
+  while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {}
+  c->pid = -1;
   if (n > 0) {
     err[n] = 0;
     return -1;

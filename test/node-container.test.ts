@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { subnetFor } from '../src/lib/ipv4.js';
 import { TestPostgres } from './helpers/postgres.js';
+import { CODE_INTERPRETER_ONLY } from './helpers/registry.js';
 import { until } from './helpers/wait.js';
 
 // The node image (deploy/Containerfile) run the way deploy/kubernetes/base/daemonset.yaml runs
@@ -183,8 +184,10 @@ beforeAll(async () => {
     dirs.push(d);
     return d;
   };
-  // The base: the Debian image the set-up made, as a podman image.
-  await execa('sh', ['-c', 'tar -C "$1" -c . | podman import -q - "$2"', 'import', join(IMAGES, 'debian'), BASE], { timeout: 300_000 });
+  // The base: the Debian image the set-up made, as a podman image (the node's own system needs
+  // none of what only the code interpreter uses).
+  const leftOut = CODE_INTERPRETER_ONLY.map((p) => `--exclude=${p}`).join(' ');
+  await execa('sh', ['-c', `tar -C "$1" ${leftOut} -c . | podman import -q - "$2"`, 'import', join(IMAGES, 'debian'), BASE], { timeout: 300_000 });
   await podman('build', '-q', '--layers=false', '--network', 'host', ...limits,
     '-v', '/etc/apt/apt.conf.d:/etc/apt/apt.conf.d:ro',
     // CRIU_BUILD=0: Debian testing's CRIU binaries, not a minute of compiling forkpoint's; what

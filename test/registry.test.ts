@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promis
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { layerFile, layerOf, push, pushAll, startRegistry, writeOciIndex, writeOciLayout, type TestRegistry } from './helpers/registry.js';
+import { CODE_INTERPRETER_ONLY, layerFile, layerOf, push, pushAll, startRegistry, writeOciIndex, writeOciLayout, type TestRegistry } from './helpers/registry.js';
 import { startServer, type TestServer } from './helpers/server.js';
 import { pulledDirName } from '../src/engine/registry-pull.js';
 import { openSse } from './helpers/sse.js';
@@ -224,7 +224,7 @@ describe('images from a registry', () => {
   it('pulls forkpoint\'s Debian image pushed to the registry, and runs its tools', async () => {
     const layout = join(work, 'debian-layout');
     await mkdir(layout, { recursive: true });
-    await writeOciLayout(layout, 'stable', [await layerFile(DEBIAN_IMAGE, join(work, 'debian.tar'))], { Env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'] });
+    await writeOciLayout(layout, 'stable', [await layerFile(DEBIAN_IMAGE, join(work, 'debian.tar'), CODE_INTERPRETER_ONLY)], { Env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'] });
     await push(layout, 'stable', `${open.host}/forkpoint/debian:stable`);
     await rm(layout, { recursive: true, force: true });
     // Pulled with its progress told as it goes (what the CLI shows), then the result.

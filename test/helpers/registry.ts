@@ -89,14 +89,18 @@ export async function layerOf(dir: string): Promise<Buffer> {
 }
 
 /** A large layer: an uncompressed tar of a directory, written to a file (never held in memory). */
-export async function layerFile(dir: string, file: string): Promise<{ file: string }> {
+export async function layerFile(dir: string, file: string, exclude: readonly string[] = []): Promise<{ file: string }> {
   // A seed image is hard-linked into the data directories of the servers that run meanwhile: a
   // link made or removed changes a file's ctime, never its bytes, and GNU tar then says "file
   // changed as we read it" and exits 1 (2 is a real failure).
-  const r = await execa('tar', ['-C', dir, '--numeric-owner', '--warning=no-file-changed', '-cf', file, '.'], { reject: false });
+  const r = await execa('tar', ['-C', dir, '--numeric-owner', '--warning=no-file-changed', ...exclude.map((e) => `--exclude=${e}`), '-cf', file, '.'], { reject: false });
   if (r.exitCode !== 0 && r.exitCode !== 1) throw new Error(`tar of ${dir}: ${r.stderr}`);
   return { file };
 }
+
+/** What of the Debian image only the code interpreter uses (its R and JDK, a quarter of the
+ * image's bytes): tests that copy the image around for its own sake leave them out. */
+export const CODE_INTERPRETER_ONLY = ['./usr/lib/jvm', './usr/lib/R', './usr/share/R'] as const;
 
 /**
  * An OCI image layout at `dir` (tag `tag`) of these layers (gzipped tars in memory, or tar files;
