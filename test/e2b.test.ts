@@ -575,6 +575,11 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
       expect([up.status, await up.json()]).toEqual([200, [{ name: 'up.txt', path: '/home/user/up.txt', type: 'file' }]]);
       expect(await sbx.files.read('up.txt')).toBe('file content');
       expect((await sbx.commands.run('stat -c %U up.txt')).stdout).toBe('user\n');
+      // A field past the parser's bound is refused, not written cut short.
+      const big = new FormData();
+      big.append('file', 'x'.repeat((1 << 20) + 1));
+      expect((await fetch(await sbx.uploadUrl('big.txt', { useSignatureExpiration: 60 }), { method: 'POST', body: big })).status).toBe(413);
+      expect(await sbx.files.exists('big.txt')).toBe(false);
       // Expired: envd's own answer.
       const expired = await fetch(await sbx.downloadUrl('hello.txt', { useSignatureExpiration: -10 }));
       expect([expired.status, await expired.json()]).toEqual([401, { code: 401, message: 'signature is already expired' }]);

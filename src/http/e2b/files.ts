@@ -82,6 +82,9 @@ export const envdFileRoutes = (fp: Forkpoint): FastifyPluginAsyncZod =>
             // A form field named `file` is a file too (envd takes it; E2B's docs upload so),
             // written where the query's path says; other fields are not files.
             if (part.type === 'field' && part.fieldname !== 'file') continue;
+            // A field is read whole into memory, up to the parser's bound: past it, refused
+            // rather than written cut short.
+            if (part.type === 'field' && part.valueTruncated) return reply.code(413).send({ code: 413, message: 'a form field named file holds at most 1 MiB: send a larger file as a file part, or as the body' });
             const named = part.type === 'file' ? part.filename : undefined;
             const target = envdFilePath(req, req.query.path) ?? named;
             if (!target) return reply.code(400).send({ code: 400, message: 'path is required for a form field (or give the part a file name)' });
