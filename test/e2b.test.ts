@@ -358,6 +358,20 @@ describe('what E2B\'s own SDK tests found (issue 23)', () => {
       const r = await sbx.commands.run('for t in curl python3 python git pgrep tput ps; do command -v $t >/dev/null && echo $t; done; python -c "print(6*7)"');
       // `python` too: E2B's Python SDK's own tests start `python -m http.server`.
       expect(r.stdout.split('\n').filter(Boolean)).toEqual(['curl', 'python3', 'python', 'git', 'pgrep', 'tput', 'ps', '42']);
+      // pip installs as the user does in E2B's base (no "externally managed" refusal), and a venv
+      // can be made: here from a wheel made on the spot (no index reachable from the tests).
+      const wheel = [
+        'import zipfile, base64, hashlib',
+        'files = {"fp_demo/__init__.py": b"ANSWER = 42\\n", "fp_demo-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\\nName: fp-demo\\nVersion: 0.1\\n", "fp_demo-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\\nGenerator: fp\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}',
+        'rec = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b\'=\').decode()},{len(d)}\\n" for n, d in files.items()) + "fp_demo-0.1.dist-info/RECORD,,\\n"',
+        'z = zipfile.ZipFile("/tmp/fp_demo-0.1-py3-none-any.whl", "w")',
+        '[z.writestr(n, d) for n, d in files.items()]; z.writestr("fp_demo-0.1.dist-info/RECORD", rec); z.close()',
+      ].join('\n');
+      await sbx.files.write('/tmp/mkwheel.py', wheel);
+      const pip = await sbx.commands.run('python /tmp/mkwheel.py && pip install -q --no-index /tmp/fp_demo-0.1-py3-none-any.whl && python -c "import fp_demo; print(fp_demo.ANSWER)"');
+      expect(pip.stdout.trim().split('\n').pop()).toBe('42');
+      const venv = await sbx.commands.run('python -m venv /tmp/v && /tmp/v/bin/pip install -q --no-index /tmp/fp_demo-0.1-py3-none-any.whl && /tmp/v/bin/python -c "import fp_demo, sys; print(fp_demo.ANSWER, sys.prefix)"');
+      expect(venv.stdout.trim()).toBe('42 /tmp/v');
     } finally {
       await sbx.kill();
     }
