@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -10,6 +11,7 @@ import S3rver from 's3rver';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { pulledLayerId } from '../src/engine/registry-pull.js';
 import { ObjectStore } from '../src/store/object-store.js';
 import { ChildServer } from './helpers/child-server.js';
 import { layerOf, push, startRegistry, writeOciLayout } from './helpers/registry.js';
@@ -184,19 +186,22 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
     expect((await a.api('DELETE', `/api/sandboxes/${oc.body.sandboxID}`)).status).toBeLessThan(300);
   });
 
-  it('an image pulled on A serves on B too: B pulls its tree by digest, as its owner, for a create placed there or a fork made there', async () => {
+  it('an image pulled on A serves on B too: B gets its layers, pulled by digest as its owner for a create placed there, from the object store with a durable checkpoint for a fork made there', async () => {
     const registry = await startRegistry();
     try {
       const work = await tmp('forkpoint-cluster-image-');
       await mkdir(join(work, 'marker', 'etc'), { recursive: true });
       await writeFile(join(work, 'marker', 'etc', 'pulled'), 'from the registry\n');
-      await writeOciLayout(join(work, 'layout'), 'v1', [await layerOf('/opt/forkpoint/images/default'), await layerOf(join(work, 'marker'))], {});
+      const blobs = [await layerOf('/opt/forkpoint/images/default'), await layerOf(join(work, 'marker'))];
+      // What each registry layer is named as a layer of forkpoint's, on every node.
+      const layerIds = blobs.map((b) => pulledLayerId(`sha256:${createHash('sha256').update(b).digest('hex')}`));
+      await writeOciLayout(join(work, 'layout'), 'v1', blobs, {});
       const ref = `${registry.host}/team/spread:v1`;
       await push(join(work, 'layout'), 'v1', ref);
       const pulled = await a.api('POST', '/images/pull', { reference: ref });
       expect(pulled.status, JSON.stringify(pulled.body)).toBe(201);
-      const tree = `sha256-${(pulled.body.digest as string).slice(7, 63)}`;
-      expect(await entries(join(dirB, 'images'))).not.toContain(tree);
+      for (const id of layerIds) expect(await entries(join(dirA, 'layers'))).toContain(id);
+      expect(await entries(join(dirB, 'layers'))).not.toContain(layerIds[1]);
       // Made wherever placement puts it, then forked from a durable checkpoint on the other node:
       // B makes one of the two, with no pull of its own asked for.
       const made = await a.api('POST', '/instances', { image: ref });
@@ -211,8 +216,13 @@ describe('a cluster of two nodes sharing PostgreSQL and an object store', () => 
       expect(fork.status, JSON.stringify(fork.body)).toBe(201);
       expect(fork.body.node).toBe(there === a ? 'node-a' : 'node-b');
       expect((await exec(there, fork.body.id, 'cat /etc/pulled')).stdout).toBe('from the registry\n');
-      expect(await entries(join(dirB, 'images'))).toContain(tree);
+      for (const id of layerIds) expect(await entries(join(dirB, 'layers'))).toContain(id);
+      // No tree of the whole image on either node: its layers are all there is of it.
+      for (const dir of [dirA, dirB]) expect((await entries(join(dir, 'images'))).filter((n) => n.startsWith('sha256-'))).toEqual([]);
       for (const id of [fork.body.id, made.body.id]) expect((await a.api('DELETE', `/instances/${id}`)).status).toBe(204);
+      // Deleted, the image lets go of its layers (each node drops its copies as it next collects).
+      expect((await a.api('DELETE', `/images/${encodeURIComponent(ref)}`)).status).toBe(204);
+      for (const id of layerIds) expect(await entries(join(dirA, 'layers'))).not.toContain(id);
     } finally {
       await registry.close();
     }

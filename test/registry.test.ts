@@ -1,12 +1,15 @@
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CODE_INTERPRETER_ONLY, layerFile, layerOf, push, pushAll, startRegistry, writeOciIndex, writeOciLayout, type TestRegistry } from './helpers/registry.js';
 import { startServer, type TestServer } from './helpers/server.js';
-import { pulledDirName } from '../src/engine/registry-pull.js';
+import { pulledDirName, pulledLayerId } from '../src/engine/registry-pull.js';
 import { openSse } from './helpers/sse.js';
+import { imageHolder } from '../src/store/images.js';
 
 /**
  * Images from a real registry (Debian's docker-registry on loopback, started here), pushed to it
@@ -25,6 +28,12 @@ let locked: TestRegistry;
 let work: string;
 let digest: string;
 let ref: string;
+
+/** The layers (newest first) of `owner`'s pulled image, as the store has them. */
+async function layersOf(server: TestServer, reference: string): Promise<string[]> {
+  const owner = (await server.fp.store.tokens.list())[0]!.owner;
+  return (await server.fp.store.images.get(owner, reference))!.layers;
+}
 
 /** Blob fetches the registry served (its access log's GETs of blobs). */
 const blobGets = (r: TestRegistry) => (r.log().match(/"GET \/v2\/[^"]*\/blobs\/sha256:/g) ?? []).length;
@@ -115,6 +124,8 @@ describe('images from a registry', () => {
 
     const built = await s.api('POST', '/images', { name: 'on-pulled', dockerfile: `FROM ${ref}\nRUN echo built > /built\n` });
     expect(built.status, JSON.stringify(built.body)).toBe(201);
+    // Its step's layer over the three it was built FROM, and nothing under them.
+    expect(built.body).toMatchObject({ kind: 'built', base: null, layers: 4 });
     const inst = await s.instance({ image: 'on-pulled' });
     expect((await s.exec(inst.id, { command: 'cat /built /etc/app.conf; echo $FROM_REGISTRY' })).stdout).toBe('built\nv2\nyes\n');
     await s.api('DELETE', `/instances/${inst.id}`);
@@ -219,6 +230,28 @@ describe('images from a registry', () => {
     expect(await readdir(images)).not.toContain(`sha256-${badDigest.slice(7, 63)}`);
     expect(existsSync(join(images, '.oci-cache/blobs/sha256', layerDigest.slice(7)))).toBe(false);
     expect((await readdir(images)).filter((n) => n.startsWith('.pull-'))).toEqual([]);
+    // No layer of it either, whole or half-unpacked.
+    expect(existsSync(join(s.dataDir, 'layers', pulledLayerId(layerDigest)))).toBe(false);
+    expect((await readdir(join(s.dataDir, 'layers'))).filter((n) => n.startsWith('.pull-'))).toEqual([]);
+  });
+
+  it('a layer that does not unpack fails the pull by name, and keeps none of the image\'s layers', async () => {
+    const good = join(work, 'half-good');
+    await mkdir(join(good, 'etc'), { recursive: true });
+    await writeFile(join(good, 'etc/half'), 'unpacked before the bad one\n');
+    const goodLayer = await layerOf(good);
+    const layout = join(work, 'half-layout');
+    await writeOciLayout(layout, 'v1', [goodLayer, gzipSync(Buffer.from('not a tar archive at all'))], {});
+    const halfRef = `${open.host}/team/half:v1`;
+    await push(layout, 'v1', halfRef);
+    const r = await s.api('POST', '/images/pull', { reference: halfRef });
+    expect(r.status, JSON.stringify(r.body)).toBe(503);
+    expect(r.body.error).toMatchObject({ code: 'UNAVAILABLE', details: { reason: 'REGISTRY_FAILED' } });
+    expect(r.body.error.message).toMatch(/layer 1 is refused: not a readable archive/);
+    expect((await s.api('GET', `/images/${encodeURIComponent(halfRef)}`)).status).toBe(404);
+    const first = pulledLayerId(`sha256:${createHash('sha256').update(goodLayer).digest('hex')}`);
+    expect(existsSync(join(s.dataDir, 'layers', first))).toBe(false);
+    expect((await readdir(join(s.dataDir, 'layers'))).filter((n) => n.startsWith('.pull-'))).toEqual([]);
   });
 
   it('pulls forkpoint\'s Debian image pushed to the registry, and runs its tools', async () => {
@@ -242,7 +275,7 @@ describe('images from a registry', () => {
     await s.api('DELETE', `/instances/${inst.id}`);
   }, 180_000);
 
-  it('an image of one layer is that layer\'s tree, unpacked in place: whiteouts in it hide nothing and are not in it', async () => {
+  it('an image of one layer is that layer, unpacked in place: whiteouts in it hide nothing and are overlayfs\'s', async () => {
     const { execa } = await import('execa');
     const tree = join(work, 'one-layer');
     await execa('cp', ['-a', DEFAULT_IMAGE, tree]);
@@ -258,50 +291,82 @@ describe('images from a registry', () => {
     await rm(layout, { recursive: true, force: true });
     const pulled = await s.api('POST', '/images/pull', { reference: oneRef });
     expect(pulled.status, JSON.stringify(pulled.body)).toBe(201);
-    const found = await execa('find', [join(s.dataDir, 'images', pulledDirName(pulled.body.digest)), '-name', '.wh.*']);
+    const [layer] = await layersOf(s, oneRef);
+    const found = await execa('find', [join(s.dataDir, 'layers', layer!), '-name', '.wh.*']);
     expect(found.stdout).toBe('');
+    // No tree of the whole image: the layer is all there is of it.
+    expect(existsSync(join(s.dataDir, 'images', pulledDirName(pulled.body.digest)))).toBe(false);
     const inst = await s.instance({ image: oneRef });
     expect((await s.exec(inst.id, { command: 'cat /opaque/kept; ls -a /etc | grep -c wh; echo $PATH' })).stdout).toBe('kept\n0\n/bin:/sbin:/usr/bin\n');
     await s.api('DELETE', `/instances/${inst.id}`);
     expect((await s.api('DELETE', `/images/${encodeURIComponent(oneRef)}`)).status).toBe(204);
   });
 
-  it('a pulled image\'s tree goes from the disk once nothing stands on it, and a pull brings it back', async () => {
-    const marker = join(work, 'gc-marker');
-    await mkdir(join(marker, 'etc'), { recursive: true });
-    await writeFile(join(marker, 'etc/gc.conf'), 'collected\n');
-    const layout = join(work, 'gc-layout');
-    await writeOciLayout(layout, 'v1', [await layerOf(DEFAULT_IMAGE), await layerOf(marker)], {});
+  it('each registry layer is one layer of forkpoint\'s, unpacked once for every image that has it; they go from the disk once nothing stands on them, and a pull brings them back', async () => {
+    // A root filesystem layer of these two images' own (no other image here has it).
+    const { execa } = await import('execa');
+    const root = join(work, 'gc-root');
+    await execa('cp', ['-a', DEFAULT_IMAGE, root]);
+    await writeFile(join(root, 'etc/gc-root'), 'shared\n');
+    const rootLayer = await layerOf(root);
+    const marker = (name: string) => join(work, `gc-marker-${name}`);
+    const layouts: string[] = [];
+    for (const name of ['one', 'two']) {
+      await mkdir(join(marker(name), 'etc'), { recursive: true });
+      await writeFile(join(marker(name), 'etc/gc.conf'), `collected ${name}\n`);
+      layouts.push(join(work, `gc-layout-${name}`));
+      await writeOciLayout(layouts.at(-1)!, 'v1', [rootLayer, await layerOf(marker(name))], {});
+    }
     const gcRef = `${open.host}/team/gc:v1`;
-    await push(layout, 'v1', gcRef);
+    const twinRef = `${open.host}/team/gc-twin:v1`;
+    await push(layouts[0]!, 'v1', gcRef);
+    await push(layouts[1]!, 'v1', twinRef);
     const pulled = await s.api('POST', '/images/pull', { reference: gcRef });
     expect(pulled.status).toBe(201);
-    const tree = join(s.dataDir, 'images', pulledDirName(pulled.body.digest));
-    expect(existsSync(tree)).toBe(true);
+    const layers = await layersOf(s, gcRef);
+    const dirs = layers.map((id) => join(s.dataDir, 'layers', id));
+    expect(dirs.map((d) => existsSync(d))).toEqual([true, true]);
+    // The twin shares the root filesystem layer: the same directory, not unpacked again.
+    const shared = (await stat(dirs[1]!)).ino;
+    const twin = await s.api('POST', '/images/pull', { reference: twinRef });
+    expect(twin.status).toBe(201);
+    const twinLayers = await layersOf(s, twinRef);
+    expect(twinLayers[1]).toBe(layers[1]);
+    expect(twinLayers[0]).not.toBe(layers[0]);
+    expect((await stat(dirs[1]!)).ino).toBe(shared);
     const inst = await s.instance({ image: gcRef });
+    const other = await s.instance({ image: twinRef });
+    expect((await s.exec(inst.id, { command: 'cat /etc/gc.conf' })).stdout).toBe('collected one\n');
+    expect((await s.exec(other.id, { command: 'cat /etc/gc.conf' })).stdout).toBe('collected two\n');
     expect((await s.api('DELETE', `/images/${encodeURIComponent(gcRef)}`)).status).toBe(409);
-    expect(existsSync(tree)).toBe(true);
     await s.api('DELETE', `/instances/${inst.id}`);
     expect((await s.api('DELETE', `/images/${encodeURIComponent(gcRef)}`)).status).toBe(204);
-    expect(existsSync(tree)).toBe(false);
-    // The registry's blobs are still in the node's cache: the tree comes back with nothing fetched.
+    // Its own layer goes; the shared one stays while the twin stands on it.
+    expect(dirs.map((d) => existsSync(d))).toEqual([false, true]);
+    await s.api('DELETE', `/instances/${other.id}`);
+    expect((await s.api('DELETE', `/images/${encodeURIComponent(twinRef)}`)).status).toBe(204);
+    expect(existsSync(join(s.dataDir, 'layers', twinLayers[0]!))).toBe(false);
+    expect(dirs.map((d) => existsSync(d))).toEqual([false, false]);
+    // The registry's blobs are still in the node's cache: the layers come back with nothing fetched.
     const again = await s.api('POST', '/images/pull', { reference: gcRef });
     expect([again.status, again.body.fetched_bytes]).toEqual([201, 0]);
+    expect(dirs.map((d) => existsSync(d))).toEqual([true, true]);
     const back = await s.instance({ image: gcRef });
-    expect((await s.exec(back.id, { command: 'cat /etc/gc.conf' })).stdout).toBe('collected\n');
+    expect((await s.exec(back.id, { command: 'cat /etc/gc.conf' })).stdout).toBe('collected one\n');
     await s.api('DELETE', `/instances/${back.id}`);
-    expect((await s.api('DELETE', `/images/${encodeURIComponent(gcRef)}`)).status).toBe(204);
-    expect(existsSync(tree)).toBe(false);
-    // A tree whose last user went while no server ran here (its record deleted by another node,
-    // say) goes at the next start.
-    await s.api('POST', '/images/pull', { reference: gcRef });
-    expect(existsSync(tree)).toBe(true);
+    // An image whose last user went while no server ran here (deleted by another node, say):
+    // its layers go at the next start.
     const owner = (await s.fp.store.tokens.list())[0]!.owner;
-    await s.fp.store.images.delete(owner, gcRef);
+    await s.fp.store.transaction(async (tx) => {
+      await tx.layers.dropHolder(imageHolder(owner, gcRef));
+      await tx.images.delete(owner, gcRef);
+    });
+    // A pull the server was killed in holds what it found: let go at the next start too.
+    await s.fp.layers.pullHold().hold([layers[0]!]);
     const dataDir = s.dataDir;
     await s.close({ keepData: true });
     s = await startServer({}, dataDir);
-    expect(existsSync(tree)).toBe(false);
+    expect(dirs.map((d) => existsSync(d))).toEqual([false, false]);
   });
 
   it('bounds the node\'s blob cache (FORKPOINT_IMAGE_CACHE_MB): with none to spare, a deleted image\'s own blobs go, those an image still here shares stay', async () => {

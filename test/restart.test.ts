@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -315,7 +315,10 @@ describe('finding 6: a server restart keeps forks and restored instances', () =>
     const src = (await server.api('POST', '/instances', { name: 'cut' })).body;
     const ck = (await server.api('POST', `/instances/${src.id}/checkpoints?wait=true`, {})).body;
     const pending = server.api('POST', `/instances/${src.id}/fork`, { checkpoint_id: ck.id, count: 4 }).catch(() => undefined);
-    await sleep(40);
+    // Killed as soon as a fork's directory is made (a fixed wait missed the fork on a busy host).
+    const instancesDir = join(dataDir, 'instances');
+    const started = Date.now();
+    while (readdirSync(instancesDir).length < 2 && Date.now() - started < 10_000) await sleep(2);
     const token = server.token;
     await server.stop('SIGKILL');
     await pending;

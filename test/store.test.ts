@@ -264,6 +264,15 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
       expect(await store.layers.takeUnreferenced()).toEqual(['l4']);
       expect((await store.layers.all()).sort()).toEqual(['l1', 'l2']);
       expect((await store.layers.referenced()).sort()).toEqual(['l1', 'l2']);
+      // Holders by prefix (a node's abandoned pulls): LIKE's '_' and '%' are the prefix's own.
+      await store.layers.setRefs('pull:n_1:a', ['l1']);
+      await store.layers.setRefs('pull:n%1:b', ['l1']);
+      await store.layers.setRefs('pull:nx1:c', ['l2']);
+      await store.layers.dropHoldersStartingWith('pull:n_1:');
+      expect((await store.layers.holders('l1')).sort()).toEqual(['instance:a', 'pull:n%1:b']);
+      await store.layers.dropHoldersStartingWith('pull:n%1:');
+      expect(await store.layers.holders('l1')).toEqual(['instance:a']);
+      expect((await store.layers.holders('l2')).sort()).toEqual(['instance:a', 'pull:nx1:c']);
     } finally {
       await store.close();
     }

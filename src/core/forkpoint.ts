@@ -14,6 +14,7 @@ import { EventBus } from './events.js';
 import { ExecutionService } from './executions.js';
 import { FileService, instanceFileHosts } from './files.js';
 import { ImageCatalog } from './images.js';
+import { LayerCollector } from './layers.js';
 import { ImagePulls } from './pulls.js';
 import { RegistryLogins } from './registry-logins.js';
 import { SecretsKey } from './secrets-key.js';
@@ -97,6 +98,8 @@ export class Forkpoint {
   readonly images: SystemImages;
   /** The images an owner can use: system rootfs directories and built ones. */
   readonly catalog: ImageCatalog;
+  /** The one collector of unused layers on this node. */
+  readonly layers: LayerCollector;
   /** Owners' credentials for private registries. */
   readonly registryLogins: RegistryLogins;
   readonly volumes: VolumeService;
@@ -166,7 +169,8 @@ export class Forkpoint {
       (owner, registry) => this.registryLogins.forPull(owner, registry),
       (owner, except) => this.store.images.pulledBytes(owner, except),
     );
-    this.catalog = new ImageCatalog(this.store, this.images, pulls);
+    this.layers = new LayerCollector(this.store, runtime.disk, nodeId);
+    this.catalog = new ImageCatalog(this.store, this.images, pulls, this.layers, (id) => runtime.disk.hasLayer(id));
     this.volumes = new VolumeService(this.store, this.engine, locks, { maxMb: config.maxVolumeMb, ownerMaxMb: config.ownerMaxVolumeMb }, nodeId, log);
     this.secrets = new EgressSecretService(this.store, secretsKey, log);
     this.secretStores = new SecretStoreService(this.store, secretsKey, log);
@@ -288,6 +292,9 @@ export class Forkpoint {
     // Build steps nobody built again for a week: their layers are kept for nothing.
     await this.builds.prune(new Date(Date.now() - BUILD_CACHE_DAYS * 86400_000));
     await this.templates.recover();
+    // Layers pulls held when a server was killed in them, then what nothing holds.
+    await this.layers.releaseAbandonedPulls();
+    await this.layers.collect();
     // Pulled trees whose last user went while this node was down (or on another node).
     const collected = await this.catalog.collectPulled();
     if (collected.length) this.log.info({ trees: collected }, 'removed pulled images nothing stands on any more');

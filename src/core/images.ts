@@ -1,4 +1,5 @@
-import type { PullProgress, SystemImages } from '../seam/runtime.js';
+import { EMPTY_BASE, type PullProgress, type SystemImages } from '../seam/runtime.js';
+import type { LayerCollector } from './layers.js';
 import type { Store } from '../store/index.js';
 import { EMPTY_CONFIG, imageHolder, type BuiltImageRecord, type ImageConfig } from '../store/images.js';
 import { formatReference, looksLikeReference, parseReference } from '../lib/image-reference.js';
@@ -32,12 +33,16 @@ const PULLED_TREE = /^sha256-[0-9a-f]{56}$/;
 
 /** Images an owner can use: the system's rootfs directories (set-up's and imported ones, shared),
  * the owner's own built images (layers on one of those), and the images the owner pulled from
- * registries (each owner's pull asks the registry itself; the bytes are kept once per digest). */
+ * registries (each owner's pull asks the registry itself; each layer is kept once, by digest,
+ * as a layer of forkpoint's that every image which has it shares). */
 export class ImageCatalog {
   constructor(
     private readonly store: Store,
     private readonly dirs: SystemImages,
     private readonly pulls: ImagePulls,
+    private readonly layers: LayerCollector,
+    /** Whether a layer is on this node's disk. */
+    private readonly layerHere: (id: string) => boolean,
   ) {}
 
   /** The image `name` names for `owner`: a built or pulled one of theirs, a system one, or, for a
@@ -48,6 +53,7 @@ export class ImageCatalog {
     const built = await this.store.images.get(owner, key);
     if (built) {
       await this.ensurePulledTree(owner, built.base, signal);
+      await this.ensurePulledLayers(owner, built, signal);
       return { ref: built.name, base: built.base, layers: built.layers, config: built.config, key: built.buildKey };
     }
     if (this.dirs.exists(name)) return { ref: null, base: name, layers: [], config: this.dirs.config(name) ?? EMPTY_CONFIG, key: `image:${name}:${this.dirs.identity(name)}` };
@@ -65,18 +71,62 @@ export class ImageCatalog {
     while (this.collecting) await this.collecting.catch(() => {});
     this.pullsUnderWay++;
     try {
-      const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal, onProgress);
-      await this.store.transaction(async (tx) => {
-        await tx.images.put({ owner, name, base: pulled.base, layers: [], config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString(), pulledBytes: pulled.bytes });
-        await tx.layers.setRefs(imageHolder(owner, name), []);
-      });
-      return { image: await this.get(owner, name), fetchedBytes: pulled.fetchedBytes, digest: pulled.digest };
+      const hold = this.layers.pullHold();
+      let recorded = false;
+      try {
+        const { name, pulled } = await this.pulls.pull(owner, reference, credentials, signal, hold.hold, onProgress);
+        await this.store.transaction(async (tx) => {
+          await tx.images.put({ owner, name, base: pulled.base, layers: pulled.layerIds, config: pulled.config, buildKey: `${PULLED_KEY}${pulled.digest}`, createdAt: new Date().toISOString(), pulledBytes: pulled.bytes });
+          await tx.layers.setRefs(imageHolder(owner, name), pulled.layerIds);
+        });
+        recorded = true;
+        return { image: await this.get(owner, name), fetchedBytes: pulled.fetchedBytes, digest: pulled.digest };
+      } finally {
+        await hold.release();
+        // A failed pull keeps none of the layers it placed (unless something else holds them).
+        if (!recorded) await this.layers.collect().catch(() => {});
+      }
     } finally {
       this.pullsUnderWay--;
     }
   }
 
+  /**
+   * The layers of an image pulled layer by layer, unpacked here again where this node lacks
+   * them (pulled on another node): the owner's pulled images whose layers the image stands on are
+   * pulled again by digest, as their owner. A built image's own layers are not the registry's
+   * to give: they are on the node that built it (and in the object store with a durable
+   * checkpoint of an instance on it).
+   */
+  private async ensurePulledLayers(owner: string, image: { base: string; layers: string[] }, signal: AbortSignal): Promise<void> {
+    if (image.base !== EMPTY_BASE || image.layers.every(this.layerHere)) return;
+    const stood = new Set(image.layers);
+    for (const rec of await this.store.images.list(owner)) {
+      if (!rec.buildKey.startsWith(PULLED_KEY) || rec.base !== EMPTY_BASE || rec.layers.every(this.layerHere) || !rec.layers.every((l) => stood.has(l))) continue;
+      const reference = formatReference(parseReference(rec.name), { digest: rec.buildKey.slice(PULLED_KEY.length) });
+      await this.pullAgain(owner, reference, signal);
+    }
+  }
+
+  /** A pull by digest of an image the owner has: for this node's disk, recording nothing new. */
+  private async pullAgain(owner: string, reference: string, signal: AbortSignal): Promise<void> {
+    while (this.collecting) await this.collecting.catch(() => {});
+    this.pullsUnderWay++;
+    const hold = this.layers.pullHold();
+    try {
+      await this.pulls.pull(owner, reference, undefined, signal, hold.hold);
+    } finally {
+      await hold.release();
+      this.pullsUnderWay--;
+    }
+  }
+
   private pullsUnderWay = 0;
+
+  /** Deletes layers nothing stands on any more, in turn with pulls' holds. */
+  collectLayers(): Promise<void> {
+    return this.layers.collect();
+  }
 
   /**
    * The tree of an image `owner` pulled, made here again when this node lacks it (it was pulled
@@ -89,28 +139,25 @@ export class ImageCatalog {
     if (!PULLED_TREE.test(base) || this.dirs.present(base)) return;
     const rec = (await this.store.images.list(owner)).find((i) => i.buildKey.startsWith(PULLED_KEY) && i.base === base);
     if (!rec) return;
-    const reference = formatReference(parseReference(rec.name), { digest: rec.buildKey.slice(PULLED_KEY.length) });
-    while (this.collecting) await this.collecting.catch(() => {});
-    this.pullsUnderWay++;
-    try {
-      await this.pulls.pull(owner, reference, undefined, signal);
-    } finally {
-      this.pullsUnderWay--;
-    }
+    await this.pullAgain(owner, formatReference(parseReference(rec.name), { digest: rec.buildKey.slice(PULLED_KEY.length) }), signal);
   }
   private collecting: Promise<string[]> | undefined;
 
   /**
-   * Removes the pulled trees on this node nothing stands on any more: no owner's image (pulled,
-   * or built FROM it), no instance, no checkpoint. Not while a pull runs here (its tree is not
-   * recorded yet); pulls wait for it. Answers what went.
+   * Removes what pulled images nothing stands on any more keep on this node: the trees of those
+   * pulled whole (by an older forkpoint) that no owner's image, instance or checkpoint stands on,
+   * and the configurations of those pulled layer by layer that no owner has (their layers go
+   * with the other layers, when nothing holds them). Not while a pull runs here (its image is
+   * not recorded yet); pulls wait for it. Answers what went.
    */
   async collectPulled(): Promise<string[]> {
     if (this.pullsUnderWay > 0 || this.collecting) return [];
     const run = (async () => {
       const removed: string[] = [];
       for (const tree of await this.dirs.pulled()) {
-        const used = (await this.store.images.anyOnBase(tree)) || (await this.store.instances.countOnImage(null, tree)) > 0 || (await this.store.checkpoints.anyOnImage(tree));
+        const used =
+          (await this.store.images.anyPulledAs(`${PULLED_KEY}sha256:${tree.slice('sha256-'.length)}`)) ||
+          (await this.store.images.anyOnBase(tree)) || (await this.store.instances.countOnImage(null, tree)) > 0 || (await this.store.checkpoints.anyOnImage(tree));
         if (used) continue;
         await this.dirs.removePulled(tree);
         removed.push(tree);
@@ -187,4 +234,4 @@ const PULL_DEADLINE_MS = 15 * 60_000;
 const builtView = (b: BuiltImageRecord): ImageView =>
   b.buildKey.startsWith(PULLED_KEY)
     ? { name: b.name, kind: 'pulled', base: b.buildKey.slice(PULLED_KEY.length), layers: b.layers.length, config: b.config, createdAt: b.createdAt }
-    : { name: b.name, kind: 'built', base: b.base, layers: b.layers.length, config: b.config, createdAt: b.createdAt };
+    : { name: b.name, kind: 'built', base: b.base === EMPTY_BASE ? null : b.base, layers: b.layers.length, config: b.config, createdAt: b.createdAt };

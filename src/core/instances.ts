@@ -668,12 +668,9 @@ export class InstanceService {
     await this.engine.network.release(id, address).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not remove an instance\'s firewall rules'));
   }
 
-  /** Deletes layers nothing stands on any more; also this node's copies of layers another node
-   * collected (a shared store has one row per layer, and any node may take it). */
-  async collectLayers(): Promise<void> {
-    for (const layer of await this.store.layers.takeUnreferenced()) await this.engine.disk.removeLayer(layer);
-    const known = new Set(await this.store.layers.all());
-    for (const layer of await this.engine.disk.localLayers()) if (!known.has(layer)) await this.engine.disk.removeLayer(layer);
+  /** Deletes layers nothing stands on any more (the node's one collector: core/layers.ts). */
+  collectLayers(): Promise<void> {
+    return this.images.collectLayers();
   }
 
   /** The live sandbox of the instance, if it runs (SandboxAccess is how services reach it). */

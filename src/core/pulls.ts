@@ -72,7 +72,7 @@ export class ImagePulls {
     private readonly pulledBytes: PulledBytes = async () => 0,
   ) {}
 
-  async pull(owner: string, text: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal, onProgress?: (p: PullProgress) => void): Promise<{ name: string; pulled: PulledImage }> {
+  async pull(owner: string, text: string, credentials: { username: string; password: string } | undefined, signal: AbortSignal, holdLayers: (layerIds: string[]) => Promise<void>, onProgress?: (p: PullProgress) => void): Promise<{ name: string; pulled: PulledImage }> {
     const image = checkedReference(text);
     const now = this.running.get(owner) ?? 0;
     if (now >= PULLS_PER_OWNER) throw new QuotaExceededError(`${now} pulls of yours are running on this node; wait for one to end`, { reason: 'PULLS_PER_OWNER', limit: PULLS_PER_OWNER });
@@ -85,7 +85,7 @@ export class ImagePulls {
       const left = Math.max(0, this.settings.ownerMaxPulledBytes - (await this.pulledBytes(owner, name)));
       const maxBytes = Math.min(this.settings.maxPullBytes, left);
       try {
-        const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials: creds, maxBytes, onProgress }, signal);
+        const pulled = await this.puller.pull({ image, plainHttp: plainHttpAllowed(image, this.settings.insecureRegistries), credentials: creds, maxBytes, onProgress, holdLayers }, signal);
         return { name, pulled };
       } catch (err) {
         if (err instanceof PullError && err.reason === 'TOO_LARGE' && left < this.settings.maxPullBytes) {

@@ -30,6 +30,7 @@ import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
 import type { Connections } from './criu-worker.js';
 import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec, SandboxUsage, VolumeMount } from '../seam/runtime.js';
+import { EMPTY_BASE } from '../seam/runtime.js';
 
 import { Network, type SandboxNetwork } from './network/index.js';
 
@@ -109,7 +110,7 @@ export class Engine implements SandboxRuntime {
     this.disk = new Disk(this.layout, this.limitedDisks, opts.agentPath);
     this.criu = new Criu(opts.criuPath, opts.criuCacheDir);
     this.mounter = new Mounter(opts.agentPath);
-    this.puller = new RegistryPuller(this.images, this.mounter, join(this.layout.images, '.oci-cache'));
+    this.puller = new RegistryPuller(this.images, this.layout.layers, join(this.layout.images, '.oci-cache'));
     this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, upstreamCa: opts.network.upstreamCa, log: opts.logger, spoolDir: this.layout.spill });
   }
 
@@ -231,8 +232,9 @@ export class Engine implements SandboxRuntime {
   /** Squashes layers (newest first), and the image under them unless `image` is null, into
    * one new full-root layer (squash.ts). */
   async squash(layers: string[], image: string | null, into: string): Promise<void> {
-    if (image) await this.images.materialize(image);
-    await squashLayers({ layout: this.layout, mounter: this.mounter, agentPath: this.opts.agentPath }, layers, image, into);
+    const under = image === EMPTY_BASE ? null : image;
+    if (under) await this.images.materialize(under);
+    await squashLayers({ layout: this.layout, mounter: this.mounter, agentPath: this.opts.agentPath }, layers, under, into);
   }
 
   private overlay(spec: SandboxSpec, withTarget: boolean): string[] {
@@ -1062,6 +1064,6 @@ export class Engine implements SandboxRuntime {
 }
 
 /** Whether the image is a lower of the disk: not when a full-root layer (a squash's) stands in for it. */
-function mountsImage(spec: Pick<SandboxSpec, 'layers' | 'baseLayer'>): boolean {
-  return !(spec.baseLayer && spec.layers.length);
+function mountsImage(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image'>): boolean {
+  return !((spec.baseLayer || spec.image === EMPTY_BASE) && spec.layers.length);
 }

@@ -79,6 +79,11 @@ export async function ociImageFiles(root: string, manifestDigest: string): Promi
   return { layers: await Promise.all(m.layers.map((l) => blob(root, l.digest))), config: await blob(root, m.config.digest) };
 }
 
+/** An image's configuration file (OCI's, or Docker's) as forkpoint keeps it. */
+export async function readImageConfig(file: string): Promise<ImageConfig> {
+  return configOf(await readFile(file, 'utf8'));
+}
+
 function configOf(text: string): ImageConfig {
   const c = ImageConfigFile.parse(JSON.parse(text)).config ?? {};
   const env: Record<string, string> = {};
@@ -128,8 +133,16 @@ async function overlayWhiteouts(dir: string): Promise<void> {
     const parent = path.slice(0, slash);
     const name = path.slice(slash + 1);
     await rm(path, { recursive: true, force: true });
-    if (name === '.wh..wh..opq') opaque.push(parent);
-    else await execa('mknod', [join(parent, name.slice('.wh.'.length)), 'c', '0', '0']);
+    if (name === '.wh..wh..opq') {
+      opaque.push(parent);
+      continue;
+    }
+    // A layer may remove a name and make it again (OCI: a whiteout hides only what is under
+    // it): a file made again hides the lower one by itself, a directory must not merge with it.
+    const hidden = join(parent, name.slice('.wh.'.length));
+    const again = await lstat(hidden).catch(() => undefined);
+    if (again?.isDirectory()) opaque.push(hidden);
+    else if (!again) await execa('mknod', [hidden, 'c', '0', '0']);
   }
   if (opaque.length) {
     await execa('python3', ['-c', "import os,sys\nfor p in sys.argv[1:]: os.setxattr(p, 'trusted.overlay.opaque', b'y', follow_symlinks=False)", ...opaque]);
@@ -181,6 +194,28 @@ export async function importImageArchive(images: Images, mounter: Mounter, name:
     throw err instanceof EngineError ? err : fail(`not an image archive: ${(err as Error).message}`, err);
   } finally {
     await rm(work, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Makes one layer of forkpoint's, at `dest`, of an image's layer tarball (plain or compressed):
+ * bounded, unpacked with its owners' numeric ids as they are (canonical), its whiteouts made
+ * overlayfs's. Unpacked in `staging` (on dest's filesystem) and renamed into place, so `dest` is
+ * whole or absent; if another pull placed it meanwhile, that one stays.
+ */
+export async function unpackLayerInto(layer: string, dest: string, staging: string, what: string): Promise<void> {
+  await rm(staging, { recursive: true, force: true });
+  await mkdir(staging, { recursive: true });
+  try {
+    await bounded(layer, what);
+    const x = await execa('tar', ['-xf', layer, '-C', staging, '--numeric-owner'], { reject: false });
+    if (x.exitCode !== 0) throw fail(`${what}: tar: ${x.stderr.trim()}`);
+    await overlayWhiteouts(staging);
+    await rename(staging, dest).catch(async (err: NodeJS.ErrnoException) => {
+      if (!(await lstat(dest).catch(() => undefined))?.isDirectory()) throw err;
+    });
+  } finally {
+    await rm(staging, { recursive: true, force: true });
   }
 }
 

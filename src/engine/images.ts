@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { execa } from 'execa';
 
 import { EngineError } from '../seam/errors.js';
-import { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type SystemImages } from '../seam/runtime.js';
+import { EMPTY_BASE, EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig, type SystemImages } from '../seam/runtime.js';
 
 export { EMPTY_IMAGE_CONFIG, IMAGE_NAME, type ImageConfig } from '../seam/runtime.js';
 
@@ -49,6 +49,7 @@ export class Images implements SystemImages {
   }
 
   present(name: string): boolean {
+    if (name === EMPTY_BASE) return true;
     return IMAGE_NAME.test(name) && (existsSync(this.path(name)) || this.unlinkedSeed(name) !== undefined);
   }
 
@@ -71,6 +72,10 @@ export class Images implements SystemImages {
    * set-up's not linked yet (hard links where the filesystems allow, a copy where not). Two
    * callers at once share one linking. */
   async materialize(name: string): Promise<void> {
+    if (name === EMPTY_BASE) {
+      await mkdir(this.path(name), { recursive: true, mode: 0o755 });
+      return;
+    }
     const seed = this.unlinkedSeed(name);
     if (!seed) return;
     let p = this.linking.get(name);
@@ -169,17 +174,21 @@ export class Images implements SystemImages {
     );
   }
 
+  /** Pulled images here: a tree (pulled whole, by an older forkpoint) or, for one pulled layer
+   * by layer, the configuration kept by its digest. */
   async pulled(): Promise<string[]> {
-    if (!existsSync(this.dir)) return [];
-    return (await readdir(this.dir)).filter((n) => PULLED.test(n));
+    const names = async (dir: string, suffix: string) =>
+      existsSync(dir) ? (await readdir(dir)).filter((n) => n.endsWith(suffix)).map((n) => n.slice(0, n.length - suffix.length)).filter((n) => PULLED.test(n)) : [];
+    return [...new Set([...(await names(this.dir, '')), ...(await names(join(this.dir, '.config'), '.json'))])].sort();
   }
 
   /** Out of sight at once (renamed into the images' own trash, one filesystem), deleted behind. */
   async removePulled(name: string): Promise<void> {
-    if (!PULLED.test(name) || !existsSync(this.path(name))) return;
+    if (!PULLED.test(name)) return;
+    await rm(this.configFile(name), { force: true });
+    if (!existsSync(this.path(name))) return;
     const trash = join(this.dir, `.trash-${name}-${Date.now()}`);
     await rename(this.path(name), trash);
-    await rm(this.configFile(name), { force: true });
     void rm(trash, { recursive: true, force: true }).catch(() => {});
   }
 }

@@ -6,10 +6,10 @@ import { join } from 'node:path';
 import { execa } from 'execa';
 import { z } from 'zod';
 import { PullError } from '../seam/errors.js';
-import type { ImagePuller, PulledImage, PullRequest, RegistryImage } from '../seam/runtime.js';
-import { ociImageFiles, unpackLayers } from './image-archive.js';
-import { EMPTY_IMAGE_CONFIG, type Images } from './images.js';
-import type { Mounter } from './overlay.js';
+import type { ImageConfig, ImagePuller, PulledImage, PullRequest, RegistryImage } from '../seam/runtime.js';
+import { EMPTY_BASE } from '../seam/runtime.js';
+import { ociImageFiles, readImageConfig, unpackLayerInto } from './image-archive.js';
+import type { Images } from './images.js';
 
 /** The platform asked of a multi-platform image: this host's. */
 const PLATFORM = { os: 'linux', architecture: arch() === 'x64' ? 'amd64' : arch() === 'arm64' ? 'arm64' : arch() };
@@ -40,6 +40,18 @@ const CacheIndex = z.object({ manifests: z.array(z.object({ digest: z.string(), 
 /** The directory name of a pulled image: its digest (hidden from the system images' list). */
 export const pulledDirName = (digest: string) => `sha256-${digest.slice('sha256:'.length, 'sha256:'.length + 56)}`;
 
+const BASE36 = '0123456789abcdefghijklmnopqrstuvwxyz';
+
+/** The layer of forkpoint's a registry layer becomes: named by the layer's digest (a name of
+ * forkpoint's layer ids' shape), so that a layer two images share is unpacked once and shared.
+ * The version is of the unpacking: a change to what a layer becomes on disk names new layers. */
+export function pulledLayerId(blobDigest: string): string {
+  const h = createHash('sha256').update(`forkpoint registry layer v1\0${blobDigest}`).digest();
+  let id = '';
+  for (let i = 0; i < 16; i++) id += BASE36[h[i]! % 36];
+  return `lyr_${id}`;
+}
+
 /** skopeo's words for why it failed, as a named reason. */
 function failureOf(stderr: string): PullError {
   const line = stderr.trim().split('\n').filter(Boolean).pop() ?? 'skopeo failed';
@@ -54,22 +66,41 @@ function failureOf(stderr: string): PullError {
 
 /**
  * Pulls with skopeo (containers/image: the registry protocol, its auth, and the digest of every
- * blob checked as it arrives) into one OCI layout that is the node's blob cache, so a layer is
- * fetched once whatever image names it; then unpacks the image into a system image directory
- * named by its digest, once. The reference goes to skopeo whole and checked (lib/image-reference),
- * credentials in a file of mode 0600 that is removed after, never on a command line.
+ * blob checked as it arrives) into one OCI layout that is the node's blob cache, so a blob is
+ * fetched once whatever image names it; then unpacks each of the image's layers into a layer of
+ * forkpoint's named by the layer's digest, once for every image that has it. The image's
+ * configuration is kept by the image's digest. The reference goes to skopeo whole and checked
+ * (lib/image-reference), credentials in a file of mode 0600 that is removed after, never on a
+ * command line.
  */
 export class RegistryPuller implements ImagePuller {
-  private readonly inFlight = new Map<string, Promise<PulledImage>>();
+  private readonly inFlight = new Map<string, Promise<{ config: ImageConfig; fetchedBytes: number }>>();
   /** One copy into the cache at a time: skopeo rewrites the layout's index. */
   private copying: Promise<unknown> = Promise.resolve();
 
   constructor(
     private readonly images: Images,
-    private readonly mounter: Mounter,
+    /** Where forkpoint's layers are (DataLayout.layers). */
+    private readonly layersDir: string,
     private readonly cacheDir: string,
     private readonly skopeo = 'skopeo',
   ) {}
+
+  /** Layers being unpacked: two images that share one, pulled at once, unpack it once. */
+  private readonly unpacking = new Map<string, Promise<void>>();
+
+  private async unpackOnce(id: string, file: string, what: string): Promise<void> {
+    let running = this.unpacking.get(id);
+    if (!running) {
+      running = unpackLayerInto(file, join(this.layersDir, id), join(this.layersDir, `.pull-${id}-${process.pid}`), what).finally(() => this.unpacking.delete(id));
+      this.unpacking.set(id, running);
+    }
+    await running;
+  }
+
+  private layerHere(id: string): boolean {
+    return existsSync(join(this.layersDir, id));
+  }
 
   async pull(req: PullRequest, signal: AbortSignal): Promise<PulledImage> {
     const auth = await this.authFile(req);
@@ -78,22 +109,35 @@ export class RegistryPuller implements ImagePuller {
       const common = ['--insecure-policy', '--command-timeout', COMMAND_TIMEOUT];
       say('resolve', `asking ${req.image.registry} for ${req.image.repository}${req.image.digest ? `@${req.image.digest}` : `:${req.image.tag ?? 'latest'}`}`);
       const { digest, manifest } = await this.resolve(req, auth, common, signal);
-      const base = pulledDirName(digest);
+      const name = pulledDirName(digest);
+      const ids = manifest.layers.map((l) => pulledLayerId(l.digest));
       const weight = manifest.config.size + manifest.layers.reduce((n, l) => n + l.size, 0);
       say('resolve', `${digest} for ${PLATFORM.os}/${PLATFORM.architecture}: ${manifest.layers.length} layers, ${weight} bytes`);
-      if (existsSync(this.images.path(base))) {
+      // A layer an image has twice counts once, where it is newest: the older one's files are all
+      // under the newer one's, and it hides nothing that is not under both.
+      const layerIds = [...new Set([...ids].reverse())];
+      const pulled = (config: ImageConfig, fetchedBytes: number): PulledImage => ({ digest, base: EMPTY_BASE, config, layerIds, layers: ids.length, bytes: weight, fetchedBytes });
+      const here = () => {
+        const config = this.images.config(name);
+        return config && ids.every((id) => this.layerHere(id)) ? config : undefined;
+      };
+      if (!here() && weight > req.maxBytes) throw new PullError('TOO_LARGE', `the image's layers weigh ${weight} bytes, more than the ${req.maxBytes} a pull may fetch`);
+      // Held before the disk is looked at: a layer found here stays here.
+      await req.holdLayers(layerIds);
+      const config = here();
+      if (config) {
         say('unpack', 'already here: nothing to fetch');
-        return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, bytes: weight, fetchedBytes: 0 };
+        return pulled(config, 0);
       }
-      if (weight > req.maxBytes) throw new PullError('TOO_LARGE', `the image's layers weigh ${weight} bytes, more than the ${req.maxBytes} a pull may fetch`);
       // Two owners pulling one image at once: one fetch and unpack, both wait for it (each has
       // already been let in by the registry above).
       let running = this.inFlight.get(digest);
       if (!running) {
-        running = this.fetchAndUnpack(req, auth, common, digest, manifest, base, signal).finally(() => this.inFlight.delete(digest));
+        running = this.fetchAndUnpack(req, auth, common, digest, manifest, name, ids, signal).finally(() => this.inFlight.delete(digest));
         this.inFlight.set(digest, running);
       }
-      return await running;
+      const done = await running;
+      return pulled(done.config, done.fetchedBytes);
     } finally {
       if (auth) await rm(auth.dir, { recursive: true, force: true });
     }
@@ -157,37 +201,39 @@ export class RegistryPuller implements ImagePuller {
     return { digest, manifest: manifest.data };
   }
 
-  private async fetchAndUnpack(req: PullRequest, auth: { file: string } | undefined, common: string[], digest: string, manifest: z.infer<typeof Manifest>, base: string, signal: AbortSignal): Promise<PulledImage> {
+  private async fetchAndUnpack(req: PullRequest, auth: { file: string } | undefined, common: string[], digest: string, manifest: z.infer<typeof Manifest>, name: string, ids: string[], signal: AbortSignal): Promise<{ config: ImageConfig; fetchedBytes: number }> {
     await mkdir(this.cacheDir, { recursive: true });
     const present = (d: string) => existsSync(join(this.cacheDir, 'blobs', 'sha256', d.slice(7)));
     const missing = [manifest.config, ...manifest.layers].reduce((n, b) => n + (present(b.digest) ? 0 : b.size), 0);
     req.onProgress?.({ stage: 'fetch', message: `${missing} bytes to fetch` });
     const copy = async () =>
       this.run([...common, 'copy', `--src-tls-verify=${!req.plainHttp}`, ...(auth ? ['--src-authfile', auth.file] : []),
-        this.source(req.image, digest), `oci:${this.cacheDir}:${base}`], signal, (line) => req.onProgress?.({ stage: 'fetch', message: line }));
+        this.source(req.image, digest), `oci:${this.cacheDir}:${name}`], signal, (line) => req.onProgress?.({ stage: 'fetch', message: line }));
     const queued = this.copying.then(copy, copy);
     this.copying = queued.catch(() => {});
     await queued;
-    const work = join(this.images.path(''), `.pull-${base}-${process.pid}`);
-    await rm(work, { recursive: true, force: true });
-    await mkdir(work, { recursive: true });
     try {
       // Found by the name the copy gave it: a Docker manifest is stored converted to OCI's, under
       // another digest.
-      const stored = await this.storedManifest(base);
+      const stored = await this.storedManifest(name);
       // Used now: the cache keeps what was used last (trimCache).
       const now = new Date();
       await utimes(this.blob(stored), now, now).catch(() => {});
       const files = await ociImageFiles(this.cacheDir, stored);
-      req.onProgress?.({ stage: 'unpack', message: `unpacking ${files.layers.length} layers` });
-      await unpackLayers(this.images, this.mounter, base, files, work);
+      if (files.layers.length !== ids.length) throw new PullError('FAILED', `the cached image has ${files.layers.length} layers, the registry's manifest ${ids.length}`);
+      const todo = ids.flatMap((id, i) => (this.layerHere(id) ? [] : [{ id, i }]));
+      req.onProgress?.({ stage: 'unpack', message: `unpacking ${todo.length} of ${ids.length} layers (the others are here)` });
+      for (const { id, i } of todo) {
+        signal.throwIfAborted();
+        await this.unpackOnce(id, files.layers[i]!, `layer ${i}`);
+      }
+      const config = await readImageConfig(files.config);
+      await this.images.setConfig(name, config);
+      return { config, fetchedBytes: missing };
     } catch (err) {
-      await rm(this.images.path(base), { recursive: true, force: true });
+      // Layers placed whole stay (held, they are collected when nothing holds them).
       throw err instanceof PullError ? err : new PullError('FAILED', `unpacking the image: ${(err as Error).message}`, { cause: err });
-    } finally {
-      await rm(work, { recursive: true, force: true });
     }
-    return { digest, base, config: this.images.config(base) ?? EMPTY_IMAGE_CONFIG, layers: manifest.layers.length, bytes: manifest.config.size + manifest.layers.reduce((n, l) => n + l.size, 0), fetchedBytes: missing };
   }
 
   trimCache(keep: readonly string[], budgetBytes: number): Promise<{ removedBytes: number }> {
@@ -254,12 +300,15 @@ export class RegistryPuller implements ImagePuller {
     return entry.digest;
   }
 
-  /** What a pull left when the server died in it: a credentials file, a half-unpacked tree. */
+  /** What a pull left when the server died in it: a credentials file, a half-unpacked tree or
+   * layer. */
   async sweep(): Promise<void> {
     const dir = this.images.path('');
-    if (!existsSync(dir)) return;
-    for (const name of await readdir(dir)) {
+    for (const name of existsSync(dir) ? await readdir(dir) : []) {
       if (name.startsWith('.auth-') || name.startsWith('.pull-') || name.startsWith('.trash-')) await rm(join(dir, name), { recursive: true, force: true });
+    }
+    for (const name of existsSync(this.layersDir) ? await readdir(this.layersDir) : []) {
+      if (name.startsWith('.pull-')) await rm(join(this.layersDir, name), { recursive: true, force: true });
     }
   }
 }

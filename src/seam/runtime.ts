@@ -110,6 +110,10 @@ export const EMPTY_IMAGE_CONFIG: ImageConfig = { env: {}, workdir: null, user: n
 /** What an image may be called. */
 export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 
+/** The image under layers that are a whole root themselves (an image pulled layer by layer): an
+ * empty tree, on every node, that no image name can clash with (IMAGE_NAME refuses the dot). */
+export const EMPTY_BASE = '.empty';
+
 /** The host's system images: rootfs directories set-up made or an operator imported. */
 export interface SystemImages {
   /** A system image: set-up's or an operator's (what owners may name). */
@@ -122,9 +126,10 @@ export interface SystemImages {
   createdAt(name: string): string;
   config(name: string): ImageConfig | undefined;
   list(): Promise<{ name: string; createdAt: string }[]>;
-  /** The trees of images pulled from registries on this node (by digest). */
+  /** The images pulled from registries on this node (by digest): their trees (pulled whole,
+   * before layers were kept one by one) and the configurations of those pulled layer by layer. */
   pulled(): Promise<string[]>;
-  /** Removes a pulled tree nothing stands on any more (the core decides that). */
+  /** Removes what a pulled image nothing stands on any more keeps here (the core decides that). */
   removePulled(name: string): Promise<void>;
   /** Links a set-up image into the data directory if it is not there yet (a sandbox mounts it
    * from there); nothing for any other image. */
@@ -148,6 +153,9 @@ export interface PullRequest {
   maxBytes: number;
   /** Told each step as it happens (for a client watching the pull). */
   onProgress?: ((p: PullProgress) => void) | undefined;
+  /** Holds the image's layers (by id, oldest first) before the puller looks for them on the disk
+   * or places them there: from then on no collection of unused layers takes them. */
+  holdLayers: (layerIds: string[]) => Promise<void>;
 }
 
 export interface PullProgress {
@@ -158,9 +166,12 @@ export interface PullProgress {
 export interface PulledImage {
   /** The manifest's digest for this host's platform: the image's identity. */
   digest: string;
-  /** The system image directory it is unpacked in (hidden from the system images' list). */
+  /** What its layers stand on: EMPTY_BASE (each registry layer is a layer of forkpoint's). */
   base: string;
   config: ImageConfig;
+  /** Its layers as forkpoint's (canonical ids, overlayfs whiteouts), newest first: one per
+   * registry layer, named by that layer's digest, so images that share a layer share it here. */
+  layerIds: string[];
   layers: number;
   /** What the image weighs as a registry serves it (its layers and configuration). */
   bytes: number;

@@ -72,6 +72,13 @@ export class ImageStore {
     return (await this.db.selectFrom('images').select('name').where('base', '=', base).limit(1).executeTakeFirst()) !== undefined;
   }
 
+  /** Whether any owner has an image pulled at a digest starting `buildKeyPrefix` (letters,
+   * digits and colons only: nothing LIKE would read as a pattern). */
+  async anyPulledAs(buildKeyPrefix: string): Promise<boolean> {
+    if (!/^[a-z0-9:]+$/.test(buildKeyPrefix)) return false;
+    return (await this.db.selectFrom('images').select('name').where('build_key', 'like', `${buildKeyPrefix}%`).limit(1).executeTakeFirst()) !== undefined;
+  }
+
   async delete(owner: string, name: string): Promise<void> {
     await this.db.deleteFrom('images').where('owner', '=', owner).where('name', '=', name).execute();
   }

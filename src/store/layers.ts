@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { atomically, type Db } from './db.js';
 
 /** Reference counts of frozen layers. A holder is `instance:<id>` or `checkpoint:<id>`; a layer
@@ -48,6 +49,12 @@ export class LayerStore {
 
   async dropHolder(holder: string): Promise<void> {
     await this.db.deleteFrom('layer_refs').where('holder', '=', holder).execute();
+  }
+
+  /** Drops every holder whose name starts with `prefix` (a node's abandoned pulls). */
+  async dropHoldersStartingWith(prefix: string): Promise<void> {
+    const escaped = prefix.replace(/[\\%_]/g, (c) => `\\${c}`);
+    await this.db.deleteFrom('layer_refs').where(sql<boolean>`holder like ${`${escaped}%`} escape '\\'`).execute();
   }
 
   async holders(layerId: string): Promise<string[]> {

@@ -3,7 +3,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Images } from '../../src/engine/images.js';
-import { Mounter } from '../../src/engine/overlay.js';
 import { RegistryPuller } from '../../src/engine/registry-pull.js';
 import { PullError } from '../../src/seam/index.js';
 
@@ -31,8 +30,8 @@ const d = (c: string) => `sha256:${c.repeat(64)}`;
 async function pullAnswering(manifest: string): Promise<unknown> {
   await writeFile(answer, manifest);
   await rm(join(dir, 'calls'), { force: true });
-  const puller = new RegistryPuller(new Images(join(dir, 'images')), new Mounter('/nonexistent'), join(dir, 'images/.oci-cache'), skopeo());
-  return puller.pull({ image: { registry: '127.0.0.1:5000', repository: 'evil/app', tag: 'v1', digest: undefined }, plainHttp: true, maxBytes: 1 << 30 }, new AbortController().signal).catch((e: unknown) => e);
+  const puller = new RegistryPuller(new Images(join(dir, 'images')), join(dir, 'layers'), join(dir, 'images/.oci-cache'), skopeo());
+  return puller.pull({ image: { registry: '127.0.0.1:5000', repository: 'evil/app', tag: 'v1', digest: undefined }, plainHttp: true, maxBytes: 1 << 30, holdLayers: async () => {} }, new AbortController().signal).catch((e: unknown) => e);
 }
 
 describe('a hostile registry\'s manifest', () => {

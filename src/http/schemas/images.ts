@@ -25,7 +25,7 @@ export const Image = z
   .object({
     name: z.string(),
     kind: z.enum(['system', 'built', 'pulled']).describe('`system`: a rootfs every owner shares (set-up\'s, imported on the host); `built`: yours, layers on a system image; `pulled`: yours, from a registry'),
-    base: z.string().nullable().describe('for a built image: the system image under its layers; for a pulled one: its manifest\'s digest'),
+    base: z.string().nullable().describe('for a built image: the system image under its layers (null when its layers are all there is: built FROM a pulled image); for a pulled one: its manifest\'s digest'),
     layers: z.number().int(),
     config: ImageConfig,
     created_at: z.string(),
