@@ -211,6 +211,9 @@ export async function unpackLayerInto(layer: string, dest: string, staging: stri
     const x = await execa('tar', ['-xf', layer, '-C', staging, '--numeric-owner'], { reject: false });
     if (x.exitCode !== 0) throw fail(`${what}: tar: ${x.stderr.trim()}`);
     await overlayWhiteouts(staging);
+    // On the disk before it has its name: a layer found by name is whole, a crash or not.
+    const synced = await execa('sync', ['--file-system', staging], { reject: false });
+    if (synced.exitCode !== 0) throw fail(`${what}: sync: ${synced.stderr.trim()}`);
     await rename(staging, dest).catch(async (err: NodeJS.ErrnoException) => {
       if (!(await lstat(dest).catch(() => undefined))?.isDirectory()) throw err;
     });
