@@ -992,7 +992,9 @@ export class Engine implements SandboxRuntime {
     } finally {
       standby.restorer.worker.end();
       const put = aside;
-      if (put) this.track(oldGone.then(() => this.destroy(put)));
+      // Its removal (unmounts, the disk to the trash, its groups) after the instance's next calls
+      // have had the CPUs: done at once, it took them from the first exec after the rollback.
+      if (put) this.track(oldGone.then(() => new Promise((r) => setTimeout(r, REPLACED_REMOVAL_DELAY_MS))).then(() => this.destroy(put)));
     }
     this.log.debug({ instance: spec.id, steps: steps.ms }, 'warm rollback');
     return sb;
@@ -1064,6 +1066,9 @@ export class Engine implements SandboxRuntime {
 }
 
 /** Whether the image is a lower of the disk: not when a full-root layer (a squash's) stands in for it. */
+/** How long what a warm rollback replaced waits, killed, before it is removed (swapIn). */
+const REPLACED_REMOVAL_DELAY_MS = 200;
+
 function mountsImage(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image'>): boolean {
   return !((spec.baseLayer || spec.image === EMPTY_BASE) && spec.layers.length);
 }
