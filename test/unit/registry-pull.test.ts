@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Images } from '../../src/engine/images.js';
-import { RegistryPuller } from '../../src/engine/registry-pull.js';
+import { pulledLayerId, RegistryPuller } from '../../src/engine/registry-pull.js';
 import { PullError } from '../../src/seam/index.js';
 
 /**
@@ -27,11 +27,12 @@ afterAll(async () => {
 });
 
 const d = (c: string) => `sha256:${c.repeat(64)}`;
-async function pullAnswering(manifest: string): Promise<unknown> {
+async function pullAnswering(manifest: string, held: string[][] = []): Promise<unknown> {
   await writeFile(answer, manifest);
   await rm(join(dir, 'calls'), { force: true });
   const puller = new RegistryPuller(new Images(join(dir, 'images')), join(dir, 'layers'), join(dir, 'images/.oci-cache'), skopeo());
-  return puller.pull({ image: { registry: '127.0.0.1:5000', repository: 'evil/app', tag: 'v1', digest: undefined }, plainHttp: true, maxBytes: 1 << 30, holdLayers: async () => {} }, new AbortController().signal).catch((e: unknown) => e);
+  const holdLayers = async (ids: string[]) => void held.push(ids);
+  return puller.pull({ image: { registry: '127.0.0.1:5000', repository: 'evil/app', tag: 'v1', digest: undefined }, plainHttp: true, maxBytes: 1 << 30, holdLayers }, new AbortController().signal).catch((e: unknown) => e);
 }
 
 describe('a hostile registry\'s manifest', () => {
@@ -52,5 +53,16 @@ describe('a hostile registry\'s manifest', () => {
 
   it('that names digests out of shape: refused', async () => {
     expect(await pullAnswering(JSON.stringify({ config: { digest: '../../etc/passwd', size: 10 }, layers: [] }))).toMatchObject({ reason: 'FAILED' });
+  });
+
+  it('that names one layer twice: held (and stacked) once, where it is newest; a layer\'s name is its digest\'s, shaped as forkpoint\'s layer ids', async () => {
+    const held: string[][] = [];
+    // Its copy "succeeds" with nothing in the cache: a named failure after the layers are held.
+    const err = await pullAnswering(JSON.stringify({ config: { digest: d('c'), size: 10 }, layers: [{ digest: d('a'), size: 10 }, { digest: d('b'), size: 10 }, { digest: d('a'), size: 10 }] }), held);
+    expect(err).toBeInstanceOf(PullError);
+    expect(held).toEqual([[pulledLayerId(d('a')), pulledLayerId(d('b'))]]);
+    expect(pulledLayerId(d('a'))).toMatch(/^lyr_[0-9a-z]{16}$/);
+    expect(pulledLayerId(d('a'))).toBe(pulledLayerId(d('a')));
+    expect(pulledLayerId(d('a'))).not.toBe(pulledLayerId(d('b')));
   });
 });
