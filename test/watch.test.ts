@@ -145,7 +145,7 @@ describe('a sandbox\'s own inotify watches (a dev server\'s way of watching its 
     await s.exec(inst.id, { command: 'echo x > /root/proj/src/after-rollback' });
     await seen(inst.id, 'after-rollback');
     const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
-    expect(fork.status).toBe(201);
+    expect(fork.status, JSON.stringify(fork.body)).toBe(201);
     await s.exec(fork.body.id, { command: 'touch /root/proj/in-fork' });
     await seen(fork.body.id, 'in-fork');
     expect(await events(fork.body.id)).not.toContain('after-rollback');
