@@ -1,5 +1,5 @@
 import { readFileSync, writeFileSync } from 'node:fs';
-import { chmod, mkdir, readFile, stat } from 'node:fs/promises';
+import { chmod, mkdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { EngineError } from '../seam/errors.js';
@@ -38,6 +38,12 @@ export class Criu {
     await chmod(this.cacheDir, 0o711);
     for (let i = 0; i < VOLUME_SLOTS; i++) await mkdir(join(this.cacheDir, 'volumes', String(i)), { recursive: true, mode: 0o711 });
     await chmod(join(this.cacheDir, 'volumes'), 0o711);
+    // CRIU restoring a network namespace (a tree in a user namespace) wants iptables' lock file
+    // in /run; missing, it unshares a mount namespace in the tree's root task, a copy of the
+    // host's whole mount table (every sandbox's mounts), and mounts a tmpfs on /run there:
+    // 2-3 ms of every such rollback and fork. The file here, readable by the tree's root, is
+    // all it looks for; nothing of forkpoint's takes that lock.
+    await writeFile(join(this.cacheDir, 'xtables.lock'), '', { flag: 'a', mode: 0o644 });
     if (failed !== undefined) throw new Error(`mount criu cache: ${failed}`);
   }
 
