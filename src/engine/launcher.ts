@@ -21,6 +21,7 @@ interface ShimOptions {
   statusFile?: string;
   logFile: string;
   cgroupProcs: string[];
+  env?: NodeJS.ProcessEnv;
 }
 
 interface StartedShim {
@@ -50,7 +51,7 @@ function startShim(opts: ShimOptions): StartedShim {
   const args = ['shim', ...(opts.statusFile ? ['--status', opts.statusFile] : [])];
   for (const p of opts.cgroupProcs) args.push('--cgroup-procs', p);
   args.push('--', ...opts.command);
-  const child = spawn(opts.agentPath, args, { detached: true, stdio: ['pipe', 'pipe', log, 'pipe'] });
+  const child = spawn(opts.agentPath, args, { detached: true, stdio: ['pipe', 'pipe', log, 'pipe'], ...(opts.env ? { env: opts.env } : {}) });
   closeSync(log);
   child.on('error', () => {});
   const exit = new Promise<number>((resolve) => {
@@ -97,19 +98,23 @@ export async function launchUnderShim(opts: ShimOptions & { pidfile: string; fai
   return { pid, startTime: await processStartTime(pid) };
 }
 
+/** What forkpoint's CRIU is told by its environment (deploy/criu/): the sandbox's namespaces
+ * are forkpoint's own making, under its user namespace, so a dump need not fork to check that
+ * they are (0003: ~1.5 ms of the pause); a restore need not wait for its usernsd to exit
+ * (0006: 0.5-2.5 ms of a rollback or fork in a user namespace). An unpatched CRIU ignores both. */
+const CRIU_ENV = { CRIU_SKIP_USERNS_CHECK: '1', CRIU_USERNSD_NO_WAIT: '1' };
+
 /** A CRIU worker (`criu-run --swrk`) under a shim: what it restores stays the shim's. */
 export function workerUnderShim(opts: ShimOptions): CriuWorker {
-  const { child, exit, kill } = startShim(opts);
+  const { child, exit, kill } = startShim({ ...opts, env: { ...process.env, ...CRIU_ENV } });
   return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit, kill);
 }
 
 /** A CRIU worker of our own (for dumps, which leave nothing behind to parent). */
 export function worker(agentPath: string, args: string[], logFile: string): CriuWorker {
   const log = openSync(logFile, 'a');
-  // A process group of its own, so that a deadline can end CRIU with it. The sandbox's
-  // namespaces are forkpoint's own making, under its user namespace: CRIU need not fork to
-  // check that they are (deploy/criu/0003: ~1.5 ms of the pause).
-  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'], detached: true, env: { ...process.env, CRIU_SKIP_USERNS_CHECK: '1' } });
+  // A process group of its own, so that a deadline can end CRIU with it.
+  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'], detached: true, env: { ...process.env, ...CRIU_ENV } });
   closeSync(log);
   child.on('error', () => {});
   const exit = new Promise<number>((resolve) => child.once('exit', (c) => resolve(c ?? 1)));
