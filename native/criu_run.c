@@ -27,7 +27,9 @@
  *   'H' PID\0HOSTNAME           set the hostname in PID's uts namespace (a fork's) -> 'K'
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
- *                               it restores is born inside the sandbox's limits     -> 'K'
+ *                               it restores is born inside the sandbox's limits: done by a
+ *                               child while the relay goes on (see start_join), and waited
+ *                               for by the next 'R', which fails with the join's error -> 'K'
  *   'N' HOSTIF\0ADDR\0GW\0MAC[\0FLAGS]   the sandbox's network link (netlink.c), in the netns
  *                               CRIU restores into, before the restore: sockets come back on it;
  *                               the host's route to ADDR moves to it when the next 'R' is
@@ -38,10 +40,11 @@
  *                               replace, until 'T') -> 'K'
  *   'T' HOSTIF\0ADDR\0GW         the host's route to ADDR moves to HOSTIF now -> 'K'
  * and 'E' MESSAGE for a failure. CRIU's notifications during an 'R' (a restore with
- * notify_scripts: a tree in a user namespace) are answered here: "setup-namespaces" bounds the
- * per-user counters of the user namespace CRIU made (afresh, unbounded: see userns_limits)
- * before any task of the tree runs, and brings up the network namespace CRIU made (lo, the
- * sandbox's settings, the link of a deferred 'N'); every other one is just acked. 'M' mounts in the host's mount namespace (where the engine finds
+ * notify_scripts: a tree in a user namespace) are answered here: from "setup-namespaces" to
+ * "post-setup-namespaces", two helpers bound the per-user counters of the user namespace CRIU
+ * made (afresh, unbounded: see userns_limits) and bring up the network namespace CRIU made (lo,
+ * the sandbox's settings, the link of a deferred 'N'), before any task of the tree is forked;
+ * every other one is just acked. 'M' mounts in the host's mount namespace (where the engine finds
  * every sandbox's disk: re-adoption after a restart, teardown) and gives CRIU, in the worker's
  * private one, a clone of that mount (see mount_disk). With --pidfile, the pid of a restored tree is written there
  * as soon as CRIU answers, so that a server that dies meanwhile can still find it. EOF on stdin ends the worker; with it CRIU, whose restored
@@ -235,6 +238,21 @@ static int set_up_restored_netns(long pid, const struct pending_link *link, char
   return rc;
 }
 
+struct tree_net { long pid; const struct pending_link *link; };
+
+static int tree_net_setup(const void *arg, char *err, size_t errlen) {
+  const struct tree_net *t = arg;
+  return set_up_restored_netns(t->pid, t->link, err, errlen);
+}
+
+/* Waits for both helpers; MSG says why the first that failed did. */
+static int finish_both(struct helper *a, struct helper *b, char *msg, size_t len) {
+  char other[512];
+  int ra = helper_finish(a, msg, len);
+  int rb = helper_finish(b, ra < 0 ? other : msg, ra < 0 ? sizeof(other) : len);
+  return ra < 0 || rb < 0 ? -1 : 0;
+}
+
 /* The 'V' request: DIR's volume tree, made where the engine mounted the volume (the host's
  * namespace: the worker's own may predate the volume), attached on TARGET where CRIU binds from. */
 static int mount_volume(const char *dir, const char *target, long base, int read_only, char *err, size_t errlen) {
@@ -254,6 +272,26 @@ static int mount_volume(const char *dir, const char *target, long base, int read
   return rc;
 }
 
+/* A join of CRIU into the sandbox's cgroups, by a helper while the relay goes on: the first
+ * move into a cgroup after a while waits out an RCU grace period (5-15 ms here), which the relay
+ * spends on the restore's other requests (the disk, the link) instead. The helper writes CRIU's
+ * pid, which stays CRIU's: only this relay reaps it. */
+struct join_req { pid_t criu; const char *procs; size_t len; };
+
+static int join_cgroups(const void *arg, char *err, size_t errlen) {
+  const struct join_req *j = arg;
+  char self[24];
+  snprintf(self, sizeof(self), "%d", (int)j->criu);
+  for (const char *procs = j->procs; procs < j->procs + j->len; procs += strlen(procs) + 1) {
+    int fd = open(procs, O_WRONLY | O_CLOEXEC);
+    int ok = fd >= 0 && write(fd, self, strlen(self)) > 0;
+    if (!ok) snprintf(err, errlen, "join %.400s: %s", procs, strerror(errno));
+    if (fd >= 0) close(fd);
+    if (!ok) return -1;
+  }
+  return 0;
+}
+
 static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   static char buf[MAX_FRAME + 1];
   static char pidfile_buf[4096];
@@ -261,6 +299,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   int old_root = -1, host_old_root = -1;
   char route_if[32] = "", route_addr[32] = "", route_gw[32] = "";
   struct pending_link later = {0};
+  struct helper joining = {-1, -1};
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -297,6 +336,17 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
     } else if (kind == 'R') {
       ssize_t got = -1;
       int setup_failed = 0;
+      /* What CRIU restores is born in the sandbox's cgroups, or not at all. */
+      if (helper_finish(&joining, msg, sizeof(msg)) < 0) {
+        if (reply_text('E', msg) < 0) break;
+        continue;
+      }
+      /* A tree in a user namespace: its counters bounded and its network set up by two helpers
+       * from "setup-namespaces" on, while CRIU restores the tree's other namespaces; waited for
+       * at "post-setup-namespaces" (or whatever CRIU says next), before it forks any task of the
+       * tree. */
+      struct helper limits = {-1, -1}, tree_net = {-1, -1};
+      struct tree_net tn = {-1, &later};
       if (send(sk, data, len, 0) == (ssize_t)len) {
         for (;;) {
           do got = recv(sk, buf, MAX_FRAME, 0); while (got < 0 && errno == EINTR);
@@ -305,22 +355,21 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
           if (got <= 0 || !notification((const uint8_t *)buf, (const uint8_t *)buf + got, script, sizeof(script), &npid)) break;
           int ok = 1;
           if (!strcmp(script, "setup-namespaces") && npid > 0) {
-            /* The limits' child joins the user namespace while this sets up the network. */
-            struct limits_child limits;
-            char net_msg[sizeof(msg)];
-            if (userns_limits_start((pid_t)npid, &limits, msg, sizeof(msg)) < 0) ok = 0;
-            else {
-              int net = set_up_restored_netns(npid, &later, net_msg, sizeof(net_msg));
-              if (userns_limits_finish(&limits, msg, sizeof(msg)) < 0) ok = 0;
-              else if (net < 0) ok = 0, snprintf(msg, sizeof(msg), "%s", net_msg);
-            }
-            if (!ok) setup_failed = 1;
+            tn.pid = npid;
+            if (userns_limits_start((pid_t)npid, &limits, msg, sizeof(msg)) < 0 ||
+                helper_start(&tree_net, tree_net_setup, &tn, msg, sizeof(msg)) < 0)
+              ok = 0;
+          } else if (limits.pid > 0 || tree_net.pid > 0) {
+            if (finish_both(&limits, &tree_net, msg, sizeof(msg)) < 0) ok = 0;
           }
+          if (!ok) setup_failed = 1;
           const uint8_t ack[] = {0x08, 0x06, 0x18, (uint8_t)ok}; /* criu_req: type NOTIFY, notify_success */
           if (send(sk, ack, sizeof(ack), 0) != (ssize_t)sizeof(ack)) { got = -1; break; }
         }
         later.set = 0;
       }
+      /* Never left running: a restore that ended before "post-setup-namespaces" (it failed). */
+      if ((limits.pid > 0 || tree_net.pid > 0) && finish_both(&limits, &tree_net, msg, sizeof(msg)) < 0) setup_failed = 1;
       if (setup_failed) { /* CRIU gave up on our word; its answer says only that */
         if (reply_text('E', msg) < 0) break;
         continue;
@@ -354,15 +403,9 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       pidfile = pidfile_buf;
       if (reply_text('K', "") < 0) break;
     } else if (kind == 'C') {
-      int rc = 1;
-      char self[24];
-      snprintf(self, sizeof(self), "%d", (int)criu);
-      for (const char *procs = data; rc && procs < data + len; procs += strlen(procs) + 1) {
-        int fd = open(procs, O_WRONLY | O_CLOEXEC);
-        rc = fd >= 0 && write(fd, self, strlen(self)) > 0;
-        if (!rc) snprintf(msg, sizeof(msg), "join %.400s: %s", procs, strerror(errno));
-        if (fd >= 0) close(fd);
-      }
+      /* One join at a time: a second waits for the first (and fails with it). */
+      struct join_req req = {criu, data, len};
+      int rc = helper_finish(&joining, msg, sizeof(msg)) == 0 && helper_start(&joining, join_cgroups, &req, msg, sizeof(msg)) == 0;
       if (reply_text(rc ? 'K' : 'E', rc ? "" : msg) < 0) break;
     } else if (kind == 'N') {
       /* HOSTIF\0ADDR\0GW\0MAC: the sandbox's link, made in the netns CRIU restores into. */
@@ -400,6 +443,8 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
     }
   }
   close(sk);
+  char ignored[512];
+  helper_finish(&joining, ignored, sizeof(ignored));
   int st = 0;
   while (waitpid(criu, &st, 0) < 0 && errno == EINTR) {}
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);

@@ -28,10 +28,14 @@ int write_id_maps(pid_t pid, unsigned long base, char *err, size_t errlen);
 int userns_for_range(unsigned long base, char *err, size_t errlen);
 int replace_overlay_idmapped(const char *dir, const char *target, const char *options, unsigned long base, char *err, size_t errlen);
 int userns_limits(char *err, size_t errlen);
-/* A child bounding a user namespace's per-user counters (userns_limits_start/finish). */
-struct limits_child { pid_t pid; int pipe; };
-int userns_limits_start(pid_t pid, struct limits_child *c, char *err, size_t errlen);
-int userns_limits_finish(struct limits_child *c, char *err, size_t errlen);
+/* A forked helper (helper.c): FN runs in the child; its message, if it fails, comes back
+ * through helper_finish. A pid of -1 is no helper. */
+struct helper { pid_t pid; int pipe; };
+typedef int (*helper_fn)(const void *arg, char *err, size_t errlen);
+int helper_start(struct helper *h, helper_fn fn, const void *arg, char *err, size_t errlen);
+int helper_finish(struct helper *h, char *err, size_t errlen);
+/* A helper bounding the per-user counters of the user namespace PID is in. */
+int userns_limits_start(pid_t pid, struct helper *h, char *err, size_t errlen);
 int volume_tree(const char *dir, long base, int read_only, char *err, size_t errlen);
 int mount_disk_for(const char *dir, const char *target, const char *options, long base, char *err, size_t errlen);
 /* An empty directory of the agent layer, bound read-only over masked /proc directories. */

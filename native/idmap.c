@@ -255,50 +255,22 @@ int userns_limits(char *err, size_t errlen) {
 }
 
 /* userns_limits for the user namespace PID is in (a tree CRIU restored: it made the namespace
- * afresh, unbounded), from a child that joins it. Started, then finished: the caller sets up the
- * tree's network meanwhile (a child of its own, on the other CPU). */
-int userns_limits_start(pid_t pid, struct limits_child *c, char *err, size_t errlen) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
-  c->pid = -1;
-  c->pipe = -1;
-  int ns = open(path, O_RDONLY | O_CLOEXEC);
-  if (ns < 0) return fail_errno(err, errlen, "open", path);
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) < 0) {
-    close(ns);
-    return fail_errno(err, errlen, "pipe", NULL);
-  }
-  pid_t child = fork();
-  if (child == 0) {
-    char msg[256] = "";
-    if (setns(ns, CLONE_NEWUSER) < 0) fail_errno(msg, sizeof(msg), "join the user namespace of", path);
-    else userns_limits(msg, sizeof(msg));
-    if (msg[0] && write(pipefd[1], msg, strlen(msg)) < 0) {}
-    _exit(msg[0] ? 1 : 0);
-  }
-  close(ns);
-  close(pipefd[1]);
-  if (child < 0) {
-    close(pipefd[0]);
-    return fail_errno(err, errlen, "fork", NULL);
-  }
-  c->pid = child;
-  c->pipe = pipefd[0];
-  return 0;
+ * afresh, unbounded), from a helper that joins it, while the caller goes on. */
+static int limits_in(const void *arg, char *err, size_t errlen) {
+  int ns = *(const int *)arg;
+  if (setns(ns, CLONE_NEWUSER) < 0) return fail_errno(err, errlen, "join the tree's user namespace", NULL);
+  return userns_limits(err, errlen);
 }
 
-int userns_limits_finish(struct limits_child *c, char *err, size_t errlen) {
-  if (c->pid < 0) return 0;
-  ssize_t n = read(c->pipe, err, errlen - 1);
-  close(c->pipe);
-  while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {}
-  c->pid = -1;
-  if (n > 0) {
-    err[n] = 0;
-    return -1;
-  }
-  return 0;
+int userns_limits_start(pid_t pid, struct helper *h, char *err, size_t errlen) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
+  h->pid = -1;
+  int ns = open(path, O_RDONLY | O_CLOEXEC);
+  if (ns < 0) return fail_errno(err, errlen, "open", path);
+  int rc = helper_start(h, limits_in, &ns, err, errlen);
+  close(ns);
+  return rc;
 }
 
 /* A detached clone of a volume's directory DIR, as a sandbox mounts it: nosuid, nodev,

@@ -331,19 +331,23 @@ export class Engine implements SandboxRuntime {
   /** What a restore needs that can be had before the old sandbox is gone: CRIU warm and in the
    * sandbox's cgroups, the directories open in its relay, the pidfile named (the relay writes
    * it the moment CRIU answers). */
-  private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string, opts: { routeHeld?: boolean } = {}): Promise<PreparedRestore> {
+  private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string | (() => string), opts: { routeHeld?: boolean } = {}): Promise<PreparedRestore> {
     const run = this.layout.run(spec.id);
     const work = join(run, 'criu');
     mkdirSync(work, { recursive: true });
     const [cgroupProcs] = await Promise.all([this.cgroups.create(spec.id, spec.limits), r.ready]);
     // Joining the cgroups early is safe: a move charges no memory already in use (and pids
     // limits bind forks, not moves). It is not cheap: the first attach after a while waits out
-    // an RCU grace period (~5-10 ms here), better spent before a pause than in it.
+    // an RCU grace period (5-15 ms here), which the worker waits out beside the rest of the
+    // restore's preparation (criu_run.c, 'C'), the images in the sandbox's range among it.
+    const joined = r.worker.joinCgroups(cgroupProcs);
+    joined.catch(() => {}); // awaited below, unless the images fail first
+    const imagesDir = typeof images === 'string' ? images : images();
     const [imagesFd, workFd] = await Promise.all([
-      r.worker.openDir(images),
+      r.worker.openDir(imagesDir),
       r.worker.openDir(work),
       r.worker.setPidfile(join(run, 'pid')),
-      r.worker.joinCgroups(cgroupProcs),
+      joined,
       // The link exists before CRIU restores sockets bound to the sandbox's address.
       spec.network && this.network.newLink(spec.id, spec.network).then((link) => r.worker.setUpNetwork(link, spec.uidBase !== null, opts.routeHeld)),
     ]);
@@ -440,9 +444,7 @@ export class Engine implements SandboxRuntime {
     try {
       this.disk.prepareDisk(spec, true);
       steps.mark('disk');
-      const inRange = this.inRange(spec, images);
-      steps.mark('range');
-      const prepared = this.prepareRestore(restorer, spec, inRange);
+      const prepared = this.prepareRestore(restorer, spec, () => this.inRange(spec, images));
       const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
       steps.mark('restore');
       const sb = await this.attach(spec, launched);
