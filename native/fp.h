@@ -6,6 +6,7 @@ int agent_serve_files(int conn_fd);
 int volume_files_main(int argc, char **argv);
 int boot_main(int argc, char **argv);
 int shim_main(int argc, char **argv);
+int spawner_main(int argc, char **argv);
 int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);

@@ -1,5 +1,6 @@
 /* fp-agent: one static binary, several roles.
  *   shim -- CMD...   host side: subreaper that outlives CMD and reaps the sandbox it leaves
+ *   spawner SOCKET   host side: starts shims and commands for the server (spawner.c)
  *   boot OPTIONS     host side: builds the sandbox's namespaces and root, then execs init
  *   init             inside the sandbox: PID 1, the agent
  *   criu-run         host side: CRIU with its kernel-probe cache on a private /run, in the
@@ -16,6 +17,7 @@ int main(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "init")) return agent_main();
   if (argc >= 2 && !strcmp(argv[1], "boot")) return boot_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "shim")) return shim_main(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "spawner")) return spawner_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "criu-run")) return criu_run_main(argc - 1, argv + 1);
   if (argc >= 2 && (!strcmp(argv[1], "mount-overlay") || !strcmp(argv[1], "umount")))
     return overlay_main(argc - 1, argv + 1);

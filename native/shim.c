@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +18,27 @@
 
 #include "fp.h"
 
+/* How the shim tells the engine that CMD is done: a line "exit N", or with --exit-frame (stdout
+ * is then a connection that carries CMD's frames too, spawner.c) an 'X' frame, N as i32 LE. */
+static int exit_as_frame;
+
+static void report_exit(int code) {
+  if (!exit_as_frame) {
+    printf("exit %d\n", code);
+    fflush(stdout);
+    return;
+  }
+  uint8_t f[9] = {5, 0, 0, 0, 'X'};
+  for (int k = 0; k < 4; k++) f[5 + k] = (uint8_t)((uint32_t)code >> (8 * k));
+  write_full(1, f, sizeof(f));
+}
+
 int shim_main(int argc, char **argv) {
   const char *status_file = NULL;
   int i = 1;
   for (; i < argc; i++) {
-    if (!strcmp(argv[i], "--status") && i + 1 < argc) status_file = argv[++i];
+    if (!strcmp(argv[i], "--exit-frame")) exit_as_frame = 1;
+    else if (!strcmp(argv[i], "--status") && i + 1 < argc) status_file = argv[++i];
     else if (!strcmp(argv[i], "--cgroup-procs") && i + 1 < argc) i++;
     else if (!strcmp(argv[i], "--")) { i++; break; }
   }
@@ -37,7 +54,7 @@ int shim_main(int argc, char **argv) {
     int fd = open(argv[k + 1], O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, self, strlen(self)) < 0) {
       fprintf(stderr, "shim: join cgroup %s: %s\n", argv[k + 1], strerror(errno));
-      printf("exit 1\n");
+      report_exit(1);
       return 1;
     }
     close(fd);
@@ -47,6 +64,11 @@ int shim_main(int argc, char **argv) {
   pid_t cmd = fork();
   if (cmd < 0) return 1;
   if (cmd == 0) {
+    /* Its stdout is not the connection: only its frames (fd 3) and the shim's exit go there. */
+    if (exit_as_frame) {
+      int null = open("/dev/null", O_WRONLY);
+      if (null >= 0) dup2(null, 1);
+    }
     execvp(argv[i], argv + i);
     perror("shim: exec");
     _exit(127);
@@ -64,8 +86,7 @@ int shim_main(int argc, char **argv) {
     if (pid == cmd) {
       cmd_status = st;
       /* The engine reads this line to learn that the boot or restore is over. */
-      printf("exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-      fflush(stdout);
+      report_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
       if (devnull >= 0) dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2);
       /* and no other pipe to the engine either (fd 3 carries a CRIU worker's answers) */
       closefrom(3);

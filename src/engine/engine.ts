@@ -6,7 +6,8 @@ import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
 import { Criu, lastError, tail } from './criu.js';
 import { EngineError } from '../seam/errors.js';
-import { isAlive, isAliveSync, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
+import { criuEnv, isAlive, isAliveSync, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
+import { registerSpawner, Spawner } from './spawner.js';
 import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from '../lib/data-layout.js';
 import { failpoint } from '../lib/failpoints.js';
@@ -96,12 +97,16 @@ export class Engine implements SandboxRuntime {
   private readonly mounter: Mounter;
   private readonly live = new Map<string, Sandbox>();
   private readonly restorers = new RestorerPool(() => this.startRestorer());
+  /** Starts the engine's processes without stalling the event loop (spawner.ts). */
+  private readonly spawner: Spawner;
+  private unregisterSpawner: () => void = () => {};
   private agentLayerId = '';
   private readonly volumeFileAgents: VolumeFileAgents;
   private staging: DumpStaging | undefined;
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
+    this.spawner = new Spawner(opts.agentPath, join(this.layout.root, '.spawner', 'socket'), join(this.layout.root, 'spawner.log'), criuEnv());
     this.images = new Images(this.layout.images, opts.imageSeedDir);
     this.cgroups = new Cgroups(`forkpoint/${opts.nodeId}`);
     this.limitedDisks = new LimitedDisks(this.layout.limitedDisks);
@@ -119,6 +124,9 @@ export class Engine implements SandboxRuntime {
   }
 
   async init(): Promise<void> {
+    await this.spawner.start();
+    if (!this.spawner.available) this.log.warn({ log: join(this.layout.root, 'spawner.log') }, 'the process spawner did not start: the server spawns its processes itself, each a pause of its event loop');
+    this.unregisterSpawner = registerSpawner(this.spawner);
     await rm(this.layout.spill, { recursive: true, force: true });
     await this.puller.sweep();
     await this.images.sweep();
@@ -271,6 +279,7 @@ export class Engine implements SandboxRuntime {
       logFile: join(run, 'shim.log'),
       cgroupProcs: await this.cgroups.create(spec.id, spec.limits),
       failure: 'BOOT_FAILED',
+      spawner: this.spawner,
     });
     if (spec.network) await this.network.connectBooted(launched.pid, await this.network.newLink(spec.id, spec.network));
     return launched;
@@ -310,6 +319,7 @@ export class Engine implements SandboxRuntime {
       command: [this.opts.agentPath, ...this.criu.workerCommand({ fresh: true })],
       logFile: join(this.layout.root, 'restorers.log'),
       cgroupProcs: [],
+      spawner: this.spawner,
     });
     const ready = w.ready();
     ready.catch(() => {});
@@ -1064,6 +1074,8 @@ export class Engine implements SandboxRuntime {
     this.live.clear();
     await this.cgroups.removeNodeGroup();
     await this.staging?.close();
+    this.unregisterSpawner();
+    this.spawner.close();
   }
 }
 

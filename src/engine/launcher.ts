@@ -3,7 +3,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, openSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
-import type { Readable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
+import type { Spawner } from './spawner.js';
 import { CriuWorker } from './criu-worker.js';
 import { EngineError } from '../seam/errors.js';
 import { tail } from './criu.js';
@@ -22,10 +23,15 @@ interface ShimOptions {
   logFile: string;
   cgroupProcs: string[];
   env?: NodeJS.ProcessEnv;
+  /** Starts the shim when it is up (its environment is then its own: CRIU_ENV). */
+  spawner?: Spawner | undefined;
 }
 
 interface StartedShim {
-  child: ChildProcess;
+  /** What the engine writes to the shim's command (its stdin). */
+  input: Writable;
+  /** What the command answers on (its fd 3). */
+  output: Readable;
   /** The command's exit code, as the shim reports it. */
   exit: Promise<number>;
   /** Kills the shim and what it runs (not a sandbox it already parents: that leads its own
@@ -44,13 +50,19 @@ const killGroup = (pid: number | undefined) => () => {
   }
 };
 
-/** Spawns a shim (a subreaper that stays the parent of the sandbox) running `command`, with
- * fd 3 a pipe back to us for commands that answer on it. */
+/** Starts a shim (a subreaper that stays the parent of the sandbox) running `command`, with
+ * fd 3 a way back to us for commands that answer on it: through the spawner when it is up (one
+ * connection for stdin, stdout and fd 3; the exit as a frame), else spawned by Node. */
 function startShim(opts: ShimOptions): StartedShim {
-  const log = openSync(opts.logFile, 'a');
   const args = ['shim', ...(opts.statusFile ? ['--status', opts.statusFile] : [])];
   for (const p of opts.cgroupProcs) args.push('--cgroup-procs', p);
+  if (opts.spawner?.available) {
+    const s = opts.spawner.shim([...args, '--exit-frame', '--', ...opts.command], opts.logFile);
+    const kill = () => void s.pid.then((pid) => killGroup(pid > 0 ? pid : undefined)());
+    return { input: s.socket, output: s.output, exit: s.exit, kill };
+  }
   args.push('--', ...opts.command);
+  const log = openSync(opts.logFile, 'a');
   const child = spawn(opts.agentPath, args, { detached: true, stdio: ['pipe', 'pipe', log, 'pipe'], ...(opts.env ? { env: opts.env } : {}) });
   closeSync(log);
   child.on('error', () => {});
@@ -71,7 +83,7 @@ function startShim(opts: ShimOptions): StartedShim {
     });
     child.once('exit', (c) => finish(c ?? 1));
   });
-  return { child, exit, kill: killGroup(child.pid) };
+  return { input: child.stdin!, output: child.stdio[3] as Readable, exit, kill: killGroup(child.pid) };
 }
 
 /** The shim's log says why a boot failed (boot writes its reason to stderr). */
@@ -85,8 +97,8 @@ type BootFailure = 'BOOT_FAILED' | 'RESTORE_FAILED';
 /** Starts `command` (a boot) under a shim and resolves once it is done and the sandbox's PID 1
  * is in `pidfile`. */
 export async function launchUnderShim(opts: ShimOptions & { pidfile: string; failure: BootFailure }): Promise<Launched> {
-  const { child, exit, kill } = startShim(opts);
-  child.stdin?.end();
+  const { input, exit, kill } = startShim(opts);
+  input.end();
   const code = await untilDeadline(exit, BOOT_DEADLINE_MS, () => {
     kill();
     return -1;
@@ -106,15 +118,20 @@ const CRIU_ENV = { CRIU_SKIP_USERNS_CHECK: '1', CRIU_USERNSD_NO_WAIT: '1' };
 
 /** A CRIU worker (`criu-run --swrk`) under a shim: what it restores stays the shim's. */
 export function workerUnderShim(opts: ShimOptions): CriuWorker {
-  const { child, exit, kill } = startShim({ ...opts, env: { ...process.env, ...CRIU_ENV } });
-  return new CriuWorker(child.stdin!, child.stdio[3] as Readable, exit, kill);
+  const { input, output, exit, kill } = startShim({ ...opts, env: criuEnv() });
+  return new CriuWorker(input, output, exit, kill);
+}
+
+/** The environment CRIU runs in (the spawner's, for what it starts). */
+export function criuEnv(): NodeJS.ProcessEnv {
+  return { ...process.env, ...CRIU_ENV };
 }
 
 /** A CRIU worker of our own (for dumps, which leave nothing behind to parent). */
 export function worker(agentPath: string, args: string[], logFile: string): CriuWorker {
   const log = openSync(logFile, 'a');
   // A process group of its own, so that a deadline can end CRIU with it.
-  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'], detached: true, env: { ...process.env, ...CRIU_ENV } });
+  const child = spawn(agentPath, args, { stdio: ['pipe', 'ignore', log, 'pipe'], detached: true, env: criuEnv() });
   closeSync(log);
   child.on('error', () => {});
   const exit = new Promise<number>((resolve) => child.once('exit', (c) => resolve(c ?? 1)));

@@ -1,13 +1,14 @@
 import { spawn } from 'node:child_process';
+import { anySpawner, type RunResult } from './spawner.js';
 
-export interface RunResult {
-  code: number;
-  stderr: string;
-}
+export type { RunResult } from './spawner.js';
 
 /** Runs a command to completion, keeping only stderr. Used on the checkpoint pause path,
- * where a plain spawn costs a third of a general-purpose wrapper. */
+ * where a plain spawn costs a third of a general-purpose wrapper; started by an engine's
+ * spawner when one is up (a Node spawn stalls the event loop 5-12 ms: spawner.ts). */
 export function run(file: string, args: string[], opts: { cwd?: string } = {}): Promise<RunResult> {
+  const spawner = anySpawner();
+  if (spawner) return spawner.run(file, args, opts.cwd);
   return new Promise((resolve) => {
     const child = spawn(file, args, { cwd: opts.cwd, stdio: ['ignore', 'ignore', 'pipe'] });
     const chunks: Buffer[] = [];
