@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import { BaseSequencer, type TestSpecification } from 'vitest/node';
 
 // The suite drives real sandboxes (overlay, CRIU, namespaces) as root. Two files run at once:
 // each server has its own data directory and subnet (test/helpers: subnetFor), and most of a
@@ -17,11 +18,26 @@ import { defineConfig } from 'vitest/config';
 const shared = { testTimeout: 60_000, hookTimeout: 60_000, isolate: false };
 const ALONE = ['test/node-container.test.ts'];
 
+// Its podman image is built by test/node-image.test.ts while the other files run (a minute of
+// import and build that node-container.test.ts spent alone, at the end), so that file goes first
+// (vitest would start it last: it is small, and a fresh clone has no durations cached). Both
+// name the image by this run (helpers/node-image.ts); workers inherit the variable.
+process.env.FORKPOINT_TEST_RUN ??= String(process.pid);
+const FIRST = 'test/node-image.test.ts';
+class NodeImageFirst extends BaseSequencer {
+  override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
+    const sorted = await super.sort(files);
+    const first = (f: TestSpecification) => f.moduleId.endsWith(FIRST);
+    return [...sorted.filter(first), ...sorted.filter((f) => !first(f))];
+  }
+}
+
 export default defineConfig({
   test: {
-    globalSetup: ['./test/helpers/leftovers.ts'],
+    globalSetup: ['./test/helpers/leftovers.ts', './test/helpers/node-image-teardown.ts'],
     reporters: ['default', './test/helpers/summary-reporter.ts'],
     fileParallelism: true,
+    sequence: { sequencer: NodeImageFirst },
     maxWorkers: 2,
     projects: [
       { test: { ...shared, name: 'engine', include: ['test/**/*.test.ts'], exclude: ALONE, sequence: { groupOrder: 0 } } },

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { subnetFor } from '../src/lib/ipv4.js';
 import { TestPostgres } from './helpers/postgres.js';
-import { CODE_INTERPRETER_ONLY } from './helpers/registry.js';
+import { ensureNodeImage, NODE_IMAGE, podman, podmanLimits as limits, removeNodeImages, TAG } from './helpers/node-image.js';
 import { until } from './helpers/wait.js';
 
 // The node image (deploy/Containerfile) run the way deploy/kubernetes/base/daemonset.yaml runs
@@ -20,22 +20,7 @@ import { until } from './helpers/wait.js';
 // containers share a PostgreSQL and an S3-API server on loopback. The point: a sandbox outlives
 // its node's container, restarted or replaced, and the new server answers for it again.
 //
-// The image is built here with no registry: its base is the Debian image the set-up made
-// (Debian 13, whose nodejs is 20), imported into podman; the build reaches Debian's archive
-// through the host's apt configuration (the "mirror the operator names") and takes the
-// checkout's build as it is (FROM_CHECKOUT=1).
-const IMAGES = '/opt/forkpoint/images';
-const TAG = `fp-test-${process.pid}`;
-const BASE = `localhost/forkpoint-base:${TAG}`;
-const NODE = `localhost/forkpoint-node:${TAG}`;
-const REPO = new URL('..', import.meta.url).pathname;
-// podman raises a container's open files to 1048576 by default, which a host whose root lacks
-// CAP_SYS_RESOURCE (this one) cannot grant: the container gets the server's own limits.
-const limits = (() => {
-  const text = readFileSync('/proc/self/limits', 'utf8');
-  const hard = (name: string) => /^\S.*?\s{2,}\S+\s+(\S+)/.exec(text.split('\n').find((l) => l.startsWith(name)) ?? '')?.[1] ?? '4096';
-  return ['--ulimit', `nofile=${hard('Max open files')}:${hard('Max open files')}`, '--ulimit', 'nproc=4096:4096'];
-})();
+// The image: helpers/node-image.ts (built while the other files run, by test/node-image.test.ts).
 
 /** What the DaemonSet asks of the container runtime for the node's container, as podman flags:
  * read from the manifest, so that the test fails when the manifest would lose sandboxes. The
@@ -62,8 +47,6 @@ function daemonSetFlags(hostPaths: Record<string, string>): string[] {
   }
   return flags;
 }
-
-const podman = (...args: string[]) => execa('podman', ['--runtime', 'runc', ...args], { timeout: 300_000 });
 
 const freePort = () =>
   new Promise<number>((resolve, reject) => {
@@ -111,7 +94,7 @@ class NodeContainer {
       ...daemonSetFlags({ '/var/lib/forkpoint': this.dataDir, '/run/forkpoint': this.runDir }),
       '-v', `${this.pgDir}:${this.pgDir}`,
       ...Object.entries(env).flatMap(([k, v]) => ['-e', `${k}=${v}`]),
-      NODE, 'serve',
+      NODE_IMAGE, 'serve',
     );
     await until(`node ${this.id} answering`, async () => {
       const r = await request(`${this.url}/healthz`).catch(() => undefined);
@@ -173,28 +156,13 @@ const counter = async (node: NodeContainer, id: string) => Number((await exec(no
 const initPid = (node: NodeContainer, id: string) => Number(readFileSync(join(node.dataDir, 'instances', id, 'run', 'pid'), 'utf8'));
 
 beforeAll(async () => {
-  for (const tool of ['podman', 'runc']) {
-    // The set-up (`npm test`) installs both: their absence is a broken set-up, not a skip.
-    await execa(tool, ['--version']).catch(() => {
-      throw new Error(`${tool} is missing: run bash deploy/setup.sh --test`);
-    });
-  }
+  // Built by test/node-image.test.ts in the same run; by this file when it runs on its own.
+  await ensureNodeImage();
   const tmp = async (prefix: string) => {
     const d = await mkdtemp(join(tmpdir(), prefix));
     dirs.push(d);
     return d;
   };
-  // The base: the Debian image the set-up made, as a podman image (the node's own system needs
-  // none of what only the code interpreter uses).
-  const leftOut = CODE_INTERPRETER_ONLY.map((p) => `--exclude=${p}`).join(' ');
-  await execa('sh', ['-c', `tar -C "$1" ${leftOut} -c . | podman import -q - "$2"`, 'import', join(IMAGES, 'debian'), BASE], { timeout: 300_000 });
-  await podman('build', '-q', '--layers=false', '--network', 'host', ...limits,
-    '-v', '/etc/apt/apt.conf.d:/etc/apt/apt.conf.d:ro',
-    // CRIU_BUILD=0: Debian testing's CRIU binaries, not a minute of compiling forkpoint's; what
-    // is tested here is the container's lifetime, and set-up builds forkpoint's CRIU on the host.
-    '-f', 'deploy/Containerfile', '--build-arg', `BASE=${BASE}`, '--build-arg', 'FROM_CHECKOUT=1', '--build-arg', 'CRIU_BUILD=0',
-    '-t', NODE, REPO);
-
   postgres = await TestPostgres.start();
   s3 = new S3rver({ address: '127.0.0.1', port: 0, directory: await tmp('forkpoint-s3-'), silent: true });
   const { port } = (await s3.run()) as { port: number };
@@ -237,7 +205,7 @@ afterAll(async () => {
     });
   }
   for (const n of [a, b]) if (n) await step(() => n.remove());
-  await step(() => podman('rmi', '-f', NODE, BASE));
+  await step(() => removeNodeImages());
   for (const d of shared.reverse()) await step(() => execa('umount', ['-l', d]));
   await step(async () => s3?.close());
   await step(async () => postgres?.stop());
