@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, mkdirSync, openSync } from 'node:fs';
+import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
 import { dirname } from 'node:path';
 import { PassThrough, type Readable } from 'node:stream';
@@ -43,7 +43,9 @@ export class Spawner {
   ) {}
 
   async start(): Promise<void> {
+    // Only root may reach the socket: the directory is the server's alone, whatever made it.
     mkdirSync(dirname(this.socketPath), { recursive: true, mode: 0o700 });
+    chmodSync(dirname(this.socketPath), 0o700);
     const log = openSync(this.logFile, 'a');
     const proc = spawn(this.agentPath, ['spawner', this.socketPath], { stdio: ['ignore', 'pipe', log], env: this.env });
     closeSync(log);
