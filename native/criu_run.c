@@ -28,7 +28,7 @@
  *   'P' FILE                    write the pid of what CRIU restores to FILE (as --pidfile) -> 'K'
  *   'C' PROCS\0PROCS...         move CRIU into these cgroups (cgroup.procs files), so what
  *                               it restores is born inside the sandbox's limits: done by a
- *                               child while the relay goes on (see start_join), and waited
+ *                               helper while the relay goes on (see join_cgroups), and waited
  *                               for by the next 'R', which fails with the join's error -> 'K'
  *   'N' HOSTIF\0ADDR\0GW\0MAC[\0FLAGS]   the sandbox's network link (netlink.c), in the netns
  *                               CRIU restores into, before the restore: sockets come back on it;

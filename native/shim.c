@@ -85,7 +85,7 @@ int shim_main(int argc, char **argv) {
     }
     if (pid == cmd) {
       cmd_status = st;
-      /* The engine reads this line to learn that the boot or restore is over. */
+      /* The engine reads this (a line, or a frame) to learn that the boot or restore is over. */
       report_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
       if (devnull >= 0) dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2);
       /* and no other pipe to the engine either (fd 3 carries a CRIU worker's answers) */

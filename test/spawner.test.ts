@@ -58,6 +58,13 @@ describe('the spawner', () => {
     expect(readFileSync(log, 'utf8')).toContain('err');
   });
 
+  it('takes a stream that is not frames (a length past the relay\'s bound) for the end of the process, and keeps none of it', async () => {
+    const s = spawner.shim(['shim', '--exit-frame', '--', 'sh', '-c', 'printf "\\377\\377\\377\\177K" >&3; sleep 5'], join(dir, 'shim2.log'));
+    expect(await s.exit).toBe(127);
+    expect(s.socket.destroyed).toBe(true);
+    process.kill(-(await s.pid), 'SIGKILL');
+  });
+
   it('attack: another process of the host that reaches the socket gets nothing run and its connection closed', async () => {
     const marker = join(dir, 'should-not-exist');
     // A separate process (not the spawner's parent) asking for a command, as a local attacker

@@ -21,6 +21,9 @@ export interface RunResult {
   stderr: string;
 }
 
+/** The largest frame a process started here writes (a CRIU answer relayed: criu_run.c). */
+const MAX_FRAME = (1 << 20) + 1;
+
 /** How long the spawner may take to come up. */
 const READY_DEADLINE_MS = 10_000;
 
@@ -112,7 +115,13 @@ export class Spawner {
       pending = pending.length ? Buffer.concat([pending, chunk]) : chunk;
       while (!done && pending.length >= 5) {
         const n = pending.readUInt32LE(0);
-        if (n < 1 || pending.length < 4 + n) break;
+        // What the relay sends is bounded (criu_run.c MAX_FRAME, 1 MiB); past that, the stream is
+        // not frames, and nothing more of it is kept.
+        if (n < 1 || n > MAX_FRAME) {
+          finish(127, `a frame of ${n} bytes from the process`);
+          break;
+        }
+        if (pending.length < 4 + n) break;
         const frame = pending.subarray(0, 4 + n);
         pending = pending.subarray(4 + n);
         const frameKind = String.fromCharCode(frame[4]!);
