@@ -117,7 +117,7 @@ export class DurableCheckpoints {
       let sha = await this.store.durable.layerBlob(layerId);
       let bytes = 0;
       if (!sha || !(await this.store.durable.hasBlob(sha))) {
-        const blob = await this.putBlob(this.engine.disk.exportLayer(layerId));
+        const blob = await this.putBlob(() => this.engine.disk.exportLayer(layerId));
         sha = blob.sha;
         bytes = blob.bytes;
         uploaded += blob.uploaded;
@@ -127,7 +127,7 @@ export class DurableCheckpoints {
     }
     let memory: DurableManifest['memory'] = null;
     if (c.memory && this.engine.disk.hasCheckpointImages(id)) {
-      const blob = await this.putBlob(this.engine.disk.exportCheckpointImages(id));
+      const blob = await this.putBlob(() => this.engine.disk.exportCheckpointImages(id));
       uploaded += blob.uploaded;
       memory = { blob: blob.sha, bytes: blob.bytes };
     }
@@ -140,14 +140,15 @@ export class DurableCheckpoints {
   }
 
   /** Packs a stream into a gzipped temporary file while hashing it, and uploads it unless a
-   * blob of that hash is there already. */
-  private async putBlob(source: Readable): Promise<{ sha: string; bytes: number; uploaded: number }> {
+   * blob of that hash is there already. The stream is opened only when it is piped at once: one
+   * that fails before anything listens (tar of a layer deleted meanwhile) would end the process. */
+  private async putBlob(open: () => Readable): Promise<{ sha: string; bytes: number; uploaded: number }> {
     await mkdir(this.tmpDir, { recursive: true, mode: 0o700 });
     const file = join(this.tmpDir, `blob-${randomBytes(8).toString('hex')}`);
     const hash = createHash('sha256');
     try {
       await pipeline(
-        source,
+        open(),
         createGzip({ level: 6 }),
         new Transform({
           transform(chunk: Buffer, _enc, cb) {

@@ -331,7 +331,8 @@ export interface NodeDisk {
    * may find the dump done and the rest not). */
   dumpComplete(imagesId: string): boolean;
 
-  /** A layer as a tar (name-sorted, so the same layer packs to the same bytes). */
+  /** A layer as a tar (name-sorted, so the same layer packs to the same bytes). The stream fails
+   * (asynchronously) when the layer is gone or cannot be read: pipe it in the tick it is made. */
   exportLayer(layerId: string): Readable;
   /** A checkpoint's memory image as a tar. */
   exportCheckpointImages(imagesId: string): Readable;

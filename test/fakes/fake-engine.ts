@@ -1,4 +1,4 @@
-import { Readable } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
 import { text } from 'node:stream/consumers';
 import {
   AgentClosedError,
@@ -573,7 +573,13 @@ class FakeDisk implements NodeDisk {
     return this.host.memoryImages.has(imagesId);
   }
   exportLayer(layerId: string): Readable {
-    const t = this.host.layers.get(layerId) ?? new Map();
+    const t = this.host.layers.get(layerId);
+    // As the real disk's tar does for a layer deleted meanwhile: a stream that fails a moment later.
+    if (!t) {
+      const failing = new PassThrough();
+      process.nextTick(() => failing.destroy(new Error(`tar of layer ${layerId} failed: no such layer`)));
+      return failing;
+    }
     return Readable.from([JSON.stringify([...t].map(([p, b]) => [p, b?.toString('base64') ?? null]))]);
   }
   exportCheckpointImages(imagesId: string): Readable {
