@@ -3,6 +3,7 @@ import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
+import { text } from 'node:stream/consumers';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { packTree, unpackTree } from '../src/engine/pack.js';
 
@@ -91,6 +92,12 @@ describe('packing and unpacking trees', () => {
     already.destroy(new Error('failed before'));
     await expect(unpackTree(already, join(dir, 'dest'))).rejects.toThrow('failed before');
     expect(existsSync(join(dir, 'dest.incoming'))).toBe(false);
+  });
+
+  it('keeps the failure of a pack read late for its reader (a directory deleted before its upload started ended the server)', async () => {
+    const late = packTree(join(dir, 'deleted-meanwhile'));
+    await new Promise((r) => setTimeout(r, 300)); // tar has failed by now, and nothing listened
+    await expect(text(late)).rejects.toThrow(/tar of .*deleted-meanwhile.* failed/);
   });
 
   it('refuses what is not a tar', async () => {

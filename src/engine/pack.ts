@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdir, rename, rm } from 'node:fs/promises';
 import { PassThrough, type Readable } from 'node:stream';
+import { heldErrors } from '../lib/held-error.js';
 
 /**
  * A directory as a tar stream: names sorted and access/change times left out, so that the same
@@ -15,7 +16,7 @@ export function packTree(dir: string): Readable {
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );
   // Piped at once: Node drops the output of a child that exits while nobody reads it.
-  const out = new PassThrough();
+  const out = heldErrors(new PassThrough());
   let err = '';
   child.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-2000)));
   child.stdout.pipe(out, { end: false });

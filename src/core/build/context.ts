@@ -11,6 +11,7 @@ import { execa } from 'execa';
 import picomatch from 'picomatch';
 import { ArchiveRefusedError, checkArchive } from '../../lib/archive-bounds.js';
 import { DockerfileError, ForkpointError, InvalidRequestError, PayloadTooLargeError } from '../errors.js';
+import { heldErrors } from '../../lib/held-error.js';
 
 const MAX_ENTRIES = 200_000;
 
@@ -181,7 +182,7 @@ export class BuildContext {
 
   /** The raw bytes of a file (ADD of a local archive is unpacked inside the sandbox). */
   raw(root: ContextEntry): Readable {
-    return createReadStream(join(this.dir, root.rel));
+    return heldErrors(createReadStream(join(this.dir, root.rel)));
   }
 }
 
@@ -192,7 +193,7 @@ export class BuildContext {
  * archive, which the reading tar refuses.
  */
 export function ownedOutput(child: ChildProcessByStdio<Writable | null, Readable, null>): Readable {
-  const out = new PassThrough();
+  const out = heldErrors(new PassThrough());
   child.stdout.pipe(out);
   child.on('error', (err) => out.destroy(err));
   return out;
