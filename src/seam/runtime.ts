@@ -332,7 +332,8 @@ export interface NodeDisk {
   dumpComplete(imagesId: string): boolean;
 
   /** A layer as a tar (name-sorted, so the same layer packs to the same bytes). The stream fails
-   * (asynchronously) when the layer is gone or cannot be read: pipe it in the tick it is made. */
+   * (asynchronously) when the layer is gone or cannot be read: pipe it in the tick it is made (the
+   * real disk keeps such a failure for a late reader, an implementation need not). */
   exportLayer(layerId: string): Readable;
   /** A checkpoint's memory image as a tar. */
   exportCheckpointImages(imagesId: string): Readable;
