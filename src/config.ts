@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { z } from 'zod';
+import { packagePath } from './lib/package-root.js';
 
 /** Every setting, with its default. Precedence: flags > FORKPOINT_* environment > file > default. */
 /** A node's name: a DNS name, like a Kubernetes node's. */
@@ -41,7 +42,7 @@ export const configSchema = z.object({
    * to the data directory (bounded: engine/dump-staging.ts); empty: straight to disk. */
   dumpStagingDir: z.string().default('/dev/shm'),
   /** The static agent binary; set-up builds it. */
-  agentPath: z.string().min(1).default(new URL('../native/build/fp-agent', import.meta.url).pathname),
+  agentPath: z.string().min(1).default(packagePath('native', 'build', 'fp-agent')),
   /** Images are copied from here into the data directory on first use. */
   imageSeedDir: z.string().min(1).default('/opt/forkpoint/images'),
   defaultImage: z.string().min(1).default('default'),

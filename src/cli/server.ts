@@ -17,6 +17,7 @@ import { buildApp, openApiDocument } from '../http/app.js';
 import type { OpenApiVersion } from '../http/openapi.js';
 import { VERSION } from '../version.js';
 import { raiseServerPriority } from '../lib/server-priority.js';
+import { packagePath } from '../lib/package-root.js';
 
 /** The commands that run the server or act on its data directory: loaded only when one of
  * them is asked for (the client commands need none of this). */
@@ -165,7 +166,7 @@ export async function imageList(g: GlobalFlags, o: { json?: boolean }): Promise<
 /** Rebuilds the Debian image into the seed directory, and drops this data directory's copy
  * (instances booted from now on link in the new tree). */
 async function rebuildDebian(cfg: Config): Promise<void> {
-  const script = new URL('../../deploy/debian.sh', import.meta.url).pathname;
+  const script = packagePath('deploy', 'debian.sh');
   const seed = join(cfg.imageSeedDir, 'debian');
   await execa('bash', [script, '--force', seed], { stdio: 'inherit' });
   await new Images(new DataLayout(cfg.dataDir).images, cfg.imageSeedDir).unlink('debian');

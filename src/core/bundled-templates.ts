@@ -6,6 +6,7 @@ import type { BuildService } from './build/builder.js';
 import { NotFoundError } from './errors.js';
 import type { ImageCatalog } from './images.js';
 import type { TemplateService } from './templates.js';
+import { packagePath } from '../lib/package-root.js';
 
 interface Bundled {
   /** The build context in this repository (a Dockerfile and its files). */
@@ -15,7 +16,7 @@ interface Bundled {
   readyCommand?: string;
 }
 
-const imagesDir = (name: string) => new URL(`../../images/${name}`, import.meta.url).pathname;
+const imagesDir = (name: string) => packagePath('images', name);
 
 /** Templates and images forkpoint ships as Dockerfiles and makes for an owner the first time it
  * is asked for one (a build, cached, then a template): E2B's code interpreter's, OpenComputer's

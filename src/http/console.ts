@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import fastifyStatic from '@fastify/static';
 import type { FastifyInstance } from 'fastify';
 import { UnavailableError } from '../core/errors.js';
+import { packagePath } from '../lib/package-root.js';
 
 /**
  * The web console at `/ui`: the files Vite built from ui/ (dist/ui), and nothing else. The page
@@ -11,7 +12,7 @@ import { UnavailableError } from '../core/errors.js';
  * comes from sandboxes, so it is written as text, never as markup, and a script that got in anyway
  * could not run.
  */
-const BUILT = new URL('../../dist/ui/', import.meta.url).pathname;
+const BUILT = `${packagePath('dist', 'ui')}/`;
 
 /** Code from this origin only; xterm.js sets styles inline; WebSockets to this host (the terminal). */
 const CSP = [
