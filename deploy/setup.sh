@@ -98,10 +98,12 @@ else
     make -s -C native >&2
   fi
 
-  if [ ! -f dist/cli.js ] || [ ! -f dist/ui/index.html ] || newer "$stamps/build" src ui openapi tsconfig.json package.json; then
+  if [ ! -f dist/cli.js ] || [ ! -f dist/ui/index.html ] || newer "$stamps/build" src ui openapi tsconfig.json package.json scripts/bundle.mjs; then
     log "building TypeScript (the server, and the web console's modules)"
     rm -rf dist
     npx --no-install tsc -p tsconfig.json
+    # dist/cli.js as one file: a start no longer reads ~1,750 modules one by one.
+    node scripts/bundle.mjs
     # The console's types are the API's, from its OpenAPI document.
     npx --no-install openapi-typescript openapi/openapi.json -o ui/src/openapi.d.ts >/dev/null
     npx --no-install tsc -p ui/tsconfig.json
