@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -270,5 +270,73 @@ describe('kill -9 during a build', () => {
     expect(built.status, JSON.stringify(built.body)).toBeLessThan(300);
     const inst = (await s.api('POST', '/instances', { image: 'phased' })).body;
     expect(await read(s, inst.id, 'cat /built')).toBe('built');
+  });
+});
+
+describe('a launch that fails (the agent\'s connection, a rollback\'s restored sandbox not coming up)', () => {
+  // The server's own uid pool, high above the one every other test's servers allocate from the
+  // bottom of: a process with a host uid in it is this server's sandboxes', read from /proc.
+  const POOL = { start: 2 ** 31 - 16 * 65536, ranges: 16 };
+  const poolEnv = { FORKPOINT_UID_RANGE_START: String(POOL.start), FORKPOINT_UID_RANGES: String(POOL.ranges) };
+  /** The host pids of live processes whose real uid is in the pool, by their range's base. */
+  function poolProcesses(): Map<number, number[]> {
+    const found = new Map<number, number[]>();
+    for (const pid of readdirSync('/proc').filter((n) => /^\d+$/.test(n))) {
+      let status: string;
+      try {
+        status = readFileSync(`/proc/${pid}/status`, 'utf8');
+      } catch {
+        continue; // gone meanwhile
+      }
+      const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
+      if (/^State:\s+Z/m.test(status) || uid < POOL.start || uid >= POOL.start + POOL.ranges * 65536) continue;
+      const base = uid - (uid % 65536);
+      found.set(base, [...(found.get(base) ?? []), Number(pid)]);
+    }
+    return found;
+  }
+
+  it('create, fork and rollback answer their error and leave no process of theirs, after the answer, a DELETE or a restart', async () => {
+    dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-phase-'));
+    server = await ChildServer.start(dataDir, undefined, poolEnv);
+    const src = (await server.api('POST', '/instances', { name: 'source' })).body as { id: string };
+    await server.api('POST', `/instances/${src.id}/processes`, { command: COUNTER });
+    await counting(server, src.id);
+    const ck = (await server.api('POST', `/instances/${src.id}/checkpoints?wait=true`, {})).body as { id: string; status: string };
+    expect(ck.status).toBe('ready');
+    const before = poolProcesses();
+    expect(before.size).toBe(1); // the source's, in a range of the pool
+    const [srcRange] = [...before.keys()];
+
+    const token = server.token;
+    await server.stop();
+    server = await ChildServer.start(dataDir, token, { ...poolEnv, FORKPOINT_FAULTS: 'launch.attach,rollback.launched' });
+    // Re-adopted after the restart (no launch): it counts on.
+    await counting(server, src.id);
+
+    const created = await server.api('POST', '/instances', { name: 'never' });
+    expect([created.status, created.body.error?.code], JSON.stringify(created.body)).toEqual([503, 'UNAVAILABLE']);
+    expect([...poolProcesses().keys()]).toEqual([srcRange]);
+    const forked = await server.api('POST', `/instances/${src.id}/fork`, { checkpoint_id: ck.id, name: 'never-fork' });
+    expect([forked.status, forked.body.error?.code], JSON.stringify(forked.body)).toEqual([503, 'UNAVAILABLE']);
+    expect([...poolProcesses().keys()]).toEqual([srcRange]);
+    // The failed create stays, in error with its reason, as a failed `docker run` leaves its
+    // container; the failed fork is gone (all or nothing).
+    const listed = (await server.api('GET', '/instances')).body.items as { id: string; name: string; status: string; error: string | null }[];
+    expect(listed.map((i) => [i.name, i.status]).sort()).toEqual([['never', 'error'], ['source', 'running']]);
+    expect(listed.find((i) => i.name === 'never')!.error).toMatch(/agent did not answer/);
+    expect((await server.api('DELETE', `/instances/${listed.find((i) => i.name === 'never')!.id}`)).status).toBe(204);
+
+    // The rollback killed the source's processes and restored the checkpoint's, which did not
+    // come up: none of either runs on.
+    const rolled = await server.api('POST', `/instances/${src.id}/rollback`, { checkpoint_id: ck.id });
+    expect(rolled.status, JSON.stringify(rolled.body)).toBe(503);
+    expect(poolProcesses()).toEqual(new Map());
+    expect((await server.api('DELETE', `/instances/${src.id}`)).status).toBe(204);
+    await server.stop();
+    server = await ChildServer.start(dataDir, token, poolEnv);
+    expect((await server.api('GET', '/instances')).body.items).toEqual([]);
+    expect(poolProcesses()).toEqual(new Map());
+    expect(await overlaysUnder(dataDir)).toEqual([]);
   });
 });

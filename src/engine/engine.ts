@@ -10,7 +10,7 @@ import { criuEnv, isAlive, isAliveSync, launchUnderShim, processStartTime, worke
 import { registerSpawner, Spawner } from './spawner.js';
 import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from '../lib/data-layout.js';
-import { failpoint } from '../lib/failpoints.js';
+import { failpoint, faultArmed } from '../lib/failpoints.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
 import { Sandbox } from './sandbox.js';
 import { LimitedDisks } from './limited-disks.js';
@@ -420,7 +420,9 @@ export class Engine implements SandboxRuntime {
     await this.disk.ensureVolume(spec);
     this.disk.prepareDisk(spec, opts.freshUpper);
     try {
-      const sb = await this.attach(spec, await this.launchBoot(spec));
+      const launched = await this.launchBoot(spec);
+      injectedLaunchFault();
+      const sb = await this.attach(spec, launched);
       if (spec.network) await sb.call((a) => a.writeFile('/etc/resolv.conf', this.network.resolvConf, 0o644)).catch((err: unknown) => this.log.warn({ err, instance: spec.id }, 'could not write the sandbox\'s resolv.conf'));
       return sb;
     } catch (err) {
@@ -457,6 +459,7 @@ export class Engine implements SandboxRuntime {
       const prepared = this.prepareRestore(restorer, spec, () => this.inRange(spec, images));
       const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
       steps.mark('restore');
+      injectedLaunchFault();
       const sb = await this.attach(spec, launched);
       steps.mark('connect');
       this.log.debug({ instance: spec.id, steps: steps.ms }, 'restore');
@@ -875,6 +878,7 @@ export class Engine implements SandboxRuntime {
         const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { connections: 'close', oldGone }) : await oldGone.then(() => this.launchBoot(spec));
         steps.mark(images ? 'restore' : 'boot');
         failpoint('rollback.restored');
+        if (faultArmed('rollback.launched')) throw new EngineError('RESTORE_FAILED', 'the restored sandbox did not come up (a fault the test injected)');
         this.log.debug({ instance: spec.id, steps: steps.ms }, 'rollback');
         return { ...launched, result: undefined };
       } catch (err) {
@@ -1085,4 +1089,10 @@ const REPLACED_REMOVAL_DELAY_MS = 200;
 
 function mountsImage(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image'>): boolean {
   return !((spec.baseLayer || spec.image === EMPTY_BASE) && spec.layers.length);
+}
+
+/** A boot's or a restore's agent not answering past the launch, when a test armed it
+ * (lib/failpoints.ts, FAULTS): what a failed launch leaves is the test's to see. */
+function injectedLaunchFault(): void {
+  if (faultArmed('launch.attach')) throw new EngineError('AGENT_UNREACHABLE', 'the sandbox\'s agent did not answer (a fault the test injected)');
 }

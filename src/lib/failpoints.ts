@@ -47,3 +47,24 @@ const armed = new Set((process.env.FORKPOINT_FAILPOINTS ?? '').split(',').map((s
 export function failpoint(name: Failpoint): void {
   if (armed.has(name)) process.kill(process.pid, 'SIGKILL');
 }
+
+/**
+ * Points just past a sandbox's launch where a test can make the launch fail as a link set-up or
+ * the agent's connection failing would (the process tree runs, the call fails): what a failed
+ * launch leaves must be nothing. Armed by FORKPOINT_FAULTS, which nothing but the tests sets.
+ */
+export const FAULTS = [
+  /** A boot or a restore (create, fork, wake): launched, the agent not yet connected. */
+  'launch.attach',
+  /** A rollback: the checkpoint restored in the old sandbox's place, not yet running as it. */
+  'rollback.launched',
+] as const;
+
+export type Fault = (typeof FAULTS)[number];
+
+const armedFaults = new Set((process.env.FORKPOINT_FAULTS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+
+/** Whether the test armed this fault (the caller fails there as it would for real). */
+export function faultArmed(name: Fault): boolean {
+  return armedFaults.has(name);
+}

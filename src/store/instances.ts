@@ -306,13 +306,13 @@ export class InstanceStore {
     return rows.map((r) => ({ uidBase: Number(r.uid_base), owner: r.owner }));
   }
 
-  /** What one owner's instances hold, whatever their state (quotas.ts). */
   /** The instances that mount a volume (its id is random hex: a safe pattern in LIKE). */
   async usingVolume(volumeId: string): Promise<string[]> {
     const rows = await this.db.selectFrom('instances').select('id').where('volumes', 'like', `%"volumeId":"${volumeId}"%`).execute();
     return rows.map((r) => r.id);
   }
 
+  /** What one owner's instances hold, whatever their state (quotas.ts). */
   async usageOf(owner: string): Promise<{ instances: number; memoryMb: number; cpuPercent: number; diskMb: number; addresses: number }> {
     const rows = await this.db.selectFrom('instances').select(['limits', 'address']).where('owner', '=', owner).execute();
     const used = { instances: rows.length, memoryMb: 0, cpuPercent: 0, diskMb: 0, addresses: 0 };
