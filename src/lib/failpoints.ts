@@ -41,7 +41,10 @@ export const FAILPOINTS = [
 
 export type Failpoint = (typeof FAILPOINTS)[number];
 
-const armed = new Set((process.env.FORKPOINT_FAILPOINTS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+/** The names a comma-separated environment variable arms. */
+const armedBy = (variable: string) => new Set((process.env[variable] ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+
+const armed = armedBy('FORKPOINT_FAILPOINTS');
 
 /** Dies here, as by `kill -9`, if the test armed this point. */
 export function failpoint(name: Failpoint): void {
@@ -62,7 +65,7 @@ export const FAULTS = [
 
 export type Fault = (typeof FAULTS)[number];
 
-const armedFaults = new Set((process.env.FORKPOINT_FAULTS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+const armedFaults = armedBy('FORKPOINT_FAULTS');
 
 /** Whether the test armed this fault (the caller fails there as it would for real). */
 export function faultArmed(name: Fault): boolean {
