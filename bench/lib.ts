@@ -1,8 +1,9 @@
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
+import { execa } from 'execa';
 import { loadConfig } from '../src/config.js';
 import { subnetFor } from '../src/lib/ipv4.js';
 import { Forkpoint } from '../src/core/forkpoint.js';
@@ -163,4 +164,26 @@ export async function benchServer(opts: { unconfined?: boolean; networking?: 'on
     },
     close,
   };
+}
+
+const TICKER_SOURCE = new URL('./fixtures/ticker.c', import.meta.url).pathname;
+
+/** bench/fixtures/ticker.c built static into `dir` (the issue's workload: a program that wakes
+ * every 2 ms, spawning nothing); its path. */
+export async function buildTicker(dir: string): Promise<string> {
+  const path = join(dir, 'ticker');
+  await execa('cc', ['-static', '-O2', '-o', path, TICKER_SOURCE]);
+  return path;
+}
+
+/** Puts the ticker built at `binary` into the instance as /ticker/ticker and starts it there,
+ * keeping its window in /ticker. */
+export async function startTicker(s: BenchServer, id: string, binary: string): Promise<void> {
+  const up = await request(`${s.url}/instances/${id}/files?path=/ticker/ticker`, { method: 'PUT', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' }, body: await readFile(binary) });
+  await up.body.dump();
+  if (up.statusCode !== 200 && up.statusCode !== 201 && up.statusCode !== 204) throw new Error(`ticker upload: ${up.statusCode}`);
+  const chmod = await s.api('POST', `/instances/${id}/exec`, { command: 'chmod 755 /ticker/ticker' });
+  if (chmod.status !== 200 || chmod.body.exit_code !== 0) throw new Error(`chmod: ${JSON.stringify(chmod.body)}`);
+  const started = await s.api('POST', `/instances/${id}/processes`, { command: 'exec /ticker/ticker /ticker' });
+  if (started.status !== 201 && started.status !== 200) throw new Error(`ticker start: ${JSON.stringify(started.body)}`);
 }

@@ -12,16 +12,14 @@ import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { execa } from 'execa';
-import { benchServer, stats, table, time, type Stats } from './lib.js';
+import { benchServer, buildTicker, startTicker, stats, table, time, type Stats } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 10);
-const TICKER_SOURCE = new URL('./fixtures/ticker.c', import.meta.url).pathname;
 const IMAGE = '/opt/forkpoint/images/default';
 
 const s = await benchServer();
 const work = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-peers-'));
-const ticker = join(work, 'ticker');
-await execa('cc', ['-static', '-O2', '-o', ticker, TICKER_SOURCE]);
+const ticker = await buildTicker(work);
 const runcEnv = { PATH: `${dirname(s.engine.criu.path)}:${process.env.PATH}` };
 const runc = (...args: string[]) => execa('runc', args, { env: runcEnv, stdin: 'ignore' });
 
@@ -57,10 +55,7 @@ async function fpInstance(): Promise<string> {
   const r = await s.api('POST', '/instances', {});
   if (r.status !== 201) throw new Error(JSON.stringify(r.body));
   const id = r.body.id as string;
-  const up = await fetch(`${s.url}/instances/${id}/files?path=/ticker/ticker`, { method: 'PUT', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' }, body: await readFile(ticker) });
-  if (!up.ok) throw new Error(`ticker upload: ${up.status}`);
-  await fpExec(id, 'chmod 755 /ticker/ticker');
-  await s.api('POST', `/instances/${id}/processes`, { command: 'exec /ticker/ticker /ticker' });
+  await startTicker(s, id, ticker);
   return id;
 }
 async function fpExec(id: string, command: string): Promise<string> {

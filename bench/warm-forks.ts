@@ -1,14 +1,20 @@
 /**
  * Issue 25: a fork + its first exec (a rollback + its first exec, a create + its first exec), warm (a standby restored ahead from the checkpoint and held
  * frozen, taken and thawed) next to cold (restored by CRIU on the call), in the same run,
- * interleaved: each round checkpoints a sandbox with a 2 ms ticker, forks it once (cold: the
+ * interleaved: each round checkpoints a sandbox with a 2 ms ticker (bench/fixtures/ticker.c, the
+ * peers bench's workload: it sleeps 2 ms at a time and spawns nothing), forks it once (cold: the
  * first fork of a checkpoint finds no standby), waits for the standby that fork leaves, and forks
  * again (warm). Timed over HTTP from the fork's request to its first exec's answer.
  */
-import { benchServer, memoryCheckpoint, stats, table } from './lib.js';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { benchServer, buildTicker, memoryCheckpoint, startTicker, stats, table } from './lib.js';
 
 const N = Number(process.env.BENCH_N ?? 15);
 const s = await benchServer({ config: { warmForks: '4' } });
+const work = await mkdtemp(join(process.env.FORKPOINT_BENCH_DIR ?? tmpdir(), 'forkpoint-warm-'));
+const ticker = await buildTicker(work);
 
 async function exec(id: string, command: string): Promise<string> {
   const r = await s.api('POST', `/instances/${id}/exec`, { command, timeout_ms: 60_000 });
@@ -48,7 +54,7 @@ async function createAndExec(): Promise<{ ms: number; id: string; warm: boolean 
 
 try {
   const source = (await s.api('POST', '/instances', {})).body.id as string;
-  await s.api('POST', `/instances/${source}/processes`, { command: 'while :; do sleep 0.002; done' });
+  await startTicker(s, source, ticker);
   const cold: number[] = [];
   const warm: number[] = [];
   const unwarm: number[] = [];
@@ -126,4 +132,5 @@ try {
   ]);
 } finally {
   await s.close();
+  await rm(work, { recursive: true, force: true });
 }
