@@ -4,7 +4,7 @@
  * and not), read from the host's side: /proc/<pid>/status of every process of a sandbox, the
  * upper layer on disk, the host's own inotify, a server started with capabilities to hand out.
  */
-import { readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,6 +13,7 @@ import { execa } from 'execa';
 import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
 import { ChildServer } from './helpers/child-server.js';
 import { eventually, startServer, type TestServer } from './helpers/server.js';
+import { usernsImage, type Extent } from '../src/engine/userns-image.js';
 
 const RANGE = 65536;
 let s: TestServer;
@@ -115,6 +116,51 @@ describe('user namespaces, from inside and from the host', () => {
       expect((await s.api('GET', `/instances/${id}`)).body.status).toBe('running');
       await check(id);
     }
+  });
+
+  it('a memory image whose user namespace was tampered with: a map from the host\'s root still restores into the fork\'s own range; a map wider than a range is refused and nothing of it runs', async () => {
+    const inst = await s.instance({ name: 'tampered' });
+    await sh(inst.id, 'sleep 600 &', 'main');
+    const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
+    expect(ck.status).toBe('ready');
+    const images = s.engine.layout.checkpoint(ck.id);
+    const usernsImages = readdirSync(images).filter((n) => /^userns-\d+\.img$/.test(n));
+    expect(usernsImages.length).toBeGreaterThan(0);
+    const tamper = (extents: Extent[]) => usernsImages.forEach((n) => writeFileSync(join(images, n), usernsImage(extents)));
+
+    tamper([{ first: 0, lower_first: 0, count: RANGE }]);
+    const fork = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
+    expect(fork.status, JSON.stringify(fork.body)).toBe(201);
+    const ids = await expectInRange(fork.body.id);
+    expect(ids.flat()).not.toContain(0);
+    expect((await sh(fork.body.id, 'cat /proc/self/uid_map')).stdout.trim().split(/\s+/).map(Number)).toEqual([0, await baseOf(fork.body.id), RANGE]);
+
+    // Two ranges' worth: its ids 65536.. would be another sandbox's.
+    tamper([{ first: 0, lower_first: await baseOf(inst.id), count: 2 * RANGE }]);
+    const groupOf = (pid: number | string) => readFileSync(`/proc/${pid}/cgroup`, 'utf8').split('\n').find((l) => /^\d+:pids:/.test(l) || l.startsWith('0::'))?.split(':')[2];
+    const node = groupOf(s.engine.sandbox(inst.id)!.pid)!.split('/').slice(0, -1).join('/');
+    const running = new Set(s.engine.liveIds());
+    const wide = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
+    expect(wide.status, JSON.stringify(wide.body)).toBe(503);
+    expect(wide.body.error).toMatchObject({ code: 'UNAVAILABLE', details: { engine: 'RESTORE_FAILED' } });
+    // CRIU's reason (deploy/criu/0007), or the engine's own with an unpatched CRIU
+    expect(wide.body.error.message).toMatch(/Cannot rebase uid_map|not a map of one range/);
+    expect(new Set(s.engine.liveIds())).toEqual(running);
+    const rollback = await s.api('POST', `/instances/${inst.id}/rollback`, { checkpoint_id: ck.id });
+    expect(rollback.status, JSON.stringify(rollback.body)).toBe(503);
+    // Every process in this node's groups is a live sandbox's (or its rollback standby's): none
+    // is left of the refused ones.
+    const groups = new Set<string>();
+    for (const pid of readdirSync('/proc').filter((n) => /^\d+$/.test(n))) {
+      try {
+        const g = groupOf(pid);
+        if (g?.startsWith(`${node}/`)) groups.add(g.slice(node.length + 1).split('/')[0]!);
+      } catch {
+        // gone meanwhile
+      }
+    }
+    const live = s.engine.liveIds();
+    expect([...groups].filter((g) => !live.some((id) => g === id || g.startsWith(`${id}~`)))).toEqual([]);
   });
 
   it('two sandboxes never share a range: 50 created, forked and deleted in a mix', async () => {

@@ -24,6 +24,8 @@ const root = protobuf.parse(`
     optional bool tcp_close = 52;
     optional string freeze_cgroup = 44;
     optional int32 network_lock = 64;
+    optional uint32 userns_base = 1000;
+    optional uint32 userns_size = 1001;
   }
   message criu_req {
     required int32 type = 1;
@@ -31,12 +33,14 @@ const root = protobuf.parse(`
     optional bool keep_open = 4;
   }
   message criu_restore_resp { required int32 pid = 1; }
+  message criu_version { repeated string forkpoint_features = 1000; }
   message criu_resp {
     required int32 type = 1;
     required bool success = 2;
     optional criu_restore_resp restore = 4;
     optional int32 cr_errno = 7;
     optional string cr_errmsg = 9;
+    optional criu_version version = 10;
   }
 `, { keepCase: true }).root;
 const Req = root.lookupType('criu_req');
@@ -63,6 +67,7 @@ export interface CriuResponse {
   restore?: { pid: number };
   cr_errno?: number;
   cr_errmsg?: string;
+  version?: { forkpoint_features?: string[] };
 }
 
 interface Frame {
@@ -79,6 +84,7 @@ export class CriuWorker {
   private pending = Buffer.alloc(0);
   private readonly waiting: { resolve: (f: Frame) => void; reject: (e: Error) => void }[] = [];
   private gone: Error | undefined;
+  private features: ReadonlySet<string> = new Set();
 
   /** `kill` ends the worker by force (CRIU included), for a request past its deadline. */
   constructor(
@@ -180,10 +186,18 @@ export class CriuWorker {
     return Resp.toObject(Resp.decode(answer)) as CriuResponse;
   }
 
-  /** Resolves once CRIU itself is up and answering, its start-up done. */
+  /** Resolves once CRIU itself is up and answering, its start-up done; what forkpoint's
+   * patches it carries is known from then on. */
   async ready(): Promise<void> {
     const r = await this.rpc({ type: REQ.VERSION, keep_open: true }, CRIU_DEADLINES.startUp);
     if (!r.success) throw new EngineError('CRIU_FAILED', 'CRIU did not answer its version');
+    this.features = new Set(r.version?.forkpoint_features ?? []);
+  }
+
+  /** Whether this CRIU restores a tree's user namespace into any range asked (`usernsRange` of
+   * `restore`, deploy/criu/0007-*); an unpatched one ignores the option and maps the image's. */
+  get rebasesUserns(): boolean {
+    return this.features.has('userns-base');
   }
 
   /** `imagesFd`: from `openDir`, which can be done ahead of the pause. `frozenIn`: the freezer
@@ -223,7 +237,7 @@ export class CriuWorker {
   /** `ownNetns`: as for `dump`; the worker then answers CRIU's notifications: when CRIU has made
    * the tree's namespaces, it bounds the user namespace's per-user counters and sets up the
    * network namespace (criu_run.c, 'N' with LATER), before any task of the tree runs. */
-  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean; externalMounts?: { key: string; val: string }[] }): Promise<CriuResponse> {
+  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean; usernsRange?: { base: number; size: number } | undefined; externalMounts?: { key: string; val: string }[] }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,
       opts: {
@@ -240,6 +254,7 @@ export class CriuWorker {
         log_file: 'restore.log',
         manage_cgroups_mode: CG_IGNORE,
         ...(opts.ownNetns ? { empty_ns: CLONE_NEWNET, notify_scripts: true } : {}),
+        ...(opts.usernsRange ? { userns_base: opts.usernsRange.base, userns_size: opts.usernsRange.size } : {}),
         ...(opts.externalMounts?.length ? { external: opts.externalMounts.map((m) => `mnt[${m.key}]:${m.val}`) } : {}),
       },
     }, CRIU_DEADLINES.dumpOrRestore);

@@ -18,7 +18,7 @@ import { PersistentVolumes } from './persistent-volumes.js';
 import { VolumeFileAgents } from './volume-file-agents.js';
 import { Images } from './images.js';
 import { RegistryPuller } from './registry-pull.js';
-import { imagesForRange } from './userns-image.js';
+import { checkRestoredRange, imagesForRange, RANGE_SIZE } from './userns-image.js';
 import { raiseInotifyCeilings } from './kernel-limits.js';
 import { inotifyWatchPaths } from './watch-paths.js';
 import { Disk } from './disk.js';
@@ -29,7 +29,7 @@ import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
 import { AgentError } from './agent/client.js';
-import type { Connections } from './criu-worker.js';
+import type { Connections, CriuWorker } from './criu-worker.js';
 import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec, SandboxUsage, VolumeMount } from '../seam/runtime.js';
 import { EMPTY_BASE } from '../seam/runtime.js';
 
@@ -62,6 +62,8 @@ export type { FreezeResult, SandboxSpec } from '../seam/runtime.js';
 interface PreparedRestore {
   imagesFd: number;
   workFd: number;
+  /** The range CRIU maps the restored user namespace to, when it does that itself. */
+  usernsRange: { base: number; size: number } | undefined;
 }
 
 /** A rollback's warm standby (holdRollback): the instance's checkpoint restored beside it under
@@ -326,10 +328,10 @@ export class Engine implements SandboxRuntime {
     return { worker: w, ready };
   }
 
-  /** The images to restore `spec` from: `images`, or a copy whose user namespace is the spec's
-   * range (userns-image.ts). A checkpoint's own restore needs neither: it is of the same range. */
-  private inRange(spec: SandboxSpec, images: string): string {
-    return imagesForRange(images, spec.uidBase, this.rangeCopyOf(spec.id));
+  /** The images to restore `spec` from with `worker`: `images`, or a copy whose user namespace is
+   * the spec's range when the worker's CRIU cannot move the maps itself (userns-image.ts). */
+  private inRange(spec: SandboxSpec, images: string, worker: CriuWorker): string {
+    return imagesForRange(images, spec.uidBase, this.rangeCopyOf(spec.id), worker.rebasesUserns);
   }
 
   /** Where a restore into another range finds its images (inRange): needed only while CRIU
@@ -340,8 +342,9 @@ export class Engine implements SandboxRuntime {
 
   /** What a restore needs that can be had before the old sandbox is gone: CRIU warm and in the
    * sandbox's cgroups, the directories open in its relay, the pidfile named (the relay writes
-   * it the moment CRIU answers). */
-  private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string | (() => string), opts: { routeHeld?: boolean } = {}): Promise<PreparedRestore> {
+   * it the moment CRIU answers). `ownImages`: the images are the ones a dump is about to write
+   * of this very sandbox (a checkpoint frozen by rename), in its range already. */
+  private async prepareRestore(r: Restorer, spec: SandboxSpec, images: string, opts: { routeHeld?: boolean; ownImages?: boolean } = {}): Promise<PreparedRestore> {
     const run = this.layout.run(spec.id);
     const work = join(run, 'criu');
     mkdirSync(work, { recursive: true });
@@ -352,7 +355,7 @@ export class Engine implements SandboxRuntime {
     // restore's preparation (criu_run.c, 'C'), the images in the sandbox's range among it.
     const joined = r.worker.joinCgroups(cgroupProcs);
     joined.catch(() => {}); // awaited below, unless the images fail first
-    const imagesDir = typeof images === 'string' ? images : images();
+    const imagesDir = opts.ownImages ? images : this.inRange(spec, images, r.worker);
     const [imagesFd, workFd] = await Promise.all([
       r.worker.openDir(imagesDir),
       r.worker.openDir(work),
@@ -361,7 +364,7 @@ export class Engine implements SandboxRuntime {
       // The link exists before CRIU restores sockets bound to the sandbox's address.
       spec.network && this.network.newLink(spec.id, spec.network).then((link) => r.worker.setUpNetwork(link, spec.uidBase !== null, opts.routeHeld)),
     ]);
-    return { imagesFd, workFd };
+    return { imagesFd, workFd, usernsRange: spec.uidBase !== null && r.worker.rebasesUserns ? { base: spec.uidBase, size: RANGE_SIZE } : undefined };
   }
 
   /** Restores with a prepared restorer: mounts the disk in place of the old one, restores,
@@ -385,14 +388,24 @@ export class Engine implements SandboxRuntime {
       // (their limits would count both); mounting the disk need not wait for it.
       const [, externalMounts] = await Promise.all([r.worker.mountOverlay(dir!, target!, options!, spec.uidBase), this.volumesForRestore(r, spec), oldGone]);
       steps.mark('mounted');
-      const resp = await r.worker.restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null, externalMounts });
-      steps.mark('criu');
-      this.log.debug({ instance: spec.id, userNamespace: spec.uidBase !== null, steps: steps.ms }, 'criu restore');
-      const pid = resp.restore?.pid;
-      if (!resp.success || !pid) {
+      // CRIU's own log says why a restore failed better than what failed after it (the relay's
+      // answer to a notification about a namespace CRIU already gave up on, say).
+      const failed = async (why: string, cause?: unknown) => {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
-        throw new EngineError('RESTORE_FAILED', lastError(log) ?? resp.cr_errmsg ?? 'criu restore failed', log);
-      }
+        return new EngineError('RESTORE_FAILED', lastError(log) ?? why, log, { cause });
+      };
+      const resp = await r.worker
+        .restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null, usernsRange: p.usernsRange, externalMounts })
+        .catch(async (err: unknown) => {
+          throw err instanceof EngineError && err.code === 'CRIU_FAILED' ? await failed(err.message, err) : err;
+        });
+      steps.mark('criu');
+      this.log.debug({ instance: spec.id, userNamespace: spec.uidBase !== null, rangeByCriu: p.usernsRange !== undefined, steps: steps.ms }, 'criu restore');
+      const pid = resp.restore?.pid;
+      if (!resp.success || !pid) throw await failed(resp.cr_errmsg ?? 'criu restore failed');
+      // Whatever CRIU was asked or carries, a tree that came back in any range but its own is
+      // never handed out: it is killed with the launch.
+      if (spec.uidBase !== null) checkRestoredRange(pid, spec.uidBase);
       // A tree in a user namespace had its per-user counters bounded by the relay before any of
       // it ran (criu_run.c, "setup-namespaces").
       if (hostname) await r.worker.setHostname(pid, hostname);
@@ -456,7 +469,7 @@ export class Engine implements SandboxRuntime {
     try {
       this.disk.prepareDisk(spec, true);
       steps.mark('disk');
-      const prepared = this.prepareRestore(restorer, spec, () => this.inRange(spec, images));
+      const prepared = this.prepareRestore(restorer, spec, images);
       const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
       steps.mark('restore');
       injectedLaunchFault();
@@ -572,7 +585,7 @@ export class Engine implements SandboxRuntime {
     await mkdir(this.layout.checkpoint(imagesId), { recursive: true });
     const restorer = this.restorers.take();
     const next = { ...spec, layers: [layerId, ...spec.layers] };
-    const prepared = this.prepareRestore(restorer, next, this.layout.checkpoint(imagesId));
+    const prepared = this.prepareRestore(restorer, next, this.layout.checkpoint(imagesId), { ownImages: true });
     prepared.catch(() => {}); // handled with the dumper's readiness, below
     let ready: Awaited<ReturnType<Engine['readyDumper']>>;
     try {
@@ -867,7 +880,7 @@ export class Engine implements SandboxRuntime {
     await sb.pause(async () => {
       // A warm CRIU if the pool has one; else it starts while the old sandbox goes.
       restorer = images ? this.restorers.take() : undefined;
-      const prepared = restorer && images ? this.prepareRestore(restorer, spec, this.inRange(spec, images)) : undefined;
+      const prepared = restorer && images ? this.prepareRestore(restorer, spec, images) : undefined;
       prepared?.catch(() => {});
       const oldGone = killTree(sb.pid, sb.startTime);
       oldGone.catch(() => {});
@@ -919,7 +932,7 @@ export class Engine implements SandboxRuntime {
     const restorer = this.restorers.take();
     try {
       this.disk.prepareDisk(shadow, true);
-      const prepared = this.prepareRestore(restorer, shadow, this.inRange(shadow, images), { routeHeld: true });
+      const prepared = this.prepareRestore(restorer, shadow, images, { routeHeld: true });
       const launched = await this.restoreWith(restorer, shadow, prepared, { connections: 'close', keepWorker: true });
       this.standing.add(shadow.id);
       await this.cgroups.freeze(shadow.id);

@@ -19,7 +19,7 @@ const IMG_COMMON_MAGIC = 0x54564319;
 const USERNS_MAGIC = 0x55474906;
 const IMAGE = /^userns-\d+\.img$/;
 
-interface Extent {
+export interface Extent {
   first: number;
   lower_first: number;
   count: number;
@@ -39,15 +39,17 @@ function baseOf(file: string, bytes: Buffer): number {
   return uid!.lower_first;
 }
 
-function imageFor(base: number): Buffer {
-  const extent = [{ first: 0, lower_first: base, count: RANGE_SIZE }];
-  const entry = Buffer.from(UsernsEntry.encode(UsernsEntry.fromObject({ uid_map: extent, gid_map: extent })).finish());
+/** A user namespace image whose uid and gid maps are both `extents`. */
+export function usernsImage(extents: readonly Extent[]): Buffer {
+  const entry = Buffer.from(UsernsEntry.encode(UsernsEntry.fromObject({ uid_map: extents, gid_map: extents })).finish());
   const head = Buffer.alloc(12);
   head.writeUInt32LE(IMG_COMMON_MAGIC, 0);
   head.writeUInt32LE(USERNS_MAGIC, 4);
   head.writeUInt32LE(entry.length, 8);
   return Buffer.concat([head, entry]);
 }
+
+const imageFor = (base: number) => usernsImage([{ first: 0, lower_first: base, count: RANGE_SIZE }]);
 
 /**
  * The images directory to restore from so that the tree comes back in the range at `base`:
@@ -57,14 +59,16 @@ function imageFor(base: number): Buffer {
  * namespace's image rewritten (a fork, a restore on another node). A tree is restored in the
  * mode it was dumped in: with a user namespace or without (the core keeps the mode with the
  * checkpoint); asked otherwise, this refuses rather than run host ids on an idmapped disk.
+ * `criuRebases`: the CRIU that restores moves the maps to the range itself (its restore's
+ * `userns_base`, deploy/criu/0007-*), so `images` serves every range as it is.
  */
-export function imagesForRange(images: string, base: number | null, scratch: string): string {
+export function imagesForRange(images: string, base: number | null, scratch: string, criuRebases: boolean): string {
   const names = readdirSync(images);
   const userns = names.filter((n) => IMAGE.test(n));
   if ((base === null) !== (userns.length === 0)) {
     throw new EngineError('RESTORE_FAILED', base === null ? 'the memory image is of a sandbox in a user namespace; this one has none' : 'the memory image is of a sandbox without a user namespace');
   }
-  if (base === null) return images;
+  if (base === null || criuRebases) return images;
   const current = userns.map((n) => baseOf(n, readFileSync(join(images, n))));
   if (current.every((b) => b === base)) return images;
   rmSync(scratch, { recursive: true, force: true });
@@ -83,5 +87,15 @@ function linkOrCopy(from: string, to: string): void {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EXDEV') throw err;
     copyFileSync(from, to);
+  }
+}
+
+/** Refuses a restored tree (its root task `pid`, as the host sees it) whose user namespace does
+ * not map 0..RANGE_SIZE-1 from `base`, for uids and gids alike. */
+export function checkRestoredRange(pid: number, base: number): void {
+  const expected = `0 ${base} ${RANGE_SIZE}`;
+  for (const map of ['uid_map', 'gid_map']) {
+    const text = readFileSync(`/proc/${pid}/${map}`, 'utf8').trim().split(/\s+/).join(' ');
+    if (text !== expected) throw new EngineError('RESTORE_FAILED', `the restored tree's ${map} is "${text}", not "${expected}"`);
   }
 }
