@@ -116,6 +116,33 @@ describe('a sandbox on the network', () => {
     }
   });
 
+  it('a deleted sandbox\'s entry goes in a quiet moment, all such at once; its address taken again at once gets the new policy in the same transaction', async () => {
+    const table = `forkpoint_fpzr${process.pid}`;
+    const fw = new Firewall('10.251.8.0/24', '10.251.8.1', 'fpzr', table);
+    await fw.init([], { http: 1, https: 2 });
+    const list = async () => (await execa('nft', ['list', 'table', 'inet', table])).stdout;
+    try {
+      const olds = Array.from({ length: 3 }, (_, i) => ({ id: `inst_old${i}`, address: `10.251.8.${10 + i}`, policy: DEFAULT_POLICY }));
+      for (const e of olds) await fw.set(e);
+      for (const e of olds) fw.remove(e.id, e.address);
+      // Taken again before the removal: the old chain goes and the new one is in, in one go.
+      const next = { id: 'inst_next0', address: olds[0]!.address, policy: { ...DEFAULT_POLICY, egress: 'deny' as const } };
+      await fw.set(next);
+      let now = await list();
+      expect(now).toContain(`${next.address} : jump egress_${next.id}`);
+      expect(now).not.toContain('egress_inst_old0');
+      // The other two are still there until a quiet moment: then gone together.
+      expect(now).toContain('egress_inst_old1');
+      await until('the retired entries removed', async () => !(await list()).includes('egress_inst_old'), 5000);
+      now = await list();
+      expect(now).not.toContain('10.251.8.11');
+      expect(now).toContain(`egress_${next.id}`);
+    } finally {
+      await fw.destroy();
+      fw.close();
+    }
+  });
+
   it('a fork keeps its source\'s policy: a denied instance\'s fork is denied, a private host it allowed stays allowed', async () => {
     const src = await s.instance({ network: { egress: 'deny', allow: [`${net.address}/32`] } });
     const fork = await s.api('POST', `/instances/${src.id}/fork`, {});

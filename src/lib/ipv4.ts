@@ -34,14 +34,18 @@ export function gatewayOf(s: Subnet): string {
   return toIp(s.base + 1);
 }
 
-/** The lowest free address for a sandbox (after the gateway, before the broadcast). */
-export function nextFree(s: Subnet, used: Set<string>): string | undefined {
+/** The lowest free address for a sandbox (after the gateway, before the broadcast); one of
+ * `lastResort` only when every other is used. */
+export function nextFree(s: Subnet, used: Set<string>, lastResort: ReadonlySet<string> = new Set()): string | undefined {
   const size = 2 ** (32 - s.prefix);
+  let fallback: string | undefined;
   for (let i = 2; i < size - 1; i++) {
     const ip = toIp(s.base + i);
-    if (!used.has(ip)) return ip;
+    if (used.has(ip)) continue;
+    if (!lastResort.has(ip)) return ip;
+    fallback ??= ip;
   }
-  return undefined;
+  return fallback;
 }
 
 /** A locally administered MAC derived from the address: a fresh address is a fresh MAC. */

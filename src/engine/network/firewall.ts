@@ -15,6 +15,11 @@ const NFT_DEADLINE_MS = 10_000;
 // subprocess that is always there would keep execa's signal handlers in the server for good.
 const startNft = () => execa('nft', ['-f', '-'], { reject: false, stdin: 'pipe', cleanup: false });
 
+/** Removals wait for this long without any other script, at most REMOVAL_MAX_DELAY_MS (see
+ * `retired`). */
+const REMOVAL_QUIET_MS = 250;
+const REMOVAL_MAX_DELAY_MS = 2000;
+
 const chainOf = (id: string) => `egress_${id}`;
 const learnedOf = (id: string) => `learned_${id}`;
 
@@ -51,11 +56,28 @@ export class Firewall {
   private spare: ReturnType<typeof startNft> | undefined;
   private closed = false;
 
+  /**
+   * Deleted sandboxes' entries, by address, waiting to be removed together in a quiet moment:
+   * nf_tables commits a transaction that deletes anything published only after an RCU grace
+   * period (~15 ms here), holding its commit lock, so that a new sandbox's entry queued behind a
+   * removal waited that long, and a fork's answer with it (one removal or twenty cost the same).
+   * A deleted sandbox's entry is harmless meanwhile: its link is gone, and the prerouting check
+   * drops its address coming from any other link. An address taken again before its removal
+   * has the old entry replaced in the same transaction (`set`); the network hands out recently
+   * released addresses last. A restart rebuilds the table from the live sandboxes (`init`).
+   */
+  private readonly retired = new Map<string, string>();
+  private retiredSince: number | undefined;
+  private lastApplied = 0;
+  private retireTimer: NodeJS.Timeout | undefined;
+
   /** Ends the waiting nft; scripts applied from now on start their own. */
   close(): void {
     this.closed = true;
     this.spare?.kill('SIGKILL');
     this.spare = undefined;
+    clearTimeout(this.retireTimer);
+    this.retireTimer = undefined;
   }
 
   /** Scripts waiting for the nft run under way to end; the next run applies them together. */
@@ -67,6 +89,7 @@ export class Firewall {
    * spawn of the server (a fork of its whole address space) and a start of nft: ~3 ms of CPU a
    * fork; together they are a few runs. */
   private apply(script: string): Promise<void> {
+    this.lastApplied = performance.now();
     return new Promise<void>((resolve, reject) => {
       this.queued.push({ script, done: (err) => (err === undefined ? resolve() : reject(err)) });
       if (!this.draining) void this.drain();
@@ -204,6 +227,8 @@ ${e.secrets?.rules.length ? `add element ${this.table} proxied { ${ip} }` : ''}
   /** Adds a sandbox, or replaces its policy. */
   async set(e: FirewallEntry): Promise<void> {
     const stale = this.present.get(e.address);
+    // A removal still waiting goes in with this script (below).
+    this.retired.delete(e.address);
     // An address whose element still names another (deleted) instance's chain: that goes first.
     const script = stale && stale !== chainOf(e.id) ? this.removeScript(e.address, stale) + this.entryScript(e, false) : this.entryScript(e, stale !== undefined);
     await this.apply(script);
@@ -227,12 +252,42 @@ delete set ${this.table} ${learnedOf(id)}
 `;
   }
 
-  async remove(id: string, address: string): Promise<void> {
+  /** Takes a deleted sandbox's entry out, in the next quiet moment (`retired`). */
+  remove(id: string, address: string): void {
     checkId(id);
     const chain = this.present.get(address);
-    if (chain !== chainOf(id)) return;
-    await this.apply(this.removeScript(address, chain));
-    this.present.delete(address);
+    if (chain !== chainOf(id) || this.closed) return;
+    this.retired.set(address, chain);
+    this.retiredSince ??= performance.now();
+    this.retireSoon(REMOVAL_QUIET_MS);
+  }
+
+  private retireSoon(delayMs: number): void {
+    if (this.retireTimer) return;
+    this.retireTimer = setTimeout(() => {
+      this.retireTimer = undefined;
+      if (!this.retired.size || this.closed) return;
+      const now = performance.now();
+      const quietFor = now - this.lastApplied;
+      const busy = this.draining || quietFor < REMOVAL_QUIET_MS;
+      if (busy && now - this.retiredSince! < REMOVAL_MAX_DELAY_MS) return this.retireSoon(Math.max(10, REMOVAL_QUIET_MS - quietFor));
+      this.retireNow();
+    }, delayMs);
+    this.retireTimer.unref();
+  }
+
+  /** Removes every retired entry: one apply each, which the queue runs as one transaction (and
+   * alone each if nft refuses the batch). One that fails stays present, for `set` to replace. */
+  private retireNow(): void {
+    const batch = [...this.retired];
+    this.retired.clear();
+    this.retiredSince = undefined;
+    for (const [address, chain] of batch) {
+      this.present.delete(address);
+      this.apply(this.removeScript(address, chain)).catch(() => {
+        if (!this.present.has(address)) this.present.set(address, chain);
+      });
+    }
   }
 
   /** Opens the addresses a sandbox's DNS answer gave for a name its policy allows, for as long
@@ -247,6 +302,7 @@ delete set ${this.table} ${learnedOf(id)}
 
   /** Removes the table (tests; a host that stops running sandboxes). */
   async destroy(): Promise<void> {
+    this.retired.clear();
     await this.apply(`add table ${this.table}\ndelete table ${this.table}\n`);
   }
 }

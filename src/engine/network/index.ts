@@ -37,6 +37,9 @@ export type { NetworkCounters } from '../../seam/runtime.js';
  * of its own, and its links, table and resolver are named after it, so that two servers on one
  * host (tests, benchmarks) leave each other alone.
  */
+/** How many released addresses are handed out again only when no other is free (allocate). */
+const RECENTLY_RELEASED = 64;
+
 export class Network {
   readonly subnet: Subnet;
   readonly gateway: string;
@@ -48,6 +51,8 @@ export class Network {
   private readonly byAddress = new Map<string, { id: string; policy: EgressPolicy; secrets: EgressSecrets | null }>();
   /** The current host-side link of each sandbox, and the bytes of the links it had before. */
   private readonly links = new Map<string, { hostIf: string; before: NetworkCounters }>();
+  /** Addresses released lately, the latest last. */
+  private released: string[] = [];
 
   constructor(private readonly opts: NetworkOptions) {
     this.subnet = parseCidr(opts.cidr);
@@ -90,7 +95,9 @@ export class Network {
   /** A free address of the subnet (`used`: every instance's), with its MAC; none when the
    * subnet is full (the caller says so: a pool running out is not an engine failure). */
   allocate(used: Set<string>): SandboxNetwork | undefined {
-    const address = nextFree(this.subnet, used);
+    // Recently released ones last: their firewall entries may still be waiting to go
+    // (Firewall.retired), and replacing one costs the new sandbox a removal's grace period.
+    const address = nextFree(this.subnet, used, new Set(this.released));
     return address ? { address, mac: macOf(address) } : undefined;
   }
 
@@ -113,7 +120,8 @@ export class Network {
     this.byAddress.delete(address);
     this.proxy.forget(id);
     this.links.delete(id);
-    await this.firewall.remove(id, address);
+    this.firewall.remove(id, address);
+    this.released = [...this.released.filter((a) => a !== address), address].slice(-RECENTLY_RELEASED);
   }
 
   /** A new link for a sandbox about to be booted or restored. The bytes of the one it replaces
