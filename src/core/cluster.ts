@@ -121,6 +121,12 @@ export class Cluster {
     return this.timing.deadAfterMs / 2;
   }
 
+  /** The embedded store is one machine's file: this node is the only one there can be, and
+   * every instance and checkpoint is its own (no placement to look up). */
+  get soleNode(): boolean {
+    return this.store.dialect === 'sqlite';
+  }
+
   /** Whether this node has frozen its sandboxes, its lease in doubt. */
   get fenced(): boolean {
     return this.fencedNow;

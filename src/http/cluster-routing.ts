@@ -50,6 +50,8 @@ const instanceIdOf = (req: FastifyRequest): string | undefined => {
  * fewest. Runs after authentication: the token is checked here and again there (one store).
  */
 export function installClusterRouting(app: FastifyInstance, fp: Forkpoint): void {
+  // One node (the embedded store): nothing is anywhere else.
+  if (fp.cluster.soleNode) return;
   app.addHook('onRequest', async (req, reply) => {
     const placement = req.routeOptions.config?.placement;
     // Public routes naming an instance (its ports, by preview link) go on too: the node there
