@@ -191,6 +191,7 @@ table ${this.table} {
 }
 `;
     this.present.clear();
+    this.retired.clear();
     await this.apply(base + entries.map((e) => this.entryScript(e, false)).join(''));
     for (const e of entries) this.present.set(e.address, chainOf(e.id));
   }
