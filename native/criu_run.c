@@ -354,22 +354,17 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
           long npid = -1;
           if (got <= 0 || !notification((const uint8_t *)buf, (const uint8_t *)buf + got, script, sizeof(script), &npid)) break;
           int ok = 1;
-          /* Acked before the helpers are started (two forks: ~0.25 ms), so that CRIU restores the
-           * tree's other namespaces meanwhile. Nothing of the tree runs before the next
-           * notification, which waits for both and refuses the restore if either failed or could
-           * not start. */
-          int starts = !strcmp(script, "setup-namespaces") && npid > 0;
-          if (!starts && setup_failed) ok = 0;
-          else if (!starts && (limits.pid > 0 || tree_net.pid > 0) && finish_both(&limits, &tree_net, msg, sizeof(msg)) < 0) ok = 0;
-          if (!ok) setup_failed = 1;
-          const uint8_t ack[] = {0x08, 0x06, 0x18, (uint8_t)ok}; /* criu_req: type NOTIFY, notify_success */
-          if (send(sk, ack, sizeof(ack), 0) != (ssize_t)sizeof(ack)) { got = -1; break; }
-          if (starts) {
+          if (!strcmp(script, "setup-namespaces") && npid > 0) {
             tn.pid = npid;
             if (userns_limits_start((pid_t)npid, &limits, msg, sizeof(msg)) < 0 ||
                 helper_start(&tree_net, tree_net_setup, &tn, msg, sizeof(msg)) < 0)
-              setup_failed = 1;
+              ok = 0;
+          } else if (limits.pid > 0 || tree_net.pid > 0) {
+            if (finish_both(&limits, &tree_net, msg, sizeof(msg)) < 0) ok = 0;
           }
+          if (!ok) setup_failed = 1;
+          const uint8_t ack[] = {0x08, 0x06, 0x18, (uint8_t)ok}; /* criu_req: type NOTIFY, notify_success */
+          if (send(sk, ack, sizeof(ack), 0) != (ssize_t)sizeof(ack)) { got = -1; break; }
         }
         later.set = 0;
       }
