@@ -41,6 +41,9 @@ export const configSchema = z.object({
   /** A tmpfs a memory checkpoint's image is written to while the sandbox is frozen, then copied
    * to the data directory (bounded: engine/dump-staging.ts); empty: straight to disk. */
   dumpStagingDir: z.string().default('/dev/shm'),
+  /** A fork, rollback or wake whose memory image holds at least this many MiB of pages is
+   * restored lazily (its pages filled on demand and in the background); 0: never. */
+  lazyRestoreMb: z.coerce.number().int().min(0).default(128),
   /** The static agent binary; set-up builds it. */
   agentPath: z.string().min(1).default(packagePath('native', 'build', 'fp-agent')),
   /** Images are copied from here into the data directory on first use. */
@@ -194,6 +197,7 @@ const envNames: Record<keyof Config, string> = {
   criuPath: 'FORKPOINT_CRIU',
   criuCacheDir: 'FORKPOINT_CRIU_CACHE_DIR',
   dumpStagingDir: 'FORKPOINT_DUMP_STAGING_DIR',
+  lazyRestoreMb: 'FORKPOINT_LAZY_RESTORE_MB',
   agentPath: 'FORKPOINT_AGENT',
   imageSeedDir: 'FORKPOINT_IMAGE_SEED_DIR',
   defaultImage: 'FORKPOINT_DEFAULT_IMAGE',

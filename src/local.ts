@@ -16,6 +16,7 @@ export function localEngine(config: Config, log: Logger, nodeId: string, overrid
     criuPath: config.criuPath,
     criuCacheDir: config.criuCacheDir,
     dumpStagingDir: config.dumpStagingDir || undefined,
+    lazyRestoreMb: config.lazyRestoreMb,
     agentPath: config.agentPath,
     imageSeedDir: config.imageSeedDir,
     logger: log,

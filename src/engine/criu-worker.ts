@@ -21,6 +21,7 @@ const root = protobuf.parse(`
     repeated string irmap_scan_paths = 36;
     optional uint32 empty_ns = 38;
     repeated string external = 37;
+    optional bool lazy_pages = 48;
     optional bool tcp_close = 52;
     optional string freeze_cgroup = 44;
     optional int32 network_lock = 64;
@@ -200,6 +201,12 @@ export class CriuWorker {
     return this.features.has('userns-base');
   }
 
+  /** Whether this CRIU restores a tree in a user namespace lazily (deploy/criu/0008-*): an
+   * unpatched one cannot make the tree's userfaultfd there, and the restore fails. */
+  get lazyIntoUserns(): boolean {
+    return this.features.has('lazy-userns');
+  }
+
   /** `imagesFd`: from `openDir`, which can be done ahead of the pause. `frozenIn`: the freezer
    * group the engine stopped the tree in; CRIU seizes it there, dumps it, leaves it running and
    * frozen. `ownNetns`: the tree
@@ -237,13 +244,16 @@ export class CriuWorker {
   /** `ownNetns`: as for `dump`; the worker then answers CRIU's notifications: when CRIU has made
    * the tree's namespaces, it bounds the user namespace's per-user counters and sets up the
    * network namespace (criu_run.c, 'N' with LATER), before any task of the tree runs. */
-  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean; usernsRange?: { base: number; size: number } | undefined; externalMounts?: { key: string; val: string }[] }): Promise<CriuResponse> {
+  /** `lazy`: the tree's memory is left to the `criu lazy-pages` daemon listening in the work
+   * directory (lazy-pages.ts), which fills it on demand and in the background. */
+  async restore(opts: { imagesFd: number; workFd: number; root: string; connections: Connections; ownNetns?: boolean; usernsRange?: { base: number; size: number } | undefined; externalMounts?: { key: string; val: string }[]; lazy?: boolean }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.RESTORE,
       opts: {
         images_dir_fd: opts.imagesFd,
         work_dir_fd: opts.workFd,
         root: opts.root,
+        ...(opts.lazy ? { lazy_pages: true } : {}),
         ...(opts.connections === 'restore' ? { tcp_established: true } : { tcp_close: true }),
         // No lock: the restored tree is unreachable until CRIU answers (the relay moves the
         // host's route to its link only then), and the dump's lock was in the dumped namespace.

@@ -84,6 +84,18 @@ export class Criu {
     return ['criu-run', '--cache', this.cacheDir, ...netns, '--swrk', '--', this.path];
   }
 
+  /** `fp-agent criu-run -- criu lazy-pages`: serves the pages of `imagesDir` to the lazy restore
+   * whose work directory is `workDir` (lazy-pages.ts), logging there. */
+  lazyPagesCommand(imagesDir: string, workDir: string): string[] {
+    return ['criu-run', '--cache', this.cacheDir, '--', this.path, 'lazy-pages', '-D', imagesDir, '-W', workDir, '-o', 'lazy-pages.log'];
+  }
+
+  /** Whether this kernel and CRIU can restore lazily (userfaultfd with its fork and remap events). */
+  async lazyPagesWork(): Promise<boolean> {
+    const r = await execa(this.path, ['check', '--feature', 'uffd-noncoop'], { reject: false, timeout: 30_000 });
+    return r.exitCode === 0;
+  }
+
   /** Marks a memory image with the format it was made in: 2, CRIU inside the sandbox's netns
    * and /dev in the agent layer; 3, the sandbox confined (masked /proc, seccomp), which CRIU
    * carries in the image. */

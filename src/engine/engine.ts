@@ -28,6 +28,8 @@ import { DumpStaging, type StagedDump } from './dump-staging.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
+import { pagesBytes, startLazyPages, type LazyPages } from './lazy-pages.js';
+import { untilDeadline } from '../lib/deadline.js';
 import { AgentError } from './agent/client.js';
 import type { Connections, CriuWorker } from './criu-worker.js';
 import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec, SandboxUsage, VolumeMount } from '../seam/runtime.js';
@@ -42,6 +44,8 @@ export interface EngineOptions {
   criuCacheDir: string;
   /** A tmpfs where memory checkpoints' images are written during the freeze (DumpStaging). */
   dumpStagingDir?: string | undefined;
+  /** Restores of images with at least this many MiB of pages are lazy (lazy-pages.ts); 0: none. */
+  lazyRestoreMb?: number;
   agentPath: string;
   /** Set-up's images (FORKPOINT_IMAGE_SEED_DIR), linked into the data directory when first mounted. */
   imageSeedDir?: string;
@@ -142,13 +146,29 @@ export class Engine implements SandboxRuntime {
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
     for (const change of await raiseInotifyCeilings(this.opts.uidRanges)) this.log.info({ change }, 'raised a host-wide inotify ceiling to hold every sandbox\'s bound');
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
-    this.criuCheck = await this.criu.check();
+    const [check, lazy] = await Promise.all([this.criu.check(), (this.opts.lazyRestoreMb ?? 0) > 0 ? this.criu.lazyPagesWork() : false]);
+    this.criuCheck = check;
+    this.lazyRestores = lazy;
+    if ((this.opts.lazyRestoreMb ?? 0) > 0 && !lazy) this.log.warn("'criu check --feature uffd-noncoop' fails here: large memory images are restored whole");
     const staged = await DumpStaging.open(this.opts.dumpStagingDir, `forkpoint-dumps-${this.opts.nodeId}`);
     if (staged.unusable) this.log.warn({ reason: staged.unusable }, 'memory checkpoints are written straight to disk: the staging directory cannot be used');
     this.staging = staged.staging;
     if (!this.criuCheck.ok) this.log.error({ criu: this.opts.criuPath, output: this.criuCheck.output }, "'criu check' fails here: checkpoints, rollbacks and forks will fail, and the node is not ready (/readyz 503). In a container, the node needs the privileges deploy/kubernetes/base/daemonset.yaml gives it");
     await this.disk.emptyTrash();
     this.restorers.refill();
+  }
+
+  /** Whether restores of large memory images are lazy here (lazy-pages.ts): asked at start. */
+  private lazyRestores = false;
+
+  /** The lazy-pages daemons of sandboxes whose memory is still coming in, by instance. */
+  private readonly lazyTransfers = new Map<string, { done: Promise<void>; kill(): void }>();
+
+  /** Restores made lazily since the engine started. */
+  private lazyRestored = 0;
+
+  get lazyRestoreCount(): number {
+    return this.lazyRestored;
   }
 
   /** What `criu check` said at start (until then, nothing is known against it). */
@@ -373,12 +393,16 @@ export class Engine implements SandboxRuntime {
     r: Restorer,
     spec: SandboxSpec,
     prepared: Promise<PreparedRestore>,
-    opts: { connections: Connections; hostname?: string; oldGone?: Promise<void>; keepWorker?: boolean },
+    opts: { connections: Connections; hostname?: string; oldGone?: Promise<void>; keepWorker?: boolean; lazyFrom?: string },
   ): Promise<Launched> {
     const l = this.layout;
     const { hostname, oldGone } = opts;
     const boosted = this.cgroups.boost(spec.id, true);
     const steps = new Steps();
+    // Started beside the restore's preparation: its start-up is a CRIU's.
+    const lazyStart = opts.lazyFrom !== undefined ? this.lazyPagesFor(r, spec, opts.lazyFrom) : Promise.resolve(undefined);
+    lazyStart.catch(() => {});
+    let lazy: LazyPages | undefined;
     try {
       const p = await prepared;
       await Promise.all([boosted, this.imageTreeFor(spec)]);
@@ -394,13 +418,15 @@ export class Engine implements SandboxRuntime {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
         return new EngineError('RESTORE_FAILED', lastError(log) ?? why, log, { cause });
       };
+      lazy = await lazyStart;
+      await lazy?.listening;
       const resp = await r.worker
-        .restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null, usernsRange: p.usernsRange, externalMounts })
+        .restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null, usernsRange: p.usernsRange, externalMounts, lazy: lazy !== undefined })
         .catch(async (err: unknown) => {
           throw err instanceof EngineError && err.code === 'CRIU_FAILED' ? await failed(err.message, err) : err;
         });
       steps.mark('criu');
-      this.log.debug({ instance: spec.id, userNamespace: spec.uidBase !== null, rangeByCriu: p.usernsRange !== undefined, steps: steps.ms }, 'criu restore');
+      this.log.debug({ instance: spec.id, userNamespace: spec.uidBase !== null, rangeByCriu: p.usernsRange !== undefined, lazy: lazy !== undefined, steps: steps.ms }, 'criu restore');
       const pid = resp.restore?.pid;
       if (!resp.success || !pid) throw await failed(resp.cr_errmsg ?? 'criu restore failed');
       // Whatever CRIU was asked or carries, a tree that came back in any range but its own is
@@ -409,8 +435,12 @@ export class Engine implements SandboxRuntime {
       // A tree in a user namespace had its per-user counters bounded by the relay before any of
       // it ran (criu_run.c, "setup-namespaces").
       if (hostname) await r.worker.setHostname(pid, hostname);
-      return { pid, startTime: await processStartTime(pid) };
+      const startTime = await processStartTime(pid);
+      if (lazy) this.followLazy(spec.id, pid, startTime, lazy);
+      lazy = undefined;
+      return { pid, startTime };
     } catch (err) {
+      lazy?.kill();
       throw err instanceof EngineError && (err.code === 'RESTORE_FAILED' || err.code === 'LAYER_LIMIT' || err.code === 'TIMEOUT')
         ? err
         : new EngineError('RESTORE_FAILED', (err as Error).message, undefined, { cause: err });
@@ -419,6 +449,45 @@ export class Engine implements SandboxRuntime {
       rmSync(this.rangeCopyOf(spec.id), { recursive: true, force: true });
       await this.cgroups.boost(spec.id, false);
     }
+  }
+
+  /** A lazy-pages daemon for restoring `spec` from `images`, when lazy restores work here, the
+   * image's pages reach `lazyRestoreMb`, and (for a tree in a user namespace) the restorer's CRIU
+   * can make the tree's userfaultfd there. */
+  private async lazyPagesFor(r: Restorer, spec: SandboxSpec, images: string): Promise<LazyPages | undefined> {
+    const min = (this.opts.lazyRestoreMb ?? 0) * 1024 * 1024;
+    if (!this.lazyRestores || min <= 0 || pagesBytes(images) < min) return undefined;
+    if (spec.uidBase !== null) {
+      await r.ready;
+      if (!r.worker.lazyIntoUserns) return undefined;
+    }
+    const workDir = join(this.layout.run(spec.id), 'criu');
+    rmSync(join(workDir, 'lazy-pages.socket'), { force: true });
+    return startLazyPages({ agentPath: this.opts.agentPath, command: [this.opts.agentPath, ...this.criu.lazyPagesCommand(images, workDir)], workDir, logFile: join(this.layout.run(spec.id), 'lazy-pages-shim.log'), spawner: this.spawner });
+  }
+
+  /** Watches a lazily restored sandbox's daemon: one that ends without every page in takes the
+   * tree with it (its missing pages would read as zeros). */
+  private followLazy(id: string, pid: number, startTime: string, lazy: LazyPages): void {
+    this.lazyRestored++;
+    const done: Promise<void> = lazy.done.then(async (code) => {
+      if (code === 0) return;
+      this.log.error({ instance: id, code, log: join(this.layout.run(id), 'criu', 'lazy-pages.log') }, 'the lazy-pages daemon ended before all of the sandbox\'s memory was in: the sandbox is killed');
+      await killTree(pid, startTime).catch(() => {});
+    }).finally(() => {
+      if (this.lazyTransfers.get(id)?.done === done) this.lazyTransfers.delete(id);
+    });
+    this.lazyTransfers.set(id, { done, kill: lazy.kill });
+  }
+
+  /** A dump reads all of a sandbox's memory: of a lazily restored one, once it is all in (a fault
+   * the daemon would serve while CRIU holds the tree stopped waits on it). */
+  private async memoryIn(id: string): Promise<void> {
+    const t = this.lazyTransfers.get(id);
+    if (!t) return;
+    await untilDeadline(t.done, LAZY_TRANSFER_DEADLINE_MS, () => {
+      throw new EngineError('TIMEOUT', `the sandbox's memory is still being restored after ${LAZY_TRANSFER_DEADLINE_MS / 1000} s`);
+    });
   }
 
   private async attach(spec: SandboxSpec, launched: Launched): Promise<Sandbox> {
@@ -470,7 +539,7 @@ export class Engine implements SandboxRuntime {
       this.disk.prepareDisk(spec, true);
       steps.mark('disk');
       const prepared = this.prepareRestore(restorer, spec, images);
-      const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
+      const launched = await this.restoreWith(restorer, spec, prepared, { connections: opts.connections, lazyFrom: images, ...(opts.setHostname ? { hostname: spec.hostname } : {}) });
       steps.mark('restore');
       injectedLaunchFault();
       const sb = await this.attach(spec, launched);
@@ -527,6 +596,8 @@ export class Engine implements SandboxRuntime {
   /** Stops and removes everything of the instance but the frozen layers. */
   async destroy(id: string): Promise<void> {
     await this.stop(id);
+    // Its daemon would end by itself once the tree is gone; it has nothing left to serve.
+    this.lazyTransfers.get(id)?.kill();
     this.disk.discard(this.layout.instance(id));
     if (this.limitedDisks.has(id)) {
       this.disk.discard(this.limitedDisks.upper(id));
@@ -577,6 +648,7 @@ export class Engine implements SandboxRuntime {
   async freezeRunning(spec: SandboxSpec, layerId: string, imagesId: string, release?: () => void): Promise<FreezeResult> {
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
+    await this.memoryIn(spec.id);
     let pauseMs = 0;
     let dumpError: unknown;
     const steps = new Steps();
@@ -669,6 +741,7 @@ export class Engine implements SandboxRuntime {
     const sb = this.live.get(id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not running`);
     if (this.fenced.has(id)) throw new EngineError('UPPER_NOT_COPIED', `sandbox ${id} is frozen (its node's lease is in doubt)`);
+    if (opts.imagesId !== undefined) await this.memoryIn(id);
     const upper = this.disk.upperOf(id);
     const limits = opts.imagesId === undefined ? COPY_LIMITS : MEMORY_COPY_LIMITS;
     const size = await treeSize(upper, AbortSignal.timeout(COPY_LIMITS.deadlineMs), limits.maxEntries).catch((err: unknown) => {
@@ -818,6 +891,7 @@ export class Engine implements SandboxRuntime {
   async hibernate(spec: SandboxSpec, layerId: string, imagesId: string): Promise<{ pauseMs: number }> {
     const sb = this.live.get(spec.id);
     if (!sb) throw new EngineError('NOT_RUNNING', `sandbox ${spec.id} is not running`);
+    await this.memoryIn(spec.id);
     await this.dropRollback(spec.id);
     const { dumper, images, imagesFd, watchedPaths } = await this.readyDumper(spec, sb.pid, imagesId, [run(this.opts.agentPath, ['syncfs', this.disk.upperOf(spec.id)])]).catch((err: unknown) => {
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
@@ -888,7 +962,7 @@ export class Engine implements SandboxRuntime {
       try {
         this.disk.prepareDisk(spec, true);
         steps.mark('disk');
-        const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { connections: 'close', oldGone }) : await oldGone.then(() => this.launchBoot(spec));
+        const launched = restorer && prepared ? await this.restoreWith(restorer, spec, prepared, { connections: 'close', oldGone, lazyFrom: images }) : await oldGone.then(() => this.launchBoot(spec));
         steps.mark(images ? 'restore' : 'boot');
         failpoint('rollback.restored');
         if (faultArmed('rollback.launched')) throw new EngineError('RESTORE_FAILED', 'the restored sandbox did not come up (a fault the test injected)');
@@ -1099,6 +1173,9 @@ export class Engine implements SandboxRuntime {
 /** Whether the image is a lower of the disk: not when a full-root layer (a squash's) stands in for it. */
 /** How long what a warm rollback replaced waits, killed, before it is removed (swapIn). */
 const REPLACED_REMOVAL_DELAY_MS = 200;
+
+/** How long a dump waits for a lazily restored sandbox's memory (lazy-pages.ts). */
+const LAZY_TRANSFER_DEADLINE_MS = 120_000;
 
 function mountsImage(spec: Pick<SandboxSpec, 'layers' | 'baseLayer' | 'image'>): boolean {
   return !((spec.baseLayer || spec.image === EMPTY_BASE) && spec.layers.length);

@@ -86,6 +86,17 @@ function startShim(opts: ShimOptions): StartedShim {
   return { input: child.stdin!, output: child.stdio[3] as Readable, exit, kill: killGroup(child.pid) };
 }
 
+/** A helper process under a shim of its own (a `criu lazy-pages` daemon): it outlives the server
+ * as the sandbox it serves does, and is started by the spawner when it is up. Its exit code, and a
+ * way to end it. */
+export function daemonUnderShim(opts: ShimOptions): { exit: Promise<number>; kill: () => void } {
+  const { input, output, exit, kill } = startShim(opts);
+  // Nothing is asked of it or read from it.
+  input.end();
+  output.resume();
+  return { exit, kill };
+}
+
 /** The shim's log says why a boot failed (boot writes its reason to stderr). */
 async function failure(code: BootFailure, exitCode: number, logFile: string): Promise<EngineError> {
   const stderr = await tail(logFile, 10);
@@ -113,8 +124,10 @@ export async function launchUnderShim(opts: ShimOptions & { pidfile: string; fai
 /** What forkpoint's CRIU is told by its environment (deploy/criu/): the sandbox's namespaces
  * are forkpoint's own making, under its user namespace, so a dump need not fork to check that
  * they are (0003: ~1.5 ms of the pause); a restore need not wait for its usernsd to exit
- * (0006: 0.5-2.5 ms of a rollback or fork in a user namespace). An unpatched CRIU ignores both. */
-const CRIU_ENV = { CRIU_SKIP_USERNS_CHECK: '1', CRIU_USERNSD_NO_WAIT: '1' };
+ * (0006: 0.5-2.5 ms of a rollback or fork in a user namespace); a restorer opens
+ * /dev/userfaultfd as it starts, before it joins a sandbox's cgroups, for a lazy restore into a
+ * user namespace (0008). An unpatched CRIU ignores all three. */
+const CRIU_ENV = { CRIU_SKIP_USERNS_CHECK: '1', CRIU_USERNSD_NO_WAIT: '1', CRIU_UFFD_DEV: '1' };
 
 /** A CRIU worker (`criu-run --swrk`) under a shim: what it restores stays the shim's. */
 export function workerUnderShim(opts: ShimOptions): CriuWorker {
