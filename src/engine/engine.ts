@@ -149,6 +149,8 @@ export class Engine implements SandboxRuntime {
     const [check, lazy] = await Promise.all([this.criu.check(), (this.opts.lazyRestoreMb ?? 0) > 0 ? this.criu.lazyPagesWork() : false]);
     this.criuCheck = check;
     this.lazyRestores = lazy;
+    // A tree in a user namespace gets its userfaultfd through the device (deploy/criu/0008-*).
+    this.lazyIntoUserns = lazy && existsSync('/dev/userfaultfd');
     if ((this.opts.lazyRestoreMb ?? 0) > 0 && !lazy) this.log.warn("'criu check --feature uffd-noncoop' fails here: large memory images are restored whole");
     const staged = await DumpStaging.open(this.opts.dumpStagingDir, `forkpoint-dumps-${this.opts.nodeId}`);
     if (staged.unusable) this.log.warn({ reason: staged.unusable }, 'memory checkpoints are written straight to disk: the staging directory cannot be used');
@@ -160,6 +162,7 @@ export class Engine implements SandboxRuntime {
 
   /** Whether restores of large memory images are lazy here (lazy-pages.ts): asked at start. */
   private lazyRestores = false;
+  private lazyIntoUserns = false;
 
   /** The lazy-pages daemons of sandboxes whose memory is still coming in, by instance. */
   private readonly lazyTransfers = new Map<string, { done: Promise<void>; kill(): void }>();
@@ -458,6 +461,7 @@ export class Engine implements SandboxRuntime {
     const min = (this.opts.lazyRestoreMb ?? 0) * 1024 * 1024;
     if (!this.lazyRestores || min <= 0 || pagesBytes(images) < min) return undefined;
     if (spec.uidBase !== null) {
+      if (!this.lazyIntoUserns) return undefined;
       await r.ready;
       if (!r.worker.lazyIntoUserns) return undefined;
     }
@@ -1144,6 +1148,8 @@ export class Engine implements SandboxRuntime {
 
   /** Roughly what a memory dump of the sandbox will take on disk: the memory it uses now. */
   async memoryInUse(id: string): Promise<number> {
+    // Of a lazily restored sandbox, what it comes to once its memory is all in.
+    await this.memoryIn(id);
     return this.cgroups.memoryBytes(id);
   }
 

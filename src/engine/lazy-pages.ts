@@ -1,4 +1,4 @@
-import { existsSync, readdirSync, statSync } from 'node:fs';
+import { existsSync, lstatSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { EngineError } from '../seam/errors.js';
 import { daemonUnderShim } from './launcher.js';
@@ -31,7 +31,8 @@ export function pagesBytes(imagesDir: string): number {
   let total = 0;
   for (const name of readdirSync(imagesDir)) {
     if (!/^pages-\d+\.img$/.test(name)) continue;
-    total += statSync(join(imagesDir, name), { throwIfNoEntry: false })?.size ?? 0;
+    const st = lstatSync(join(imagesDir, name), { throwIfNoEntry: false });
+    if (st?.isFile()) total += st.size;
   }
   return total;
 }

@@ -305,6 +305,7 @@ export interface SandboxRuntime {
   readonly disk: NodeDisk;
 
   freeBytes(): Promise<number>;
+  /** The memory the sandbox uses (once a restore still bringing it in is done). */
   memoryInUse(id: string): Promise<number>;
   /** What the sandbox uses now, from its cgroups and its upper layer. */
   usage(id: string): Promise<SandboxUsage>;
