@@ -5,7 +5,7 @@
  */
 import { execa } from 'execa';
 
-const BENCHES = ['exec', 'checkpoint', 'warm-forks', 'fork-many', 'files-only', 'under-load', 'peers', 'confinement', 'interactive', 'network', 'images', 'durable', 'cluster', 'cli'];
+const BENCHES = ['exec', 'checkpoint', 'warm-forks', 'fork-many', 'lazy-restore', 'files-only', 'under-load', 'peers', 'confinement', 'interactive', 'network', 'images', 'durable', 'cluster', 'cli'];
 /** A bench that has not ended in this long is stopped (its own sandboxes go with its server). */
 const DEADLINE_MS = Number(process.env.BENCH_DEADLINE_S ?? 1800) * 1000;
 
