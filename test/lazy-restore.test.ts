@@ -69,12 +69,13 @@ describe('lazy restores', () => {
   it('a checkpoint of a fork asked for while its memory still comes in holds all of it; the sandbox holds no userfaultfd', async () => {
     const src = await filled(true);
     const id = await fork(src.id, src.checkpoint);
+    // Nothing of the restore's userfaultfd machinery is left to the sandbox's processes, while
+    // the daemon still fills their memory (the restorer closed the tasks' copies before they ran).
+    const fds = await sh(id, 'ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c -e userfaultfd || true');
+    expect(fds).toBe('0');
     // Asked at once: the dump waits for the daemon to be done, then reads every page.
     const ck = (await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body;
     expect(ck.status).toBe('ready');
-    // Nothing of the restore's userfaultfd machinery is left to the sandbox's processes.
-    const fds = await sh(id, 'ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c -e userfaultfd || true');
-    expect(fds).toBe('0');
     const again = await fork(id, ck.id);
     expect(await sumOf(again)).toBe(src.sum);
     for (const i of [again, id, src.id]) await s.api('DELETE', `/instances/${i}`);
