@@ -41,8 +41,9 @@ export const configSchema = z.object({
   /** A tmpfs a memory checkpoint's image is written to while the sandbox is frozen, then copied
    * to the data directory (bounded: engine/dump-staging.ts); empty: straight to disk. */
   dumpStagingDir: z.string().default('/dev/shm'),
-  /** A fork, rollback or wake whose memory image holds at least this many MiB of pages is
-   * restored lazily (its pages filled on demand and in the background); 0: never. */
+  /** A fork, rollback or wake whose memory image holds at least this many MiB of pages, and a
+   * checkpoint's restore in its pause, is restored lazily (its pages filled on demand and in the
+   * background); 0: never. */
   lazyRestoreMb: z.coerce.number().int().min(0).default(128),
   /** The static agent binary; set-up builds it. */
   agentPath: z.string().min(1).default(packagePath('native', 'build', 'fp-agent')),

@@ -1,6 +1,7 @@
 /**
  * Issue 25: lazy restores. A fork of a sandbox with a large memory image is restored without its
  * pages, which `criu lazy-pages` fills on demand and in the background (engine/lazy-pages.ts).
+ * The same for the restore inside a checkpoint's pause (an upper frozen by rename).
  * What must hold: every page reads as it was written, in a user namespace and on the host's ids;
  * a checkpoint taken while the memory still comes in holds all of it; nothing of the restore's
  * userfaultfd machinery is left in the sandbox; a daemon that dies before it is done takes its
@@ -43,8 +44,13 @@ async function filled(userNamespace: boolean): Promise<{ id: string; sum: string
   await sh(inst.id, `${KIT} memfill ${MIB} /tmp > /dev/null 2>&1 &`, 'main');
   await eventually(async () => (await sh(inst.id, 'test -e /tmp/memfill.ready && echo y || true')) === 'y', 30_000);
   const sum = await sumOf(inst.id);
+  // More than a memory checkpoint copies in its freeze (the kit alone is): the upper is frozen by
+  // rename, and the sandbox restored inside the pause, lazily.
+  await sh(inst.id, 'head -c 1048576 /dev/zero > /root/past-the-copy-limit');
+  const before = s.engine.lazyRestoreCount;
   const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
   expect(ck.status).toBe('ready');
+  expect(s.engine.lazyRestoreCount, 'the checkpoint restored the sandbox lazily').toBe(before + 1);
   return { id: inst.id, sum, checkpoint: ck.id };
 }
 
@@ -62,11 +68,13 @@ describe('lazy restores', () => {
       const id = await fork(src.id, src.checkpoint);
       expect(s.engine.lazyRestoreCount, 'the fork was restored lazily').toBe(before + 1);
       expect(await sumOf(id), `user namespace: ${userNamespace}`).toBe(src.sum);
+      // The source itself came back lazily from its checkpoint's pause.
+      expect(await sumOf(src.id), `user namespace: ${userNamespace}`).toBe(src.sum);
       for (const i of [id, src.id]) await s.api('DELETE', `/instances/${i}`);
     }
   });
 
-  it('a checkpoint of a fork asked for while its memory still comes in holds all of it; the sandbox holds no userfaultfd', async () => {
+  it('a checkpoint of a fork asked for while its memory still comes in holds all of it, and a rollback to it reads it back; the sandbox holds no userfaultfd', async () => {
     const src = await filled(true);
     const id = await fork(src.id, src.checkpoint);
     // Nothing of the restore's userfaultfd machinery is left to the sandbox's processes, while
@@ -78,6 +86,11 @@ describe('lazy restores', () => {
     expect(ck.status).toBe('ready');
     const again = await fork(id, ck.id);
     expect(await sumOf(again)).toBe(src.sum);
+    // A rollback to it comes back lazily too.
+    const before = s.engine.lazyRestoreCount;
+    expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.id })).status).toBe(200);
+    expect(s.engine.lazyRestoreCount, 'the rollback was restored lazily').toBe(before + 1);
+    expect(await sumOf(id)).toBe(src.sum);
     for (const i of [again, id, src.id]) await s.api('DELETE', `/instances/${i}`);
   });
 

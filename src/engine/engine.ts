@@ -708,8 +708,9 @@ export class Engine implements SandboxRuntime {
         this.disk.freezeUpper(spec.id, layerId);
         steps.mark('rename');
         failpoint('checkpoint.renamed');
-        // The same moment the dump was of: its connections go on.
-        const launched = await this.restoreWith(restorer, next, prepared, { connections: 'restore' });
+        // The same moment the dump was of: its connections go on. A large memory comes back
+        // lazily, after the pause (lazy-pages.ts).
+        const launched = await this.restoreWith(restorer, next, prepared, { connections: 'restore', lazyFrom: this.layout.checkpoint(imagesId) });
         steps.mark('restore');
         failpoint('checkpoint.restored');
         pauseMs = performance.now() - t0;

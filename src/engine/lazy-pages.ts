@@ -5,7 +5,8 @@ import { daemonUnderShim } from './launcher.js';
 import type { Spawner } from './spawner.js';
 
 /**
- * Lazy restores. A fork, rollback or wake of a large memory image is restored without copying its
+ * Lazy restores. A fork, rollback or wake of a large memory image (and the restore inside a
+ * checkpoint's pause when the upper is frozen by rename) is restored without copying its
  * pages: `criu lazy-pages`, started beside the restore and listening in the restore's work
  * directory, is handed the restored tree's userfaultfds, fills each page the tree touches first,
  * then all the others in the background, and exits 0 once every page is in (a few hundred
