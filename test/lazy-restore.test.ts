@@ -117,5 +117,7 @@ describe('lazy restores', () => {
       }
     });
     for (const i of [killedEarly!, src.id]) await s.api('DELETE', `/instances/${i}`);
+    // No daemon of this server's is left behind, waiting or serving.
+    await eventually(async () => (await execa('pgrep', ['-f', `criu lazy-pages -D ${s.dataDir}/`], { reject: false })).exitCode === 1);
   });
 });

@@ -405,7 +405,6 @@ export class Engine implements SandboxRuntime {
     // Started beside the restore's preparation: its start-up is a CRIU's.
     const lazyStart = opts.lazyFrom !== undefined ? this.lazyPagesFor(r, spec, opts.lazyFrom) : Promise.resolve(undefined);
     lazyStart.catch(() => {});
-    let lazy: LazyPages | undefined;
     try {
       const p = await prepared;
       await Promise.all([boosted, this.imageTreeFor(spec)]);
@@ -421,7 +420,7 @@ export class Engine implements SandboxRuntime {
         const log = await tail(join(l.run(spec.id), 'criu', 'restore.log'));
         return new EngineError('RESTORE_FAILED', lastError(log) ?? why, log, { cause });
       };
-      lazy = await lazyStart;
+      const lazy = await lazyStart;
       await lazy?.listening;
       const resp = await r.worker
         .restore({ imagesFd: p.imagesFd, workFd: p.workFd, root: l.merged(spec.id), connections: opts.connections, ownNetns: spec.uidBase !== null, usernsRange: p.usernsRange, externalMounts, lazy: lazy !== undefined })
@@ -440,10 +439,10 @@ export class Engine implements SandboxRuntime {
       if (hostname) await r.worker.setHostname(pid, hostname);
       const startTime = await processStartTime(pid);
       if (lazy) this.followLazy(spec.id, pid, startTime, lazy);
-      lazy = undefined;
       return { pid, startTime };
     } catch (err) {
-      lazy?.kill();
+      // A daemon that would wait for a restore that is not coming (or serve one that failed).
+      void lazyStart.then((d) => d?.kill(), () => {});
       throw err instanceof EngineError && (err.code === 'RESTORE_FAILED' || err.code === 'LAYER_LIMIT' || err.code === 'TIMEOUT')
         ? err
         : new EngineError('RESTORE_FAILED', (err as Error).message, undefined, { cause: err });
@@ -475,7 +474,8 @@ export class Engine implements SandboxRuntime {
   private followLazy(id: string, pid: number, startTime: string, lazy: LazyPages): void {
     this.lazyRestored++;
     const done: Promise<void> = lazy.done.then(async (code) => {
-      if (code === 0) return;
+      // A tree stopped or deleted meanwhile ends its daemon's work too.
+      if (code === 0 || !isAliveSync(pid, startTime)) return;
       this.log.error({ instance: id, code, log: join(this.layout.run(id), 'criu', 'lazy-pages.log') }, 'the lazy-pages daemon ended before all of the sandbox\'s memory was in: the sandbox is killed');
       await killTree(pid, startTime).catch(() => {});
     }).finally(() => {
