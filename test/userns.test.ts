@@ -209,7 +209,15 @@ describe('user namespaces, from inside and from the host', () => {
     // the setuid-root program itself, kept running: what does the host see it as?
     await sh(inst.id, `${KIT} runas 1000 /tmp/suid inotify 1 600 > /dev/null &`, 'main');
     const base = await baseOf(inst.id);
-    const pid = await eventually(async () => processesOf(inst.id).find((p) => hostIds(p)[0] === base + 1000));
+    // The setuid program itself, once exec'd (before that, `runas` has the user's ids in full).
+    const running = (p: number) => {
+      try {
+        return readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0')[0] === '/tmp/suid';
+      } catch {
+        return false; // gone meanwhile
+      }
+    };
+    const pid = await eventually(async () => processesOf(inst.id).find((p) => running(p) && hostIds(p)[0] === base + 1000));
     // real uid the user's, effective and saved the sandbox's root: both in the range; gids untouched
     expect(hostIds(pid)).toEqual([base + 1000, base, base, base, base + 1000, base + 1000, base + 1000, base + 1000]);
     const eff = BigInt('0x' + /CapEff:\s+([0-9a-f]+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]);
