@@ -90,7 +90,7 @@ function startShim(opts: ShimOptions): StartedShim {
  * as the sandbox it serves does, and is started by the spawner when it is up. Its exit code, and a
  * way to end it. */
 export function daemonUnderShim(opts: ShimOptions): { exit: Promise<number>; kill: () => void } {
-  const { input, output, exit, kill } = startShim(opts);
+  const { input, output, exit, kill } = startShim({ ...opts, env: criuEnv() });
   // Nothing is asked of it or read from it.
   input.end();
   output.resume();
@@ -126,8 +126,9 @@ export async function launchUnderShim(opts: ShimOptions & { pidfile: string; fai
  * they are (0003: ~1.5 ms of the pause); a restore need not wait for its usernsd to exit
  * (0006: 0.5-2.5 ms of a rollback or fork in a user namespace); a restorer opens
  * /dev/userfaultfd as it starts, before it joins a sandbox's cgroups, for a lazy restore into a
- * user namespace (0008). An unpatched CRIU ignores all three. */
-const CRIU_ENV = { CRIU_SKIP_USERNS_CHECK: '1', CRIU_USERNSD_NO_WAIT: '1', CRIU_UFFD_DEV: '1' };
+ * user namespace (0008); a lazy-pages daemon no restore connects to within a minute (its server
+ * died first) exits (0008). An unpatched CRIU ignores them all. */
+const CRIU_ENV = { CRIU_SKIP_USERNS_CHECK: '1', CRIU_USERNSD_NO_WAIT: '1', CRIU_UFFD_DEV: '1', CRIU_LAZY_ACCEPT_TIMEOUT_S: '60' };
 
 /** A CRIU worker (`criu-run --swrk`) under a shim: what it restores stays the shim's. */
 export function workerUnderShim(opts: ShimOptions): CriuWorker {
