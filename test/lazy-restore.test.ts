@@ -62,6 +62,7 @@ async function fork(id: string, checkpoint: string): Promise<string> {
 
 describe('lazy restores', () => {
   it(`a fork of ${MIB} MiB written before the checkpoint reads every page as it was written, in a user namespace and on the host's ids`, async () => {
+    expect((await s.api('GET', '/healthz')).body.engine.lazy_restores).toBe('on');
     for (const userNamespace of [true, false]) {
       const src = await filled(userNamespace);
       const before = s.engine.lazyRestoreCount;

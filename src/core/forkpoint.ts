@@ -51,6 +51,7 @@ export interface HealthReport {
     cgroups: 1 | 2;
     root: boolean;
     user_namespaces: 'on' | 'off';
+    lazy_restores: 'on' | 'host-ids' | 'off';
   };
 }
 
@@ -353,7 +354,7 @@ export class Forkpoint {
   }
 
   async health(): Promise<HealthReport> {
-    const { criu, cgroups, overlay, root, agent } = await this.engine.health();
+    const { criu, cgroups, overlay, root, agent, lazyRestores } = await this.engine.health();
     return {
       ok: criu.ok && overlay && root && agent,
       version: this.version,
@@ -363,6 +364,7 @@ export class Forkpoint {
         cgroups,
         root,
         user_namespaces: this.config.userNamespaces,
+        lazy_restores: lazyRestores,
       },
     };
   }

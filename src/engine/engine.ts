@@ -163,6 +163,8 @@ export class Engine implements SandboxRuntime {
   /** Whether restores of large memory images are lazy here (lazy-pages.ts): asked at start. */
   private lazyRestores = false;
   private lazyIntoUserns = false;
+  /** What the last restorer to start said of its CRIU (deploy/criu/0008-*), for health(). */
+  private criuLazyUserns = false;
 
   /** The lazy-pages daemons of sandboxes whose memory is still coming in, by instance. */
   private readonly lazyTransfers = new Map<string, { done: Promise<void>; kill(): void }>();
@@ -347,7 +349,7 @@ export class Engine implements SandboxRuntime {
       spawner: this.spawner,
     });
     const ready = w.ready();
-    ready.catch(() => {});
+    ready.then(() => (this.criuLazyUserns = w.lazyIntoUserns), () => {});
     return { worker: w, ready };
   }
 
@@ -1138,6 +1140,7 @@ export class Engine implements SandboxRuntime {
       overlay,
       root: process.getuid?.() === 0,
       agent: existsSync(this.opts.agentPath),
+      lazyRestores: !this.lazyRestores ? 'off' : this.lazyIntoUserns && this.criuLazyUserns ? 'on' : 'host-ids',
     };
   }
 

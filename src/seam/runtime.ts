@@ -228,6 +228,9 @@ export interface RuntimeHealth {
   root: boolean;
   /** The sandboxes' agent binary is there. */
   agent: boolean;
+  /** Whether large memory images are restored lazily: for every sandbox, for those on the host's
+   * ids only (no /dev/userfaultfd, or a CRIU without forkpoint's patch), or not at all. */
+  lazyRestores: 'on' | 'host-ids' | 'off';
 }
 
 /**

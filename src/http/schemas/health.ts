@@ -10,6 +10,9 @@ export const Health = z
       cgroups: z.number().int(),
       root: z.boolean(),
       user_namespaces: z.enum(['on', 'off']).describe("whether new instances get a user namespace of their own unless they ask otherwise (FORKPOINT_USER_NAMESPACES); each instance's view says which it has"),
+      lazy_restores: z
+        .enum(['on', 'host-ids', 'off'])
+        .describe("whether a restore of a memory image with `lazyRestoreMb` MiB of pages or more runs before its memory is in: for every sandbox, for those on the host's ids only (no /dev/userfaultfd here, or a CRIU without forkpoint's patch), or not at all"),
     }),
   })
   .meta({ id: 'Health' });
