@@ -11,6 +11,8 @@ int criu_run_main(int argc, char **argv);
 int overlay_main(int argc, char **argv);
 int syncfs_main(int argc, char **argv);
 int fhpath_main(int argc, char **argv);
+int wp_hold_main(int argc, char **argv);
+int pages_flatten_main(int argc, char **argv);
 int read_full(int fd, void *buf, size_t len);
 int write_full(int fd, const void *buf, size_t len);
 int loopback_up(void);

@@ -7,7 +7,9 @@
  *                    sandbox's netns or a fresh one; with --swrk, a warm RPC worker
  *   mount-overlay, umount, syncfs   host side: the syscalls, without util-linux's start-up
  *   mkdev DIR        host side: the device nodes of the agent layer's /dev
- *   net-setup PID HOSTIF ADDR GW MAC   host side: a booted sandbox's network link */
+ *   net-setup PID HOSTIF ADDR GW MAC   host side: a booted sandbox's network link
+ *   wp-hold SOCKET PID   host side: keeps a sandbox's dirty-page tracking (wp_hold.c)
+ *   pages-flatten DIR PARENT   host side: an incremental memory image made whole */
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +28,8 @@ int main(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "fhpath")) return fhpath_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "mkdev")) return mkdev_main(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "net-setup")) return net_setup_main(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "wp-hold")) return wp_hold_main(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "pages-flatten")) return pages_flatten_main(argc - 1, argv + 1);
   fprintf(stderr, "usage: fp-agent init | boot OPTIONS | shim --status FILE -- CMD... | criu-run --cache DIR -- CRIU...\n");
   return 2;
 }
