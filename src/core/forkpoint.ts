@@ -52,6 +52,7 @@ export interface HealthReport {
     root: boolean;
     user_namespaces: 'on' | 'off';
     lazy_restores: 'on' | 'host-ids' | 'off';
+    incremental_checkpoints: 'on' | 'off';
   };
 }
 
@@ -354,7 +355,7 @@ export class Forkpoint {
   }
 
   async health(): Promise<HealthReport> {
-    const { criu, cgroups, overlay, root, agent, lazyRestores } = await this.engine.health();
+    const { criu, cgroups, overlay, root, agent, lazyRestores, incrementalCheckpoints } = await this.engine.health();
     return {
       ok: criu.ok && overlay && root && agent,
       version: this.version,
@@ -365,6 +366,7 @@ export class Forkpoint {
         root,
         user_namespaces: this.config.userNamespaces,
         lazy_restores: lazyRestores,
+        incremental_checkpoints: incrementalCheckpoints,
       },
     };
   }

@@ -16,6 +16,8 @@ const root = protobuf.parse(`
     optional bool notify_scripts = 12;
     optional string log_file = 10;
     optional string root = 13;
+    optional string parent_img = 14;
+    optional bool track_mem = 15;
     optional int32 work_dir_fd = 17;
     optional int32 manage_cgroups_mode = 34;
     repeated string irmap_scan_paths = 36;
@@ -27,6 +29,7 @@ const root = protobuf.parse(`
     optional int32 network_lock = 64;
     optional uint32 userns_base = 1000;
     optional uint32 userns_size = 1001;
+    optional string wp_holder = 1002;
   }
   message criu_req {
     required int32 type = 1;
@@ -207,12 +210,21 @@ export class CriuWorker {
     return this.features.has('lazy-userns');
   }
 
+  /** Whether this CRIU tracks what a tree writes between dumps by userfaultfd write-protection
+   * (deploy/criu/0009-*): an unpatched one has no such option, and `track_mem` fails on a kernel
+   * without soft-dirty bits. */
+  get tracksWrites(): boolean {
+    return this.features.has('wp-track');
+  }
+
   /** `imagesFd`: from `openDir`, which can be done ahead of the pause. `frozenIn`: the freezer
    * group the engine stopped the tree in; CRIU seizes it there, dumps it, leaves it running and
    * frozen. `ownNetns`: the tree
    * has a network namespace of its own, outside the worker's (a tree in a user namespace),
    * dumped empty (its sockets only): the restore makes it afresh, owned by the tree. */
-  async dump(opts: { pid: number; imagesFd: number; frozenIn?: string; ownNetns?: boolean; watchedPaths?: string[]; externalMounts?: string[] }): Promise<CriuResponse> {
+  /** `tracking`: the write-protection holder (memory-tracking.ts), and the image whose pages
+   * this dump leaves out where nothing wrote them since. */
+  async dump(opts: { pid: number; imagesFd: number; frozenIn?: string; ownNetns?: boolean; watchedPaths?: string[]; externalMounts?: string[]; tracking?: { holder: string; parent: string | undefined } | undefined }): Promise<CriuResponse> {
     return this.rpc({
       type: REQ.DUMP,
       opts: {
@@ -237,6 +249,7 @@ export class CriuWorker {
         // restored from whatever the restore names for that place (as runc does).
         // (volume paths hold no ']', ':' or ',': lib/volume-path.ts)
         ...(opts.externalMounts?.length ? { external: opts.externalMounts.map((path) => `mnt[${path}]:${path}`) } : {}),
+        ...(opts.tracking ? { track_mem: true, wp_holder: opts.tracking.holder, ...(opts.tracking.parent ? { parent_img: opts.tracking.parent } : {}) } : {}),
       },
     }, CRIU_DEADLINES.dumpOrRestore);
   }

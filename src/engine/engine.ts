@@ -25,6 +25,7 @@ import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
 import { DumpStaging, type StagedDump } from './dump-staging.js';
+import { MemoryTracking } from './memory-tracking.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
@@ -109,6 +110,8 @@ export class Engine implements SandboxRuntime {
   private agentLayerId = '';
   private readonly volumeFileAgents: VolumeFileAgents;
   private staging: DumpStaging | undefined;
+  /** Incremental memory checkpoints of sandboxes left running (memory-tracking.ts). */
+  private readonly tracking: MemoryTracking;
 
   constructor(private readonly opts: EngineOptions) {
     this.layout = new DataLayout(opts.dataDir);
@@ -123,6 +126,7 @@ export class Engine implements SandboxRuntime {
     this.mounter = new Mounter(opts.agentPath);
     this.puller = new RegistryPuller(this.images, this.layout.layers, join(this.layout.images, '.oci-cache'));
     this.network = new Network({ agentPath: opts.agentPath, cidr: opts.network.cidr, dnsServers: opts.network.dnsServers, upstreamCa: opts.network.upstreamCa, log: opts.logger, spoolDir: this.layout.spill });
+    this.tracking = new MemoryTracking({ agentPath: opts.agentPath, spawner: this.spawner, runDir: (id) => this.layout.run(id), log: opts.logger });
   }
 
   get log(): Logger {
@@ -146,7 +150,7 @@ export class Engine implements SandboxRuntime {
     this.agentLayerId = await ensureAgentLayer(this.layout.agents, this.opts.agentPath);
     for (const change of await raiseInotifyCeilings(this.opts.uidRanges)) this.log.info({ change }, 'raised a host-wide inotify ceiling to hold every sandbox\'s bound');
     await this.criu.ensureCache().catch((err: Error) => this.log.warn({ err }, 'no tmpfs cache for criu; every call will re-probe the kernel'));
-    const [check, lazy] = await Promise.all([this.criu.check(), (this.opts.lazyRestoreMb ?? 0) > 0 ? this.criu.lazyPagesWork() : false]);
+    const [check, lazy] = await Promise.all([this.criu.check(), (this.opts.lazyRestoreMb ?? 0) > 0 ? this.criu.lazyPagesWork() : false, this.tracking.init()]);
     this.criuCheck = check;
     this.lazyRestores = lazy;
     // A tree in a user namespace gets its userfaultfd through the device (deploy/criu/0008-*).
@@ -165,6 +169,7 @@ export class Engine implements SandboxRuntime {
   private lazyIntoUserns = false;
   /** What the last restorer to start said of its CRIU (deploy/criu/0008-*), for health(). */
   private criuLazyUserns = false;
+  private criuTracksWrites = false;
 
   /** The lazy-pages daemons of sandboxes whose memory is still coming in, by instance. */
   private readonly lazyTransfers = new Map<string, { done: Promise<void>; kill(): void }>();
@@ -174,6 +179,11 @@ export class Engine implements SandboxRuntime {
 
   get lazyRestoreCount(): number {
     return this.lazyRestored;
+  }
+
+  /** Memory checkpoints since start that copied only the pages written since the one before. */
+  get incrementalDumpCount(): number {
+    return this.tracking.incrementalCount;
   }
 
   /** What `criu check` said at start (until then, nothing is known against it). */
@@ -349,7 +359,10 @@ export class Engine implements SandboxRuntime {
       spawner: this.spawner,
     });
     const ready = w.ready();
-    ready.then(() => (this.criuLazyUserns = w.lazyIntoUserns), () => {});
+    ready.then(() => {
+      this.criuLazyUserns = w.lazyIntoUserns;
+      this.criuTracksWrites = w.tracksWrites;
+    }, () => {});
     return { worker: w, ready };
   }
 
@@ -595,6 +608,7 @@ export class Engine implements SandboxRuntime {
   }
 
   private async teardown(id: string): Promise<void> {
+    this.tracking.forget(id);
     await this.mounter.unmount(this.layout.merged(id));
     await this.cgroups.remove(id);
   }
@@ -844,6 +858,12 @@ export class Engine implements SandboxRuntime {
       await staged?.discard();
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
     });
+    // Only the pages written since this tree's last dump, where that can be told.
+    const tracked = await this.tracking.prepare(spec.id, sb, images, dumper.tracksWrites).catch(async (err: unknown) => {
+      dumper.end();
+      await staged?.discard();
+      throw new EngineError('DUMP_FAILED', `could not prepare the memory tracking: ${(err as Error).message}`, undefined, { cause: err });
+    });
     // The dump's parasite runs in the sandbox's tasks, so in its CPU group (put back after the
     // pause).
     await this.cgroups.boost(spec.id, true);
@@ -852,20 +872,26 @@ export class Engine implements SandboxRuntime {
       survived: () => alive,
       end: () => dumper.end(),
       discard: async () => {
+        tracked?.failed();
         await staged?.discard();
       },
-      // The staged image to its place on disk, after the thaw (a no-op for one written there).
+      // The staged image to its place on disk, after the thaw (a no-op for one written there),
+      // made whole if the dump left pages to its parent's.
       persist: async () => {
-        if (!staged) return;
-        failpoint('checkpoint.staged');
-        await staged.persist(images).catch((err: unknown) => {
-          throw new EngineError('DUMP_FAILED', `the memory image did not reach the disk: ${(err as Error).message}`, undefined, { cause: err });
-        });
+        if (staged) {
+          failpoint('checkpoint.staged');
+          await staged.persist(images).catch((err: unknown) => {
+            throw new EngineError('DUMP_FAILED', `the memory image did not reach the disk: ${(err as Error).message}`, undefined, { cause: err });
+          });
+        }
+        const t0 = performance.now();
+        const whole = await tracked?.persisted(images);
+        if (whole?.fromParentPages) this.log.debug({ instance: spec.id, pagesFromParent: whole.fromParentPages, ms: Math.round(performance.now() - t0) }, 'incremental memory image made whole');
       },
       run: async () => {
         const dumped = await dumper.dump({
           pid: sb.pid, imagesFd, frozenIn: this.cgroups.freezerDir(spec.id), ownNetns: spec.uidBase !== null, watchedPaths,
-          externalMounts: spec.volumes.map((v) => v.path),
+          externalMounts: spec.volumes.map((v) => v.path), tracking: tracked,
         }).catch((err: Error) => ({ success: false, cr_errmsg: err.message }));
         dumper.end();
         if (dumped.success) return;
@@ -1141,6 +1167,7 @@ export class Engine implements SandboxRuntime {
       root: process.getuid?.() === 0,
       agent: existsSync(this.opts.agentPath),
       lazyRestores: !this.lazyRestores ? 'off' : this.lazyIntoUserns && this.criuLazyUserns ? 'on' : 'host-ids',
+      incrementalCheckpoints: this.tracking.kernelTracks && this.criuTracksWrites ? 'on' : 'off',
     };
   }
 

@@ -231,6 +231,10 @@ export interface RuntimeHealth {
   /** Whether large memory images are restored lazily: for every sandbox, for those on the host's
    * ids only (no /dev/userfaultfd, or a CRIU without forkpoint's patch), or not at all. */
   lazyRestores: 'on' | 'host-ids' | 'off';
+  /** Whether a memory checkpoint of a sandbox left running copies only the pages written since
+   * the one before (a kernel that tracks writes by userfaultfd write-protection, and a CRIU with
+   * forkpoint's patch). */
+  incrementalCheckpoints: 'on' | 'off';
 }
 
 /**

@@ -657,7 +657,7 @@ export class FakeEngine implements SandboxRuntime {
     this.live.clear();
   }
   async health(): Promise<RuntimeHealth> {
-    return { criu: { version: 'fake', ok: true }, cgroups: 2, overlay: true, root: true, agent: true, lazyRestores: 'off' };
+    return { criu: { version: 'fake', ok: true }, cgroups: 2, overlay: true, root: true, agent: true, lazyRestores: 'off', incrementalCheckpoints: 'off' };
   }
 
   sandbox(id: string): FakeSandbox | undefined {

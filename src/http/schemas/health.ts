@@ -13,6 +13,9 @@ export const Health = z
       lazy_restores: z
         .enum(['on', 'host-ids', 'off'])
         .describe("whether a restore of a memory image with `lazyRestoreMb` MiB of pages or more runs before its memory is in: for every sandbox, for those on the host's ids only (no /dev/userfaultfd here, or a CRIU without forkpoint's patch), or not at all"),
+      incremental_checkpoints: z
+        .enum(['on', 'off'])
+        .describe('whether a memory checkpoint of a sandbox left running copies only the pages written since its previous one (Linux 6.7+ userfaultfd write-protection, and a CRIU with forkpoint\'s patch); each checkpoint is whole once ready either way'),
     }),
   })
   .meta({ id: 'Health' });
