@@ -203,10 +203,28 @@ for (;;) {
   if (r.body.stdout === 'filled\n') break;
   await new Promise((res) => setTimeout(res, 500));
 }
-const memRuns = [];
-for (let i = 0; i < 2; i++) memRuns.push(await checkpoint(mem, { memory: true }));
-rows.push({ name: 'checkpoint pause, 1 GiB dirty memory', stats: stats(memRuns.map((r) => r.pause_ms)) });
-rows.push({ name: '  memory image size', stats: stats(memRuns.map((r) => r.memory_bytes / 1048576)), unit: 'MiB' });
+// A small working set beside the gigabyte: 8 MiB rewritten every 100 ms.
+await s.api('POST', `/instances/${mem}/processes`, { command: `awk 'BEGIN { for (;;) { s = sprintf("%8388608s", i++); system("sleep 0.1") } }'` });
+// The first checkpoint copies all of it; each after it, of the same sandbox left running, only
+// the pages written since the one before (incremental, when /healthz says so).
+const incrementalBefore = engine.incrementalDumpCount;
+const timedCheckpoint = async () => {
+  const t = performance.now();
+  const ck = await checkpoint(mem, { memory: true });
+  return { ...ck, ready_ms: performance.now() - t };
+};
+const full = [await timedCheckpoint()];
+const later = [];
+for (let i = 0; i < 4; i++) {
+  await new Promise((res) => setTimeout(res, 300));
+  later.push(await timedCheckpoint());
+}
+const incremental = engine.incrementalDumpCount - incrementalBefore;
+rows.push({ name: `checkpoint pause, 1 GiB written once + small working set (${incremental} of ${later.length} incremental)`, stats: stats(later.map((r) => r.pause_ms)), target: '≤ 100' });
+rows.push({ name: '  checkpoint request → ready (image made whole)', stats: stats(later.map((r) => r.ready_ms)) });
+rows.push({ name: '  baseline: first checkpoint pause (all of it copied)', stats: stats(full.map((r) => r.pause_ms)) });
+rows.push({ name: '  baseline: first checkpoint request → ready', stats: stats(full.map((r) => r.ready_ms)) });
+rows.push({ name: '  memory image size', stats: stats([...full, ...later].map((r) => r.memory_bytes / 1048576)), unit: 'MiB' });
 await s.api('DELETE', `/instances/${mem}`);
 
 // --- storage after 100 checkpoints of 1 MB each ---

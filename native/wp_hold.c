@@ -4,8 +4,9 @@
  * userfaultfd per process as a checkpoint's dump ends, and a page written after that loses its
  * protection: the next dump copies only those. The protection lasts as long as its userfaultfd
  * is open, and CRIU exits, so it hands them to this holder: 'R' closes those it holds (the
- * previous dump's: a mapping can have one at most), 'H' with descriptors keeps them; each is
- * answered 'k'. The holder exits when the sandbox's PID 1 (PID, on the host) is gone.
+ * previous dump's: a mapping can have one at most), 'H' with descriptors keeps them, each with
+ * its task's pid; each is answered 'k'. 'G' gives copies of those held back, with their pids: the
+ * next dump reuses those of the same tasks rather than drop their protection and build it again. The holder exits when the sandbox's PID 1 (PID, on the host) is gone.
  *
  * It trusts nothing it is sent: the socket is root's alone (0600, in the instance's run
  * directory), and a descriptor that is not a userfaultfd is closed at once. Dropping a
@@ -48,6 +49,7 @@ struct fp_pm_scan_arg {
 #define CLIENT_TIMEOUT_S 5
 
 static int held[MAX_HELD];
+static pid_t held_pid[MAX_HELD];
 static int nheld;
 
 static int is_userfaultfd(int fd) {
@@ -64,28 +66,64 @@ static void release_all(void) {
   nheld = 0;
 }
 
-/* One client (a CRIU dump): commands until it hangs up or stalls. */
+/* 'G': copies of what is held, with their pids, in messages 'g' + pids, then 'e'. */
+static int give(int conn) {
+  for (int at = 0;; at += MAX_PER_MESSAGE) {
+    int n = nheld - at < MAX_PER_MESSAGE ? nheld - at : MAX_PER_MESSAGE;
+    if (n <= 0) break;
+    char data[1 + sizeof(pid_t) * MAX_PER_MESSAGE];
+    char ctl[CMSG_SPACE(sizeof(int) * MAX_PER_MESSAGE)];
+    memset(ctl, 0, sizeof(ctl));
+    data[0] = 'g';
+    memcpy(data + 1, held_pid + at, sizeof(pid_t) * (size_t)n);
+    struct iovec iov = {.iov_base = data, .iov_len = 1 + sizeof(pid_t) * (size_t)n};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+    memcpy(CMSG_DATA(cm), held + at, sizeof(int) * (size_t)n);
+    if (sendmsg(conn, &mh, MSG_NOSIGNAL) != (ssize_t)iov.iov_len) return -1;
+  }
+  return send(conn, "e", 1, MSG_NOSIGNAL) == 1 ? 0 : -1;
+}
+
+/* One client (a CRIU dump): commands until it hangs up or stalls. 'H' carries descriptors and
+ * the pid of each's task (int32 each, after the command byte); a message that does not add up
+ * is dropped, its descriptors closed. */
 static void serve(int conn) {
   struct timeval tv = {.tv_sec = CLIENT_TIMEOUT_S};
   setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   for (;;) {
-    char cmd = 0;
+    char data[1 + sizeof(pid_t) * MAX_PER_MESSAGE];
     char ctl[CMSG_SPACE(sizeof(int) * MAX_PER_MESSAGE)];
-    struct iovec iov = {.iov_base = &cmd, .iov_len = 1};
+    struct iovec iov = {.iov_base = data, .iov_len = sizeof(data)};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
     ssize_t n = recvmsg(conn, &mh, MSG_CMSG_CLOEXEC);
     if (n <= 0) return;
+    char cmd = data[0];
+    int nfds = 0, *fds = NULL;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
       if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-      int nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      int *fds = (int *)CMSG_DATA(cm);
-      for (int i = 0; i < nfds; i++) {
-        if (cmd == 'H' && nheld < MAX_HELD && is_userfaultfd(fds[i])) held[nheld++] = fds[i];
-        else close(fds[i]);
+      nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      fds = (int *)CMSG_DATA(cm);
+    }
+    int npids = (int)((n - 1) / (ssize_t)sizeof(pid_t));
+    int keep = cmd == 'H' && !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) && npids == nfds;
+    for (int i = 0; i < nfds; i++) {
+      if (keep && nheld < MAX_HELD && is_userfaultfd(fds[i])) {
+        memcpy(&held_pid[nheld], data + 1 + sizeof(pid_t) * (size_t)i, sizeof(pid_t));
+        held[nheld++] = fds[i];
+      } else {
+        close(fds[i]);
       }
     }
-    if (mh.msg_flags & MSG_CTRUNC) return;
+    if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) return;
+    if (cmd == 'G') {
+      if (give(conn)) return;
+      continue;
+    }
     if (cmd == 'R') release_all();
     else if (cmd == 'Q') {
       /* A holder started for the same sandbox by a server that came after (this one's died). */

@@ -7,6 +7,7 @@
  * written since; it stands on its own once its parent is deleted; a rollback starts the tracking
  * afresh; nothing of it is visible in the sandbox.
  */
+import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
 import { eventually, startServer, type TestServer } from './helpers/server.js';
@@ -34,8 +35,9 @@ async function sumOf(id: string): Promise<string> {
   return eventually(async () => (await sh(id, 'cat /tmp/memfill.sum 2>/dev/null || true')) || undefined, 20_000);
 }
 
-/** The filler rewrites a small working set: a word in every 64th page, and 64 pages the kernel
- * writes for it (getrandom). */
+/** The filler rewrites a small working set: a word in every 64th page, 64 pages the kernel
+ * writes for it (getrandom), and 16 pages it gives back (MADV_DONTNEED: they read as zeros, not
+ * as the parent image has them). */
 async function touch(id: string): Promise<void> {
   await sh(id, 'rm -f /tmp/memfill.touched; kill -USR2 $(pidof attack)');
   await eventually(async () => (await sh(id, 'test -e /tmp/memfill.touched && echo y || true')) === 'y', 20_000);
@@ -107,5 +109,7 @@ describe('incremental memory checkpoints', () => {
     const older = await fork(inst.id, afresh);
     expect(await sumOf(older)).toBe(sumAfter);
     for (const i of [again, older, forked, inst.id]) await s.api('DELETE', `/instances/${i}`);
+    // The holders of the tracking's userfaultfds go with their sandboxes.
+    await eventually(async () => (await execa('pgrep', ['-f', `wp-hold ${s.dataDir}/`], { reject: false })).exitCode === 1);
   });
 });
