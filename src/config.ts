@@ -45,6 +45,10 @@ export const configSchema = z.object({
    * checkpoint's restore in its pause, is restored lazily (its pages filled on demand and in the
    * background); 0: never. */
   lazyRestoreMb: z.coerce.number().int().min(0).default(128),
+  /** A memory checkpoint of a sandbox left running that uses at least this many MiB tracks what
+   * it writes from then on, so that its next one copies only that (engine/memory-tracking.ts);
+   * 0: never. */
+  incrementalCheckpointMb: z.coerce.number().int().min(0).default(64),
   /** The static agent binary; set-up builds it. */
   agentPath: z.string().min(1).default(packagePath('native', 'build', 'fp-agent')),
   /** Images are copied from here into the data directory on first use. */
@@ -199,6 +203,7 @@ const envNames: Record<keyof Config, string> = {
   criuCacheDir: 'FORKPOINT_CRIU_CACHE_DIR',
   dumpStagingDir: 'FORKPOINT_DUMP_STAGING_DIR',
   lazyRestoreMb: 'FORKPOINT_LAZY_RESTORE_MB',
+  incrementalCheckpointMb: 'FORKPOINT_INCREMENTAL_CHECKPOINT_MB',
   agentPath: 'FORKPOINT_AGENT',
   imageSeedDir: 'FORKPOINT_IMAGE_SEED_DIR',
   defaultImage: 'FORKPOINT_DEFAULT_IMAGE',

@@ -17,6 +17,7 @@ export function localEngine(config: Config, log: Logger, nodeId: string, overrid
     criuCacheDir: config.criuCacheDir,
     dumpStagingDir: config.dumpStagingDir || undefined,
     lazyRestoreMb: config.lazyRestoreMb,
+    incrementalCheckpointMb: config.incrementalCheckpointMb,
     agentPath: config.agentPath,
     imageSeedDir: config.imageSeedDir,
     logger: log,

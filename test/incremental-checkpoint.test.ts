@@ -9,7 +9,8 @@
  */
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
+import { buildAttackKit, installKit, type AttackKit } from './helpers/attack-kit.js';
+import { memfill } from './helpers/memfill.js';
 import { eventually, startServer, type TestServer } from './helpers/server.js';
 
 const MIB = 256;
@@ -23,25 +24,11 @@ afterAll(async () => {
   await kit?.cleanup();
 });
 
-const sh = async (id: string, command: string, session?: string) => {
-  const r = await s.exec(id, { command, timeout_ms: 30_000, ...(session ? { session } : {}) });
-  if (r.exit_code !== 0) throw new Error(`${command}: ${r.stderr}`);
-  return (r.stdout as string).trim();
-};
-
-/** The checksum of the filler's memory, computed by the filler itself. */
-async function sumOf(id: string): Promise<string> {
-  await sh(id, 'rm -f /tmp/memfill.sum; kill -USR1 $(pidof attack)');
-  return eventually(async () => (await sh(id, 'cat /tmp/memfill.sum 2>/dev/null || true')) || undefined, 20_000);
-}
-
-/** The filler rewrites a small working set: a word in every 64th page, 64 pages the kernel
- * writes for it (getrandom), and 16 pages it gives back (MADV_DONTNEED: they read as zeros, not
- * as the parent image has them). */
-async function touch(id: string): Promise<void> {
-  await sh(id, 'rm -f /tmp/memfill.touched; kill -USR2 $(pidof attack)');
-  await eventually(async () => (await sh(id, 'test -e /tmp/memfill.touched && echo y || true')) === 'y', 20_000);
-}
+const sh = (id: string, command: string, session?: string) => memfill(s).sh(id, command, session);
+const sumOf = (id: string) => memfill(s).sumOf(id);
+/** A small working set rewritten, and 16 pages given back: they must come back as zeros, not as
+ * the parent image has them. */
+const touch = (id: string) => memfill(s).touch(id);
 
 async function checkpoint(id: string): Promise<string> {
   const ck = (await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true })).body;
@@ -60,8 +47,7 @@ describe('incremental memory checkpoints', () => {
     expect((await s.api('GET', '/healthz')).body.engine.incremental_checkpoints).toBe('on');
     const inst = await s.instance({ limits: { memory_mb: 1024 } });
     await installKit(s, inst.id, kit);
-    await sh(inst.id, `${KIT} memfill ${MIB} /tmp > /dev/null 2>&1 &`, 'main');
-    await eventually(async () => (await sh(inst.id, 'test -e /tmp/memfill.ready && echo y || true')) === 'y', 30_000);
+    await memfill(s).start(inst.id, MIB);
     await sh(inst.id, 'COUNTER=1', 'main');
     // The kit is more than a memory checkpoint copies in its freeze: this first one freezes the
     // upper by rename (dump and restore). The upper is small from then on, and the sandbox left

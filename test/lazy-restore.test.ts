@@ -9,7 +9,8 @@
  */
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
+import { buildAttackKit, installKit, type AttackKit } from './helpers/attack-kit.js';
+import { memfill } from './helpers/memfill.js';
 import { eventually, startServer, type TestServer } from './helpers/server.js';
 
 /** Above the server's default threshold (lazyRestoreMb, 128). */
@@ -25,31 +26,21 @@ afterAll(async () => {
   await kit?.cleanup();
 });
 
-const sh = async (id: string, command: string, session?: string) => {
-  const r = await s.exec(id, { command, timeout_ms: 30_000, ...(session ? { session } : {}) });
-  if (r.exit_code !== 0) throw new Error(`${command}: ${r.stderr}`);
-  return (r.stdout as string).trim();
-};
-
-/** The checksum of the filler's memory, computed by the filler itself. */
-async function sumOf(id: string): Promise<string> {
-  await sh(id, 'rm -f /tmp/memfill.sum; kill -USR1 $(pidof attack)');
-  return eventually(async () => (await sh(id, 'cat /tmp/memfill.sum 2>/dev/null || true')) || undefined, 20_000);
-}
+const sh = (id: string, command: string, session?: string) => memfill(s).sh(id, command, session);
+const sumOf = (id: string) => memfill(s).sumOf(id);
 
 /** A sandbox whose filler holds MIB MiB written before any checkpoint, and their checksum. */
 async function filled(userNamespace: boolean): Promise<{ id: string; sum: string; checkpoint: string }> {
   const inst = await s.instance({ user_namespace: userNamespace, limits: { memory_mb: 1024 } });
   await installKit(s, inst.id, kit);
-  await sh(inst.id, `${KIT} memfill ${MIB} /tmp > /dev/null 2>&1 &`, 'main');
-  await eventually(async () => (await sh(inst.id, 'test -e /tmp/memfill.ready && echo y || true')) === 'y', 30_000);
+  await memfill(s).start(inst.id, MIB);
   const sum = await sumOf(inst.id);
   // More than a memory checkpoint copies in its freeze (the kit alone is): the upper is frozen by
   // rename, and the sandbox restored inside the pause, lazily.
   await sh(inst.id, 'head -c 1048576 /dev/zero > /root/past-the-copy-limit');
   const before = s.engine.lazyRestoreCount;
   const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
-  expect(ck.status).toBe('ready');
+  expect(ck.status, JSON.stringify(ck)).toBe('ready');
   expect(s.engine.lazyRestoreCount, 'the checkpoint restored the sandbox lazily').toBe(before + 1);
   return { id: inst.id, sum, checkpoint: ck.id };
 }

@@ -47,6 +47,9 @@ export interface EngineOptions {
   dumpStagingDir?: string | undefined;
   /** Restores of images with at least this many MiB of pages are lazy (lazy-pages.ts); 0: none. */
   lazyRestoreMb?: number;
+  /** Memory checkpoints of sandboxes left running that use at least this many MiB track what is
+   * written until the next one, which copies only that (memory-tracking.ts); 0: none. */
+  incrementalCheckpointMb?: number;
   agentPath: string;
   /** Set-up's images (FORKPOINT_IMAGE_SEED_DIR), linked into the data directory when first mounted. */
   imageSeedDir?: string;
@@ -850,7 +853,8 @@ export class Engine implements SandboxRuntime {
    * frozen: CRIU puts the freezer back as it found it). */
   private async prepareDump(spec: SandboxSpec, sb: Sandbox, imagesId: string): Promise<{ run: () => Promise<void>; end: () => void; survived: () => boolean; persist: () => Promise<void>; discard: () => Promise<void> }> {
     // The image is at most what the sandbox's memory group holds now (its page cache included).
-    const staged = await this.staging?.stage(imagesId, await this.cgroups.memoryBytes(spec.id).catch(() => Infinity)).catch((err: unknown) => {
+    const memoryBytes = await this.cgroups.memoryBytes(spec.id).catch(() => Infinity);
+    const staged = await this.staging?.stage(imagesId, memoryBytes).catch((err: unknown) => {
       this.log.warn({ err, instance: spec.id }, 'could not stage a memory image; writing it to disk');
       return undefined;
     });
@@ -858,8 +862,10 @@ export class Engine implements SandboxRuntime {
       await staged?.discard();
       throw new EngineError('DUMP_FAILED', `CRIU did not start: ${(err as Error).message}`, undefined, { cause: err });
     });
-    // Only the pages written since this tree's last dump, where that can be told.
-    const tracked = await this.tracking.prepare(spec.id, sb, images, dumper.tracksWrites).catch(async (err: unknown) => {
+    // Only the pages written since this tree's last dump, where that can be told and is worth its
+    // per-process work (a small sandbox's whole memory is copied in a few ms).
+    const track = dumper.tracksWrites && (this.opts.incrementalCheckpointMb ?? 0) > 0 && memoryBytes >= (this.opts.incrementalCheckpointMb ?? 0) * 2 ** 20;
+    const tracked = await this.tracking.prepare(spec.id, sb, images, track).catch(async (err: unknown) => {
       dumper.end();
       await staged?.discard();
       throw new EngineError('DUMP_FAILED', `could not prepare the memory tracking: ${(err as Error).message}`, undefined, { cause: err });
@@ -1167,7 +1173,7 @@ export class Engine implements SandboxRuntime {
       root: process.getuid?.() === 0,
       agent: existsSync(this.opts.agentPath),
       lazyRestores: !this.lazyRestores ? 'off' : this.lazyIntoUserns && this.criuLazyUserns ? 'on' : 'host-ids',
-      incrementalCheckpoints: this.tracking.kernelTracks && this.criuTracksWrites ? 'on' : 'off',
+      incrementalCheckpoints: this.tracking.kernelTracks && this.criuTracksWrites && (this.opts.incrementalCheckpointMb ?? 0) > 0 ? 'on' : 'off',
     };
   }
 

@@ -81,9 +81,13 @@ export class MemoryTracking {
   }
 
   /** What a dump of the tree `tree` of instance `id` into `images` needs, or undefined: no
-   * tracking here (the kernel, or the dumper's CRIU without `wp-track`). */
-  async prepare(id: string, tree: Tree, images: string, criuTracks: boolean): Promise<TrackedDump | undefined> {
-    if (!this.available || !criuTracks) return undefined;
+   * tracking here (the kernel), or not asked for (`track`: the dumper's CRIU has `wp-track` and
+   * the sandbox is worth it). A dump without it leaves no parent for the next. */
+  async prepare(id: string, tree: Tree, images: string, track: boolean): Promise<TrackedDump | undefined> {
+    if (!this.available || !track) {
+      this.lastImage.delete(id);
+      return undefined;
+    }
     const holder = join(this.opts.runDir(id), SOCKET);
     if (Buffer.byteLength(holder) > MAX_SOCKET_PATH) return undefined;
     await this.ensureHolder(id, tree, holder);
