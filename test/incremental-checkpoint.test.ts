@@ -96,6 +96,61 @@ describe('incremental memory checkpoints', () => {
     expect(await sumOf(older)).toBe(sumAfter);
     for (const i of [again, older, forked, inst.id]) await s.api('DELETE', `/instances/${i}`);
     // The holders of the tracking's userfaultfds go with their sandboxes.
-    await eventually(async () => (await execa('pgrep', ['-f', `wp-hold ${s.dataDir}/`], { reject: false })).exitCode === 1);
+    await eventually(async () => (await holders(s.dataDir)) === 0);
+  });
+
+  it('a server that comes after another tracks afresh: its first checkpoint copies everything, the holder left behind goes', async () => {
+    const first = await startServer({ warmForks: 0 });
+    let second: TestServer | undefined;
+    try {
+      const m = memfill(first);
+      const inst = await first.instance({ limits: { memory_mb: 1024 } });
+      await installKit(first, inst.id, kit);
+      await m.start(inst.id, 128);
+      const checkpointOn = async (on: TestServer) => {
+        const ck = (await on.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
+        expect(ck.status, JSON.stringify(ck)).toBe('ready');
+        return ck.id as string;
+      };
+      await checkpointOn(first); // by rename: the kit is past the copy bound
+      await checkpointOn(first);
+      await m.touch(inst.id);
+      await checkpointOn(first);
+      expect(first.engine.incrementalDumpCount).toBe(1);
+      expect(await holders(first.dataDir)).toBe(1);
+
+      // The sandbox outlives its server, and so does the holder of its tracking.
+      await first.close({ keepSandboxes: true, keepData: true });
+      expect(await holders(first.dataDir)).toBe(1);
+      second = await startServer({ warmForks: 0 }, first.dataDir);
+      const n = memfill(second);
+      await n.touch(inst.id);
+      const sum = await n.sumOf(inst.id);
+      const afresh = await checkpointOn(second);
+      expect(second.engine.incrementalDumpCount, 'a new server knows no parent image').toBe(0);
+      // Its holder told the one before to go, with what it held.
+      await eventually(async () => (await holders(first.dataDir)) === 1);
+      await n.touch(inst.id);
+      const sumLast = await n.sumOf(inst.id);
+      const last = await checkpointOn(second);
+      expect(second.engine.incrementalDumpCount).toBe(1);
+      for (const [ck, expected] of [[afresh, sum], [last, sumLast]] as const) {
+        const f = await second.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck });
+        expect(f.status, JSON.stringify(f.body)).toBe(201);
+        expect(await n.sumOf(f.body.id)).toBe(expected);
+        await second.api('DELETE', `/instances/${f.body.id}`);
+      }
+      await second.api('DELETE', `/instances/${inst.id}`);
+      await eventually(async () => (await holders(first.dataDir)) === 0);
+    } finally {
+      await (second ?? first).close().catch(() => {});
+    }
   });
 });
+
+/** `fp-agent wp-hold` processes of the server on `dataDir` (not the shims above them, whose
+ * command lines name them too). */
+async function holders(dataDir: string): Promise<number> {
+  const r = await execa('pgrep', ['-c', '-f', `^\\S*fp-agent wp-hold ${dataDir}/`], { reject: false });
+  return Number(r.stdout.trim() || 0);
+}
