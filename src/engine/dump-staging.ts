@@ -56,19 +56,21 @@ export class DumpStaging {
     return { staging: new DumpStaging(root) };
   }
 
-  /** A staging directory for the dump `imagesId` of a sandbox using `memoryBytes`, or undefined:
-   * write it to disk. */
-  async stage(imagesId: string, memoryBytes: number): Promise<StagedDump | undefined> {
-    if (!this.root || memoryBytes > STAGING_MAX_DUMP_BYTES || this.reserved + memoryBytes > STAGING_BUDGET_BYTES) return undefined;
+  /** A staging directory for the dump `imagesId` whose image is expected to take `expectedBytes`
+   * (what the sandbox's memory uses, or for an incremental dump an estimate of what it wrote), or
+   * undefined: write it to disk. The tmpfs must have room for `worstCaseBytes` (the memory it
+   * uses), so that an estimate short of the truth costs budget, never a failed dump. */
+  async stage(imagesId: string, expectedBytes: number, worstCaseBytes = expectedBytes): Promise<StagedDump | undefined> {
+    if (!this.root || expectedBytes > STAGING_MAX_DUMP_BYTES || this.reserved + expectedBytes > STAGING_BUDGET_BYTES) return undefined;
     const fs = await statfs(this.root).catch(() => undefined);
-    if (!fs || fs.bavail * fs.bsize < memoryBytes + FREE_MARGIN_BYTES) return undefined;
+    if (!fs || fs.bavail * fs.bsize < Math.max(expectedBytes, worstCaseBytes) + FREE_MARGIN_BYTES) return undefined;
     const dir = join(this.root, imagesId);
-    this.reserved += memoryBytes;
+    this.reserved += expectedBytes;
     let held = true;
     const release = async () => {
       if (!held) return;
       held = false;
-      this.reserved -= memoryBytes;
+      this.reserved -= expectedBytes;
       await rm(dir, { recursive: true, force: true });
     };
     try {

@@ -854,7 +854,11 @@ export class Engine implements SandboxRuntime {
   private async prepareDump(spec: SandboxSpec, sb: Sandbox, imagesId: string): Promise<{ run: () => Promise<void>; end: () => void; survived: () => boolean; persist: () => Promise<void>; discard: () => Promise<void> }> {
     // The image is at most what the sandbox's memory group holds now (its page cache included).
     const memoryBytes = await this.cgroups.memoryBytes(spec.id).catch(() => Infinity);
-    const staged = await this.staging?.stage(imagesId, memoryBytes).catch((err: unknown) => {
+    const minTracked = (this.opts.incrementalCheckpointMb ?? 0) * 2 ** 20;
+    const tracking = this.criuTracksWrites && minTracked > 0 && memoryBytes >= minTracked;
+    // An incremental dump is staged by what it will likely write, not by the memory it could.
+    const expected = tracking ? this.tracking.expectedImageBytes(spec.id, sb, memoryBytes) : memoryBytes;
+    const staged = await this.staging?.stage(imagesId, expected, memoryBytes).catch((err: unknown) => {
       this.log.warn({ err, instance: spec.id }, 'could not stage a memory image; writing it to disk');
       return undefined;
     });
@@ -864,8 +868,7 @@ export class Engine implements SandboxRuntime {
     });
     // Only the pages written since this tree's last dump, where that can be told and is worth its
     // per-process work (a small sandbox's whole memory is copied in a few ms).
-    const track = dumper.tracksWrites && (this.opts.incrementalCheckpointMb ?? 0) > 0 && memoryBytes >= (this.opts.incrementalCheckpointMb ?? 0) * 2 ** 20;
-    const tracked = await this.tracking.prepare(spec.id, sb, images, track).catch(async (err: unknown) => {
+    const tracked = await this.tracking.prepare(spec.id, sb, images, tracking && dumper.tracksWrites).catch(async (err: unknown) => {
       dumper.end();
       await staged?.discard();
       throw new EngineError('DUMP_FAILED', `could not prepare the memory tracking: ${(err as Error).message}`, undefined, { cause: err });

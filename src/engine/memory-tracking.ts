@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { EngineError } from '../seam/errors.js';
 import { daemonUnderShim } from './launcher.js';
+import { pagesBytes } from './lazy-pages.js';
 import { run } from './run.js';
 import type { Spawner } from './spawner.js';
 
@@ -58,8 +59,9 @@ export interface TrackedDump {
 export class MemoryTracking {
   private available = false;
   private readonly holders = new Map<string, Tree & { exited: boolean; kill(): void }>();
-  /** The last whole image of each tracked tree, by instance. */
-  private readonly lastImage = new Map<string, Tree & { images: string }>();
+  /** The last whole image of each tracked tree, by instance, and the bytes of pages its dump
+   * wrote itself (before it was made whole). */
+  private readonly lastImage = new Map<string, Tree & { images: string; ownBytes: number; incremental: boolean }>();
   private incremental = 0;
 
   constructor(private readonly opts: { agentPath: string; spawner: Spawner; runDir: (id: string) => string; log: Logger }) {}
@@ -78,6 +80,15 @@ export class MemoryTracking {
   /** Dumps since start that copied only what changed since their parent. */
   get incrementalCount(): number {
     return this.incremental;
+  }
+
+  /** What the next dump of `tree` is likely to write, for the choice of staging it in memory: a
+   * tree whose last dump was itself incremental writes about what it wrote then (twice that,
+   * and 32 MiB, to spare); any other, all of its memory. */
+  expectedImageBytes(id: string, tree: Tree, memoryBytes: number): number {
+    const last = this.lastImage.get(id);
+    if (!this.available || !last || last.pid !== tree.pid || last.startTime !== tree.startTime || !last.incremental) return memoryBytes;
+    return Math.min(memoryBytes, 2 * last.ownBytes + 32 * 2 ** 20);
   }
 
   /** What a dump of the tree `tree` of instance `id` into `images` needs, or undefined: no
@@ -114,13 +125,14 @@ export class MemoryTracking {
       persisted: async (at) => {
         try {
           let fromParentPages = 0;
+          const ownBytes = pagesBytes(at);
           if (parent) {
             const r = await run(this.opts.agentPath, ['pages-flatten', at, parent]);
             if (r.code !== 0) throw new EngineError('DUMP_FAILED', `the memory image could not be made whole: ${r.stderr.trim()}`);
             fromParentPages = Number(/flattened \d+ (\d+)/.exec(r.stderr)?.[1] ?? 0);
             this.incremental++;
           }
-          this.lastImage.set(id, { ...tree, images: at });
+          this.lastImage.set(id, { ...tree, images: at, ownBytes, incremental: parent !== undefined });
           return { fromParentPages };
         } finally {
           done();

@@ -62,6 +62,20 @@ describe('the staging of memory images', () => {
     expect(readdirSync(disk)).toEqual(['precious']);
   });
 
+  it('an incremental dump is staged by what it is expected to write, where the tmpfs has room for all it could', async () => {
+    const { staging } = await DumpStaging.open('/dev/shm', name);
+    // 1 GiB of memory, 200 MiB expected: staged, and only the expectation counts against the budget.
+    const a = (await staging.stage('ckpt_a', 200 * 2 ** 20, 2 ** 30))!;
+    expect(a).toBeDefined();
+    const b = (await staging.stage('ckpt_b', 200 * 2 ** 20, 2 ** 30))!;
+    expect(b).toBeDefined();
+    expect(await staging.stage('ckpt_c', 200 * 2 ** 20)).toBeUndefined(); // past the budget
+    await Promise.all([a.discard(), b.discard()]);
+    // No tmpfs holds what the dump could write: to disk, however little it is expected to write.
+    expect(await staging.stage('ckpt_d', 1024, 2 ** 50)).toBeUndefined();
+    await staging.close();
+  });
+
   it('is not used where the directory is not a tmpfs (the disk is no faster than the disk)', async () => {
     const { staging, unusable } = await DumpStaging.open(disk, name);
     expect(unusable).toMatch(/not a tmpfs/);
