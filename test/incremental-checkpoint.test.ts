@@ -99,6 +99,22 @@ describe('incremental memory checkpoints', () => {
     await eventually(async () => (await holders(s.dataDir)) === 0);
   });
 
+  it("on the host's ids too (user_namespace: false): the incremental checkpoint restores every page right", async () => {
+    const inst = await s.instance({ user_namespace: false, limits: { memory_mb: 1024 } });
+    await installKit(s, inst.id, kit);
+    await memfill(s).start(inst.id, 128);
+    await checkpoint(inst.id); // by rename: the kit is past the copy bound
+    await checkpoint(inst.id);
+    const n = s.engine.incrementalDumpCount;
+    await touch(inst.id);
+    const sum = await sumOf(inst.id);
+    const ck = await checkpoint(inst.id);
+    expect(s.engine.incrementalDumpCount).toBe(n + 1);
+    const forked = await fork(inst.id, ck);
+    expect(await sumOf(forked)).toBe(sum);
+    for (const i of [forked, inst.id]) await s.api('DELETE', `/instances/${i}`);
+  });
+
   it('a server that comes after another tracks afresh: its first checkpoint copies everything, the holder left behind goes', async () => {
     const first = await startServer({ warmForks: 0 });
     let second: TestServer | undefined;
