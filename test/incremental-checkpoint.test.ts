@@ -115,6 +115,31 @@ describe('incremental memory checkpoints', () => {
     for (const i of [forked, inst.id]) await s.api('DELETE', `/instances/${i}`);
   });
 
+  it('a sandbox hibernated and woken is tracked afresh, and its memory comes back whole', async () => {
+    const inst = await s.instance({ limits: { memory_mb: 1024 } });
+    await installKit(s, inst.id, kit);
+    await memfill(s).start(inst.id, 128);
+    await checkpoint(inst.id); // by rename: the kit is past the copy bound
+    await checkpoint(inst.id);
+    await touch(inst.id);
+    const sum = await sumOf(inst.id);
+    // Hibernated after its tracking was armed: the dump is whole, the holder goes with the tree.
+    expect((await s.api('POST', `/instances/${inst.id}/hibernate`)).status).toBe(200);
+    await eventually(async () => (await holders(s.dataDir)) === 0);
+    expect((await s.api('POST', `/instances/${inst.id}/wake`)).status).toBe(200);
+    expect(await sumOf(inst.id)).toBe(sum);
+    const n = s.engine.incrementalDumpCount;
+    await checkpoint(inst.id);
+    expect(s.engine.incrementalDumpCount, 'a woken tree has no parent image').toBe(n);
+    await touch(inst.id);
+    const sumLast = await sumOf(inst.id);
+    const ck = await checkpoint(inst.id);
+    expect(s.engine.incrementalDumpCount).toBe(n + 1);
+    const forked = await fork(inst.id, ck);
+    expect(await sumOf(forked)).toBe(sumLast);
+    for (const i of [forked, inst.id]) await s.api('DELETE', `/instances/${i}`);
+  });
+
   it('a server that comes after another tracks afresh: its first checkpoint copies everything, the holder left behind goes', async () => {
     const first = await startServer({ warmForks: 0 });
     let second: TestServer | undefined;
