@@ -42,6 +42,30 @@ async function fork(id: string, checkpointId: string): Promise<string> {
   return f.body.id;
 }
 
+/** A sandbox whose filler holds `mib` MiB, checkpointed twice: by rename (the kit is past what
+ * a memory checkpoint copies in its freeze), then left running, its tracking armed. */
+async function trackedSandbox(body: Record<string, unknown>, mib = 128): Promise<string> {
+  const inst = await s.instance({ limits: { memory_mb: 1024 }, ...body });
+  await installKit(s, inst.id, kit);
+  await memfill(s).start(inst.id, mib);
+  await checkpoint(inst.id);
+  await checkpoint(inst.id);
+  return inst.id;
+}
+
+/** A working set written, then a checkpoint that copies only it, and a fork of that checkpoint
+ * that reads back every page as the sandbox had it. */
+async function incrementalRoundTrip(id: string): Promise<void> {
+  const n = s.engine.incrementalDumpCount;
+  await touch(id);
+  const sum = await sumOf(id);
+  const ck = await checkpoint(id);
+  expect(s.engine.incrementalDumpCount, 'the checkpoint copied only what was written since the last').toBe(n + 1);
+  const forked = await fork(id, ck);
+  expect(await sumOf(forked)).toBe(sum);
+  await s.api('DELETE', `/instances/${forked}`);
+}
+
 describe('incremental memory checkpoints', () => {
   it('a checkpoint after a pre-dump restores the pages written since it and all the others, on its own once its parent is gone', async () => {
     expect((await s.api('GET', '/healthz')).body.engine.incremental_checkpoints).toBe('on');
@@ -100,44 +124,25 @@ describe('incremental memory checkpoints', () => {
   });
 
   it("on the host's ids too (user_namespace: false): the incremental checkpoint restores every page right", async () => {
-    const inst = await s.instance({ user_namespace: false, limits: { memory_mb: 1024 } });
-    await installKit(s, inst.id, kit);
-    await memfill(s).start(inst.id, 128);
-    await checkpoint(inst.id); // by rename: the kit is past the copy bound
-    await checkpoint(inst.id);
-    const n = s.engine.incrementalDumpCount;
-    await touch(inst.id);
-    const sum = await sumOf(inst.id);
-    const ck = await checkpoint(inst.id);
-    expect(s.engine.incrementalDumpCount).toBe(n + 1);
-    const forked = await fork(inst.id, ck);
-    expect(await sumOf(forked)).toBe(sum);
-    for (const i of [forked, inst.id]) await s.api('DELETE', `/instances/${i}`);
+    const id = await trackedSandbox({ user_namespace: false });
+    await incrementalRoundTrip(id);
+    await s.api('DELETE', `/instances/${id}`);
   });
 
   it('a sandbox hibernated and woken is tracked afresh, and its memory comes back whole', async () => {
-    const inst = await s.instance({ limits: { memory_mb: 1024 } });
-    await installKit(s, inst.id, kit);
-    await memfill(s).start(inst.id, 128);
-    await checkpoint(inst.id); // by rename: the kit is past the copy bound
-    await checkpoint(inst.id);
-    await touch(inst.id);
-    const sum = await sumOf(inst.id);
+    const id = await trackedSandbox({});
+    await touch(id);
+    const sum = await sumOf(id);
     // Hibernated after its tracking was armed: the dump is whole, the holder goes with the tree.
-    expect((await s.api('POST', `/instances/${inst.id}/hibernate`)).status).toBe(200);
+    expect((await s.api('POST', `/instances/${id}/hibernate`)).status).toBe(200);
     await eventually(async () => (await holders(s.dataDir)) === 0);
-    expect((await s.api('POST', `/instances/${inst.id}/wake`)).status).toBe(200);
-    expect(await sumOf(inst.id)).toBe(sum);
+    expect((await s.api('POST', `/instances/${id}/wake`)).status).toBe(200);
+    expect(await sumOf(id)).toBe(sum);
     const n = s.engine.incrementalDumpCount;
-    await checkpoint(inst.id);
+    await checkpoint(id);
     expect(s.engine.incrementalDumpCount, 'a woken tree has no parent image').toBe(n);
-    await touch(inst.id);
-    const sumLast = await sumOf(inst.id);
-    const ck = await checkpoint(inst.id);
-    expect(s.engine.incrementalDumpCount).toBe(n + 1);
-    const forked = await fork(inst.id, ck);
-    expect(await sumOf(forked)).toBe(sumLast);
-    for (const i of [forked, inst.id]) await s.api('DELETE', `/instances/${i}`);
+    await incrementalRoundTrip(id);
+    await s.api('DELETE', `/instances/${id}`);
   });
 
   it('a server that comes after another tracks afresh: its first checkpoint copies everything, the holder left behind goes', async () => {

@@ -95,12 +95,11 @@ export class MemoryTracking {
    * tracking here (the kernel), or not asked for (`track`: the dumper's CRIU has `wp-track` and
    * the sandbox is worth it). A dump without it leaves no parent for the next. */
   async prepare(id: string, tree: Tree, images: string, track: boolean): Promise<TrackedDump | undefined> {
-    if (!this.available || !track) {
+    const holder = join(this.opts.runDir(id), SOCKET);
+    if (!this.available || !track || Buffer.byteLength(holder) > MAX_SOCKET_PATH) {
       this.lastImage.delete(id);
       return undefined;
     }
-    const holder = join(this.opts.runDir(id), SOCKET);
-    if (Buffer.byteLength(holder) > MAX_SOCKET_PATH) return undefined;
     await this.ensureHolder(id, tree, holder);
     const last = this.lastImage.get(id);
     let parent: string | undefined;
