@@ -73,6 +73,9 @@ describe('incremental memory checkpoints', () => {
     await installKit(s, inst.id, kit);
     await memfill(s).start(inst.id, MIB);
     await sh(inst.id, 'COUNTER=1', 'main');
+    // A process that will exec after the pre-dump: same pid, another memory (its userfaultfd of
+    // the pre-dump is then of a memory gone, and a new one is made).
+    await sh(inst.id, "sh -c 'while [ ! -e /tmp/go ]; do sleep 0.05; done; exec sleep 1001' > /dev/null 2>&1 & echo $! > /tmp/execer.pid", 'main');
     // The kit is more than a memory checkpoint copies in its freeze: this first one freezes the
     // upper by rename (dump and restore). The upper is small from then on, and the sandbox left
     // running by each checkpoint: the tracking's case.
@@ -84,6 +87,8 @@ describe('incremental memory checkpoints', () => {
 
     await touch(inst.id);
     await sh(inst.id, 'COUNTER=$((COUNTER + 1)); sleep 1000 & echo $! > /tmp/late.pid', 'main');
+    await sh(inst.id, 'touch /tmp/go');
+    await eventually(async () => (await sh(inst.id, 'cat /proc/$(cat /tmp/execer.pid)/cmdline | tr "\\0" " "')).startsWith('sleep 1001'));
     const sumAfter = await sumOf(inst.id);
     expect(sumAfter).not.toBe(sumBefore);
     const incremental = await checkpoint(inst.id);
@@ -95,6 +100,7 @@ describe('incremental memory checkpoints', () => {
     expect(await sumOf(forked)).toBe(sumAfter);
     expect(await sh(forked, 'echo $COUNTER', 'main')).toBe('2');
     expect(await sh(forked, 'kill -0 $(cat /tmp/late.pid) && echo alive')).toBe('alive');
+    expect(await sh(forked, 'cat /proc/$(cat /tmp/execer.pid)/cmdline | tr "\\0" " "')).toBe('sleep 1001');
     // Nothing of the tracking reaches the sandbox's processes.
     expect(await sh(forked, 'ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c -e userfaultfd || true')).toBe('0');
     expect(await sh(inst.id, 'ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c -e userfaultfd || true')).toBe('0');
