@@ -27,10 +27,14 @@ export function memfill(s: TestServer) {
       return eventually(async () => (await sh(id, 'cat /tmp/memfill.sum 2>/dev/null || true')) || undefined, 20_000);
     },
     /** The filler rewrites a small working set: a word in every 64th page, 64 pages the kernel
-     * writes for it (getrandom), and 16 pages it gives back (MADV_DONTNEED: zeros from then on). */
+     * writes for it (getrandom), 16 pages it gives back (MADV_DONTNEED: zeros from then on), and
+     * 1 MiB moved over another (mremap: pages that keep their bytes at an address where the
+     * parent image has others) whose old place reads as zeros. */
     async touch(id: string): Promise<void> {
       await sh(id, 'rm -f /tmp/memfill.touched; kill -USR2 $(pidof attack)');
       await waitFor(id, '/tmp/memfill.touched');
+      // The move is made wherever there is room for it (the fillers here hold 128 MiB or more).
+      if ((await sh(id, 'cat /tmp/memfill.touched')) !== 'moved') throw new Error('the filler did not move its MiB (mremap)');
     },
   };
 }
