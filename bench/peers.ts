@@ -241,20 +241,25 @@ try {
   const count = 'ls -d /proc/[0-9]* | wc -l';
   const fpProcs = Number((await fpExec(fp, count)).trim()) - 1; // not the ls
   const rcProcs = Number((await rc.exec('sh', '-c', count)).stdout.trim()) - 1;
-  const fpBusy: number[] = [], rcBusy: number[] = [];
-  for (let i = -1; i < N; i++) {
-    const pf = await gapDuring(fpTicker, async () => {
-      const r = await s.api('POST', `/instances/${fp}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
-      if (r.body.status !== 'ready') throw new Error(JSON.stringify(r.body));
-    });
-    const images = join(work, `busy-images-${i + 1}`);
-    const pr = await gapDuring(rcTicker, () => rc.checkpoint(images));
-    await rm(images, { recursive: true, force: true });
-    if (i >= 0) {
-      fpBusy.push(pf);
-      rcBusy.push(pr);
+  /** N pauses each, as the tickers saw them, after one untimed round; runc's images dropped. */
+  const pauses = async (name: string): Promise<[number[], number[]]> => {
+    const fpSeen: number[] = [], rcSeen: number[] = [];
+    for (let i = -1; i < N; i++) {
+      const pf = await gapDuring(fpTicker, async () => {
+        const r = await s.api('POST', `/instances/${fp}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
+        if (r.body.status !== 'ready') throw new Error(JSON.stringify(r.body));
+      });
+      const images = join(work, `${name}-images-${i + 1}`);
+      const pr = await gapDuring(rcTicker, () => rc.checkpoint(images));
+      await rm(images, { recursive: true, force: true });
+      if (i >= 0) {
+        fpSeen.push(pf);
+        rcSeen.push(pr);
+      }
     }
-  }
+    return [fpSeen, rcSeen];
+  };
+  const [fpBusy, rcBusy] = await pauses('busy');
   // And with 512 MiB written once beside a working set (8 MiB rewritten every 100 ms): forkpoint
   // copies what was written since its last checkpoint (incremental, README "Behaviour"); runc
   // copies it all each time (its --pre-dump needs soft-dirty bits, which this kernel lacks).
@@ -266,21 +271,8 @@ try {
     if (i > 600) throw new Error('the 512 MiB were not written within a minute');
     await new Promise((r) => setTimeout(r, 100));
   }
-  const fpLarge: number[] = [], rcLarge: number[] = [];
   const incrementalBefore = s.engine.incrementalDumpCount;
-  for (let i = -1; i < N; i++) {
-    const pf = await gapDuring(fpTicker, async () => {
-      const r = await s.api('POST', `/instances/${fp}/checkpoints?wait=true`, { memory: true, retention: { mode: 'delete_oldest' } });
-      if (r.body.status !== 'ready') throw new Error(JSON.stringify(r.body));
-    });
-    const images = join(work, `large-images-${i + 1}`);
-    const pr = await gapDuring(rcTicker, () => rc.checkpoint(images));
-    await rm(images, { recursive: true, force: true });
-    if (i >= 0) {
-      fpLarge.push(pf);
-      rcLarge.push(pr);
-    }
-  }
+  const [fpLarge, rcLarge] = await pauses('large');
   const incremental = s.engine.incrementalDumpCount - incrementalBefore;
   pair('create + first exec', fpCreate, rcCreate);
   pair('exec round trip', fpExecRt, rcExecRt);
