@@ -1,6 +1,7 @@
 import { linkSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
+import { untilDeadline } from '../lib/deadline.js';
 import { EngineError } from '../seam/errors.js';
 import { daemonUnderShim } from './launcher.js';
 import { pagesBytes } from './lazy-pages.js';
@@ -37,6 +38,8 @@ const LISTEN_DEADLINE_MS = 5_000;
 /** The files of an image a dump with a parent reads from it (CRIU's pagemaps, pages, and the
  * inventory it checks the tasks' start against). */
 const PARENT_FILES = /^(pagemap-.+|pages-\d+|inventory)\.img$/;
+/** How long making an image whole may take: a copy of the parent's pages, 1-5 s a GiB here. */
+const FLATTEN_DEADLINE_MS = 10 * 60_000;
 /** Where the parent's links go, inside the new image's own directory. */
 const PARENT_LINKS = '.parent';
 
@@ -126,7 +129,11 @@ export class MemoryTracking {
           let fromParentPages = 0;
           const ownBytes = pagesBytes(at);
           if (parent) {
-            const r = await run(this.opts.agentPath, ['pages-flatten', at, parent]);
+            // Past the deadline the checkpoint fails; the copy, working in that image's own
+            // directory (which goes with the failed checkpoint), is left to end by itself.
+            const r = await untilDeadline(run(this.opts.agentPath, ['pages-flatten', at, parent]), FLATTEN_DEADLINE_MS, () => {
+              throw new EngineError('TIMEOUT', `the memory image was not made whole within ${FLATTEN_DEADLINE_MS / 60_000} min`);
+            });
             if (r.code !== 0) throw new EngineError('DUMP_FAILED', `the memory image could not be made whole: ${r.stderr.trim()}`);
             fromParentPages = Number(/flattened \d+ (\d+)/.exec(r.stderr)?.[1] ?? 0);
             this.incremental++;
