@@ -25,6 +25,7 @@ import { Disk } from './disk.js';
 import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
 import { DumpStaging, type StagedDump } from './dump-staging.js';
+import { spreadAcrossGroups } from './inode-groups.js';
 import { MemoryTracking } from './memory-tracking.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
@@ -146,6 +147,9 @@ export class Engine implements SandboxRuntime {
     for (const d of [this.layout.images, this.layout.layers, this.layout.agents, this.layout.trash, this.layout.spill, this.layout.limitedDisks, this.layout.persistentVolumes, join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints')]) {
       await mkdir(d, { recursive: true });
     }
+    // Where directories come and go all day (inode-groups.ts).
+    const spread = await spreadAcrossGroups([join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints'), this.layout.layers, this.layout.spill]);
+    if (spread.failed) this.log.warn({ reason: spread.failed }, 'the data directory\'s instances and checkpoints could not be marked top directories (chattr +T): on an ext4 without a journal, creating files slows down as sandboxes come and go');
     this.images.copyAheadAcrossFilesystems((image, err) => this.log.warn({ image, err }, 'a set-up image could not be copied into the data directory; sandboxes on it cannot boot here'));
     // After a reboot the volumes are not mounted, and the layers in them not reachable.
     await this.limitedDisks.mountAll();
