@@ -175,6 +175,32 @@ describe('a memory checkpoint of a small upper', () => {
   });
 });
 
+describe('what CRIU reads of a task through its parasite', () => {
+  it('signal handlers and timers come back in a fork and a rollback: a running interval timer, a virtual one, a POSIX one, SA_RESTART', async () => {
+    const inst = await s.instance({ name: 'timers' });
+    await installKit(s, inst.id, await kit);
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: `exec ${KIT} timers /tmp` });
+    const state = async (id: string) => {
+      const line = (await s.exec(id, { command: 'cat /tmp/timers 2>/dev/null || true' })).stdout.trim();
+      const m = /^(\d+) (.*)$/.exec(line);
+      return { alarms: m ? Number(m[1]) : 0, rest: m?.[2] };
+    };
+    await eventually(async () => (await state(inst.id)).alarms > 3);
+    const ck = await checkpoint(inst.id, { memory: true });
+    const expectTicking = async (id: string) => {
+      const before = await state(id);
+      expect(before.rest).toBe('usr1=1 restart=1 virtual=7 posix=3');
+      // The 20 ms interval timer fires on after the restore: the count goes on from the copy's.
+      await eventually(async () => (await state(id)).alarms > before.alarms + 3);
+    };
+    const f = await s.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
+    expect(f.status, JSON.stringify(f.body)).toBe(201);
+    await expectTicking(f.body.id);
+    await rollback(inst.id, ck.id);
+    await expectTicking(inst.id);
+  });
+});
+
 describe('checkpoint jobs', () => {
   it('a closed connection is closed on the agent\'s side too before anything is dumped', async () => {
     // A warm CRIU dumps within a millisecond of the pause: a socket the host has let go of
