@@ -11,6 +11,9 @@
  *   'C' CWD\0ARGV...       a command run to completion (run.ts): no stdin or stdout; the answer
  *                          is one 'X' frame, its exit code (i32 LE, 128+N for signal N) and up
  *                          to 64 KiB of its stderr.
+ *   'I' CWD\0ARGV...       as 'C', its stdin what the server writes on the connection after the
+ *                          request, up to its end (shutdown): `nft -f -` fed a script. Killing the
+ *                          pid of its 'P' frame (the waiter's) kills it too.
  * Each is answered first with a 'P' frame, the child's pid in decimal, before the child writes
  * anything to the connection. A child that cannot exec writes an 'X' frame with 127 and why.
  * The spawner dies with the server (PR_SET_PDEATHSIG); what it started does not. */
@@ -69,8 +72,9 @@ static void reset_signals(void) {
   prctl(PR_SET_PDEATHSIG, 0);
 }
 
-/* 'C': runs ARGV in CWD, keeps its stderr, answers with its exit. */
-static void run_command(int conn, const char *cwd, char **argv) {
+/* 'C': runs ARGV in CWD, keeps its stderr, answers with its exit. 'I' (`input`): its stdin the
+ * connection. */
+static void run_command(int conn, const char *cwd, char **argv, int input) {
   int err[2];
   if (pipe2(err, O_CLOEXEC) < 0) {
     exit_frame(conn, 127, strerror(errno), strlen(strerror(errno)));
@@ -79,7 +83,10 @@ static void run_command(int conn, const char *cwd, char **argv) {
   pid_t pid = fork();
   if (pid == 0) {
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(err[1], 2) < 0) _exit(127);
+    if (null < 0 || dup2(input ? conn : null, 0) < 0 || dup2(null, 1) < 0 || dup2(err[1], 2) < 0) _exit(127);
+    /* The server ends a command it feeds (past its deadline) by the pid of the 'P' frame, this
+     * waiter's: the command goes with it. */
+    if (input && (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() == 1)) _exit(127);
     if (cwd[0] && chdir(cwd) < 0) {
       fprintf(stderr, "chdir %s: %s\n", cwd, strerror(errno));
       _exit(127);
@@ -140,7 +147,7 @@ static void serve_one(int conn) {
   int argc = 0;
   for (char *p = req + 1 + strlen(first) + 1; p < req + n && argc < MAX_ARGS; p += strlen(p) + 1) argv[argc++] = p;
   argv[argc] = NULL;
-  if ((kind != 'S' && kind != 'C') || argc == 0) {
+  if ((kind != 'S' && kind != 'C' && kind != 'I') || argc == 0) {
     exit_frame(conn, 127, "bad request", 11);
     return;
   }
@@ -158,7 +165,7 @@ static void serve_one(int conn) {
     while (read(gate[0], &ignored, 1) < 0 && errno == EINTR) {}
     close(gate[0]);
     if (kind == 'S') exec_shim(conn, first, argv);
-    run_command(conn, first, argv);
+    run_command(conn, first, argv, kind == 'I');
   }
   close(gate[0]);
   if (pid < 0) {

@@ -83,8 +83,17 @@ describe('a sandbox on the network', () => {
 
   it('a policy goes in even when the nft the server started ahead for it was killed meanwhile', async () => {
     const inst = await s.instance({ network: { egress: 'deny' } });
-    // The server's own nft waiting for the next script (this process is the server).
-    const waiting = async () => (await execa('pgrep', ['-P', String(process.pid), '-x', 'nft'], { reject: false })).stdout.split('\n').filter(Boolean);
+    // The server's own nft waiting for the next script (this process is the server; its spawner
+    // starts the nft, under a waiter of its own).
+    const waiting = async () => {
+      const rows = (await execa('ps', ['-eo', 'pid=,ppid=,comm='])).stdout.trim().split('\n').map((l) => l.trim().split(/\s+/));
+      const parent = new Map(rows.map(([pid, ppid]) => [pid, ppid]));
+      const ours = (pid: string) => {
+        for (let p = parent.get(pid), hops = 0; p && p !== '0' && hops < 10; p = parent.get(p), hops++) if (p === String(process.pid)) return true;
+        return false;
+      };
+      return rows.filter(([pid, , comm]) => comm === 'nft' && ours(pid!)).map(([pid]) => pid!);
+    };
     await until('the server\'s spare nft', async () => (await waiting()).length > 0, 5000);
     for (const pid of await waiting()) process.kill(Number(pid), 'SIGKILL');
     await until('the spare nft gone', async () => (await waiting()).length === 0, 5000);

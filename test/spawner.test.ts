@@ -47,6 +47,24 @@ describe('the spawner', () => {
     expect(many).toEqual(Array.from({ length: 40 }, (_, i) => ({ code: i % 7, stderr: `${i}\n` })));
   });
 
+  it('feeds a command its stdin later (nft -f -), and a kill by its waiter\'s pid ends the command too', async () => {
+    const fed = spawner.piped('sh', ['-c', 'cat >&2; exit 4']);
+    await new Promise((r) => setTimeout(r, 50));
+    expect(fed.ended).toBe(false);
+    fed.feed('line one\nline two\n');
+    expect(await fed.result).toEqual({ code: 4, stderr: 'line one\nline two\n' });
+    expect(fed.ended).toBe(true);
+
+    const marker = join(dir, 'fed-pid');
+    const stuck = spawner.piped('sh', ['-c', `echo $$ > ${marker}; cat >/dev/null; exec sleep 600`]);
+    stuck.feed('');
+    await eventually(async () => existsSync(marker) && readFileSync(marker, 'utf8').trim() !== '');
+    const shell = Number(readFileSync(marker, 'utf8'));
+    stuck.kill();
+    expect((await stuck.result).code).not.toBe(0);
+    await eventually(async () => !existsSync(`/proc/${shell}`) || readFileSync(`/proc/${shell}/stat`, 'utf8').includes(') Z '));
+  });
+
   it('starts a shim whose command talks frames on the connection and whose exit comes as a frame; its stdout is not the connection', async () => {
     const log = join(dir, 'shim.log');
     const s = spawner.shim(['shim', '--exit-frame', '--', 'sh', '-c', 'echo noise; printf "\\003\\000\\000\\000Khi" >&3; echo err >&2; exit 5'], log);

@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
-import { anySpawner, type RunResult } from './spawner.js';
+import { anySpawner, type PipedRun, type RunResult } from './spawner.js';
 
-export type { RunResult } from './spawner.js';
+export type { PipedRun, RunResult } from './spawner.js';
 
 /** Runs a command to completion, keeping only stderr. Used on the checkpoint pause path,
  * where a plain spawn costs a third of a general-purpose wrapper; started by an engine's
@@ -16,6 +16,30 @@ export function run(file: string, args: string[], opts: { cwd?: string } = {}): 
     child.on('error', (err) => resolve({ code: 127, stderr: err.message }));
     child.on('close', (code, signal) => resolve({ code: code ?? (signal ? 128 : 1), stderr: Buffer.concat(chunks).toString('utf8') }));
   });
+}
+
+/** Starts a command now and gives it its whole stdin later (`feed`): an `nft -f -` started
+ * ahead of its script. By the spawner when one is up, as `run`. */
+export function startPiped(file: string, args: string[]): PipedRun {
+  const spawner = anySpawner();
+  if (spawner) return spawner.piped(file, args);
+  const child = spawn(file, args, { stdio: ['pipe', 'ignore', 'pipe'] });
+  const chunks: Buffer[] = [];
+  let ended = false;
+  child.stdin!.on('error', () => {});
+  child.stderr!.on('data', (c: Buffer) => chunks.push(c));
+  const result = new Promise<RunResult>((resolve) => {
+    child.on('error', (err) => resolve({ code: 127, stderr: err.message }));
+    child.on('close', (code, signal) => resolve({ code: code ?? (signal ? 128 : 1), stderr: Buffer.concat(chunks).toString('utf8') }));
+  }).finally(() => (ended = true));
+  return {
+    feed: (input) => void child.stdin!.end(input),
+    get ended() {
+      return ended;
+    },
+    result,
+    kill: () => void child.kill('SIGKILL'),
+  };
 }
 
 /** Step timings of one engine operation, for the debug log. */

@@ -21,6 +21,16 @@ export interface RunResult {
   stderr: string;
 }
 
+/** A command started now and given its whole stdin later (`feed`), answered as `run`. */
+export interface PipedRun {
+  /** Its input; its stdin ends with it. */
+  feed(input: string): void;
+  /** Whether it has ended already (one that has cannot be fed). */
+  readonly ended: boolean;
+  result: Promise<RunResult>;
+  kill(): void;
+}
+
 /** The largest frame a process started here writes (a CRIU answer relayed: criu_run.c). */
 const MAX_FRAME = (1 << 20) + 1;
 
@@ -87,7 +97,31 @@ export class Spawner {
     return this.request('C', cwd, [file, ...args]).ended;
   }
 
-  private request(kind: 'S' | 'C', first: string, argv: string[]): Spawned & { ended: Promise<RunResult> } {
+  /** As `run`, its stdin the connection: what `feed` writes, then its end. */
+  piped(file: string, args: string[], cwd = ''): PipedRun {
+    const r = this.request('I', cwd, [file, ...args]);
+    let ended = false;
+    void r.ended.then(() => (ended = true));
+    let pid: number | undefined;
+    void r.pid.then((p) => (pid = p > 0 ? p : undefined));
+    return {
+      feed: (input) => void r.socket.end(input),
+      get ended() {
+        return ended;
+      },
+      result: r.ended,
+      kill: () => {
+        // By the pid of its 'P' frame (its waiter's, whose death kills it: spawner.c); before
+        // that frame, the connection's end ends its input, which ends what is fed here (nft -f -).
+        if (ended) return;
+        if (pid !== undefined) process.kill(pid, 'SIGKILL');
+        // Its answer is not waited for: something it started may hold the connection on.
+        r.socket.destroy();
+      },
+    };
+  }
+
+  private request(kind: 'S' | 'C' | 'I', first: string, argv: string[]): Spawned & { ended: Promise<RunResult> } {
     const socket = connect(this.socketPath);
     socket.on('error', () => {});
     const body = Buffer.from([first, ...argv].join('\0'));

@@ -1,5 +1,5 @@
-import { execa } from 'execa';
 import { EngineError } from '../../seam/errors.js';
+import { startPiped, type PipedRun } from '../run.js';
 import type { FirewallEntry } from '../../seam/runtime.js';
 import { ALWAYS_CLOSED, parseEntry, PRIVATE, type EgressPolicy } from '../../lib/egress-policy.js';
 
@@ -11,9 +11,9 @@ const REJECT = 'reject with icmpx type admin-prohibited';
 export type { FirewallEntry } from '../../seam/runtime.js';
 
 const NFT_DEADLINE_MS = 10_000;
-// No clean-up on the server's exit (execa's default): its stdin closing ends it anyway, and a
-// subprocess that is always there would keep execa's signal handlers in the server for good.
-const startNft = () => execa('nft', ['-f', '-'], { reject: false, stdin: 'pipe', cleanup: false });
+// By the engine's spawner (run.ts): Node forking itself for each nft was ~2 ms of the event loop
+// a run, ~45 runs in a burst of 100 forks. Its stdin ending (the server gone) ends it, unapplied.
+const startNft = (): PipedRun => startPiped('nft', ['-f', '-']);
 
 /** Removals wait for this long without any other script, at most REMOVAL_MAX_DELAY_MS (see
  * `retired`). */
@@ -53,7 +53,7 @@ export class Firewall {
    * spawn and nft's own start-up) is most of a policy's cost, and a fork's policy goes in beside
    * its restore, whose CPU it took (a fork in a user namespace: 43 ms p50, 33 ms with the nft
    * already started). Its stdin closed unwritten (the server gone), it applies nothing. */
-  private spare: ReturnType<typeof startNft> | undefined;
+  private spare: PipedRun | undefined;
   private closed = false;
 
   /**
@@ -74,7 +74,7 @@ export class Firewall {
   /** Ends the waiting nft; scripts applied from now on start their own. */
   close(): void {
     this.closed = true;
-    this.spare?.kill('SIGKILL');
+    this.spare?.kill();
     this.spare = undefined;
     clearTimeout(this.retireTimer);
     this.retireTimer = undefined;
@@ -117,22 +117,22 @@ export class Firewall {
 
   private async run(script: string): Promise<void> {
     // A spare that ended meanwhile (killed by someone) is not used: its script would be lost.
-    const spare = this.spare && this.spare.exitCode === null && this.spare.signalCode === null ? this.spare : undefined;
+    const spare = this.spare && !this.spare.ended ? this.spare : undefined;
     const nft = spare ?? startNft();
     this.spare = undefined;
-    nft.stdin?.end(script);
+    nft.feed(script);
     let late = false;
     const deadline = setTimeout(() => {
       late = true;
-      nft.kill('SIGKILL');
+      nft.kill();
     }, NFT_DEADLINE_MS);
-    const r = await nft.finally(() => clearTimeout(deadline));
+    const r = await nft.result.finally(() => clearTimeout(deadline));
     // The next one starts a moment later, not in the way of what this one was for.
     setTimeout(() => {
       if (!this.closed) this.spare ??= startNft();
     }, 25).unref();
     if (late) throw new EngineError('TIMEOUT', `nft did not finish within ${NFT_DEADLINE_MS / 1000} s`);
-    if (r.exitCode !== 0) throw new EngineError('NETWORK_FAILED', `nft: ${(r.stderr || r.stdout || `ended by ${r.signal ?? 'an error'}`).trim().split('\n').slice(0, 3).join(' / ')}`);
+    if (r.code !== 0) throw new EngineError('NETWORK_FAILED', `nft: ${(r.stderr || `exit ${r.code}`).trim().split('\n').slice(0, 3).join(' / ')}`);
   }
 
   /** The whole table, from scratch, with these sandboxes in it. `proxy`: the egress proxy's
