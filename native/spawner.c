@@ -80,13 +80,14 @@ static void run_command(int conn, const char *cwd, char **argv, int input) {
     exit_frame(conn, 127, strerror(errno), strlen(strerror(errno)));
     _exit(0);
   }
+  pid_t waiter = getpid();
   pid_t pid = fork();
   if (pid == 0) {
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (null < 0 || dup2(input ? conn : null, 0) < 0 || dup2(null, 1) < 0 || dup2(err[1], 2) < 0) _exit(127);
     /* The server ends a command it feeds (past its deadline) by the pid of the 'P' frame, this
      * waiter's: the command goes with it. */
-    if (input && (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() == 1)) _exit(127);
+    if (input && (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != waiter)) _exit(127);
     if (cwd[0] && chdir(cwd) < 0) {
       fprintf(stderr, "chdir %s: %s\n", cwd, strerror(errno));
       _exit(127);

@@ -114,7 +114,11 @@ export class Spawner {
         // By the pid of its 'P' frame (its waiter's, whose death kills it: spawner.c); before
         // that frame, the connection's end ends its input, which ends what is fed here (nft -f -).
         if (ended) return;
-        if (pid !== undefined) process.kill(pid, 'SIGKILL');
+        try {
+          if (pid !== undefined) process.kill(pid, 'SIGKILL');
+        } catch {
+          // gone already: its answer is on its way
+        }
         // Its answer is not waited for: something it started may hold the connection on.
         r.socket.destroy();
       },
