@@ -12,8 +12,10 @@
  *                          is one 'X' frame, its exit code (i32 LE, 128+N for signal N) and up
  *                          to 64 KiB of its stderr.
  *   'I' CWD\0ARGV...       as 'C', its stdin what the server writes on the connection after the
- *                          request, up to its end (shutdown): `nft -f -` fed a script. Killing the
- *                          pid of its 'P' frame (the waiter's) kills it too.
+ *                          request, up to its end (shutdown): `nft -f -` fed a script.
+ *   'O' CWD\0ARGV...       as 'C', but the 'X' frame carries up to 64 KiB of its stdout, and its
+ *                          stderr goes nowhere: `du`, `find`.
+ * Killing the pid of the 'P' frame of an 'I' or 'O' (the waiter's) kills the command too.
  * Each is answered first with a 'P' frame, the child's pid in decimal, before the child writes
  * anything to the connection. A child that cannot exec writes an 'X' frame with 127 and why.
  * The spawner dies with the server (PR_SET_PDEATHSIG); what it started does not. */
@@ -72,9 +74,10 @@ static void reset_signals(void) {
   prctl(PR_SET_PDEATHSIG, 0);
 }
 
-/* 'C': runs ARGV in CWD, keeps its stderr, answers with its exit. 'I' (`input`): its stdin the
- * connection. */
-static void run_command(int conn, const char *cwd, char **argv, int input) {
+/* 'C': runs ARGV in CWD, keeps its stderr, answers with its exit. 'I': its stdin the
+ * connection. 'O': keeps its stdout instead. */
+static void run_command(int conn, const char *cwd, char **argv, char kind) {
+  int input = kind == 'I', output = kind == 'O';
   int err[2];
   if (pipe2(err, O_CLOEXEC) < 0) {
     exit_frame(conn, 127, strerror(errno), strlen(strerror(errno)));
@@ -84,10 +87,10 @@ static void run_command(int conn, const char *cwd, char **argv, int input) {
   pid_t pid = fork();
   if (pid == 0) {
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null < 0 || dup2(input ? conn : null, 0) < 0 || dup2(null, 1) < 0 || dup2(err[1], 2) < 0) _exit(127);
-    /* The server ends a command it feeds (past its deadline) by the pid of the 'P' frame, this
+    if (null < 0 || dup2(input ? conn : null, 0) < 0 || dup2(output ? err[1] : null, 1) < 0 || dup2(output ? null : err[1], 2) < 0) _exit(127);
+    /* The server ends such a command (past its deadline) by the pid of the 'P' frame, this
      * waiter's: the command goes with it. */
-    if (input && (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != waiter)) _exit(127);
+    if ((input || output) && (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != waiter)) _exit(127);
     if (cwd[0] && chdir(cwd) < 0) {
       fprintf(stderr, "chdir %s: %s\n", cwd, strerror(errno));
       _exit(127);
@@ -148,7 +151,7 @@ static void serve_one(int conn) {
   int argc = 0;
   for (char *p = req + 1 + strlen(first) + 1; p < req + n && argc < MAX_ARGS; p += strlen(p) + 1) argv[argc++] = p;
   argv[argc] = NULL;
-  if ((kind != 'S' && kind != 'C' && kind != 'I') || argc == 0) {
+  if ((kind != 'S' && kind != 'C' && kind != 'I' && kind != 'O') || argc == 0) {
     exit_frame(conn, 127, "bad request", 11);
     return;
   }
@@ -166,7 +169,7 @@ static void serve_one(int conn) {
     while (read(gate[0], &ignored, 1) < 0 && errno == EINTR) {}
     close(gate[0]);
     if (kind == 'S') exec_shim(conn, first, argv);
-    run_command(conn, first, argv, kind == 'I');
+    run_command(conn, first, argv, kind);
   }
   close(gate[0]);
   if (pid < 0) {

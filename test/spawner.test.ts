@@ -65,6 +65,20 @@ describe('the spawner', () => {
     await eventually(async () => !existsSync(`/proc/${shell}`) || readFileSync(`/proc/${shell}/stat`, 'utf8').includes(') Z '));
   });
 
+  it('runs a command for its stdout (du, find): its stdout in the answer, its stderr nowhere; a kill ends it', async () => {
+    expect(await spawner.output('sh', ['-c', 'echo out; echo noise >&2; exit 2']).result).toEqual({ code: 2, stdout: 'out\n' });
+    expect((await spawner.output('/nonexistent/forkpoint-command', []).result).code).toBe(127);
+    // At most 64 KiB of it.
+    expect((await spawner.output('sh', ['-c', 'head -c 200000 /dev/zero | tr "\\0" x']).result).stdout.length).toBe(64 * 1024);
+    const marker = join(dir, 'output-pid');
+    const slow = spawner.output('sh', ['-c', `echo $$ > ${marker}; exec sleep 600`]);
+    await eventually(async () => existsSync(marker) && readFileSync(marker, 'utf8').trim() !== '');
+    const pid = Number(readFileSync(marker, 'utf8'));
+    slow.kill();
+    expect((await slow.result).code).not.toBe(0);
+    await eventually(async () => !existsSync(`/proc/${pid}`) || readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z '));
+  });
+
   it('starts a shim whose command talks frames on the connection and whose exit comes as a frame; its stdout is not the connection', async () => {
     const log = join(dir, 'shim.log');
     const s = spawner.shim(['shim', '--exit-frame', '--', 'sh', '-c', 'echo noise; printf "\\003\\000\\000\\000Khi" >&3; echo err >&2; exit 5'], log);

@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
-import { anySpawner, type PipedRun, type RunResult } from './spawner.js';
+import { anySpawner, type OutputRun, type PipedRun, type RunResult } from './spawner.js';
 
-export type { PipedRun, RunResult } from './spawner.js';
+export type { OutputRun, PipedRun, RunResult } from './spawner.js';
 
 /** Runs a command to completion, keeping only stderr. Used on the checkpoint pause path,
  * where a plain spawn costs a third of a general-purpose wrapper; started by an engine's
@@ -41,6 +41,37 @@ export function startPiped(file: string, args: string[]): PipedRun {
     kill: () => void child.kill('SIGKILL'),
   };
 }
+
+/** Runs a command for its stdout (up to 64 KiB; its stderr goes nowhere), killed when `signal`
+ * aborts (the result then has code 137 or 127). By the spawner when one is up, as `run`. */
+export function runForOutput(file: string, args: string[], signal?: AbortSignal): Promise<{ code: number; stdout: string }> {
+  const spawner = anySpawner();
+  let run: OutputRun;
+  if (spawner) run = spawner.output(file, args);
+  else {
+    const child = spawn(file, args, { stdio: ['ignore', 'pipe', 'ignore'] });
+    const chunks: Buffer[] = [];
+    let size = 0;
+    child.stdout!.on('data', (c: Buffer) => {
+      if (size < OUTPUT_LIMIT) chunks.push(c.subarray(0, OUTPUT_LIMIT - size));
+      size += c.length;
+    });
+    run = {
+      result: new Promise((resolve) => {
+        child.on('error', () => resolve({ code: 127, stdout: '' }));
+        child.on('close', (code, sig) => resolve({ code: code ?? (sig ? 128 : 1), stdout: Buffer.concat(chunks).toString('utf8') }));
+      }),
+      kill: () => void child.kill('SIGKILL'),
+    };
+  }
+  const stop = () => run.kill();
+  if (signal?.aborted) stop();
+  signal?.addEventListener('abort', stop, { once: true });
+  return run.result.finally(() => signal?.removeEventListener('abort', stop));
+}
+
+/** What runForOutput keeps of a command's stdout, as the spawner does (spawner.c MAX_STDERR). */
+const OUTPUT_LIMIT = 64 * 1024;
 
 /** Step timings of one engine operation, for the debug log. */
 export class Steps {

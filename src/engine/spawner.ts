@@ -31,6 +31,12 @@ export interface PipedRun {
   kill(): void;
 }
 
+/** A command run for what it prints: its exit code and up to 64 KiB of its stdout. */
+export interface OutputRun {
+  result: Promise<{ code: number; stdout: string }>;
+  kill(): void;
+}
+
 /** The largest frame a process started here writes (a CRIU answer relayed: criu_run.c). */
 const MAX_FRAME = (1 << 20) + 1;
 
@@ -100,32 +106,24 @@ export class Spawner {
   /** As `run`, its stdin the connection: what `feed` writes, then its end. */
   piped(file: string, args: string[], cwd = ''): PipedRun {
     const r = this.request('I', cwd, [file, ...args]);
-    let ended = false;
-    void r.ended.then(() => (ended = true));
-    let pid: number | undefined;
-    void r.pid.then((p) => (pid = p > 0 ? p : undefined));
+    const k = killable(r);
     return {
       feed: (input) => void r.socket.end(input),
       get ended() {
-        return ended;
+        return k.ended;
       },
       result: r.ended,
-      kill: () => {
-        // By the pid of its 'P' frame (its waiter's, whose death kills it: spawner.c); before
-        // that frame, the connection's end ends its input, which ends what is fed here (nft -f -).
-        if (ended) return;
-        try {
-          if (pid !== undefined) process.kill(pid, 'SIGKILL');
-        } catch {
-          // gone already: its answer is on its way
-        }
-        // Its answer is not waited for: something it started may hold the connection on.
-        r.socket.destroy();
-      },
+      kill: k.kill,
     };
   }
 
-  private request(kind: 'S' | 'C' | 'I', first: string, argv: string[]): Spawned & { ended: Promise<RunResult> } {
+  /** As `run`, keeping its stdout (up to 64 KiB) instead of its stderr. */
+  output(file: string, args: string[], cwd = ''): OutputRun {
+    const r = this.request('O', cwd, [file, ...args]);
+    return { result: r.ended.then(({ code, stderr }) => ({ code, stdout: stderr })), kill: killable(r).kill };
+  }
+
+  private request(kind: 'S' | 'C' | 'I' | 'O', first: string, argv: string[]): Spawned & { ended: Promise<RunResult> } {
     const socket = connect(this.socketPath);
     socket.on('error', () => {});
     const body = Buffer.from([first, ...argv].join('\0'));
@@ -176,6 +174,30 @@ export class Spawner {
     socket.once('close', () => finish(127, 'the spawner closed the connection'));
     return { socket, output, pid, exit: ended.then((r) => r.code), ended };
   }
+}
+
+/** An 'I' or 'O' command's end, and its kill: by the pid of its 'P' frame (its waiter's, whose
+ * death kills it: spawner.c); before that frame, the connection's end (an 'I' command's input
+ * ends). Its answer is not waited for then: something it started may hold the connection on. */
+function killable(r: Spawned & { ended: Promise<RunResult> }): { readonly ended: boolean; kill(): void } {
+  let ended = false;
+  let pid: number | undefined;
+  void r.ended.then(() => (ended = true));
+  void r.pid.then((p) => (pid = p > 0 ? p : undefined));
+  return {
+    get ended() {
+      return ended;
+    },
+    kill: () => {
+      if (ended) return;
+      try {
+        if (pid !== undefined) process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone already: its answer is on its way
+      }
+      r.socket.destroy();
+    },
+  };
 }
 
 /** The engines' spawners in this process: any that is up starts a command (run.ts), so that

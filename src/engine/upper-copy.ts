@@ -1,5 +1,5 @@
-import { setPriority } from 'node:os';
-import { execa } from 'execa';
+import { getPriority } from 'node:os';
+import { runForOutput, startPiped, type PipedRun } from './run.js';
 
 /** The copy's nice value: CRIU's (native/criu_run.c). */
 const COPY_NICE = -10;
@@ -35,7 +35,10 @@ export interface TreeSize {
  * entries: every memory checkpoint measures its upper first, and one past the bounds (a
  * `node_modules` of 100,000 files) is frozen by rename whatever its full size. */
 export async function treeSize(path: string, signal: AbortSignal, atMost: number): Promise<TreeSize> {
-  const { stdout } = await execa('sh', ['-c', 'find -P "$1" -xdev -printf "%b\\n" | head -n "$2"', 'size', path, String(atMost + 1)], { cancelSignal: signal });
+  // find's complaints (an entry gone meanwhile) go nowhere, as its pipeline's status is head's.
+  const { code, stdout } = await runForOutput('sh', ['-c', 'find -P "$1" -xdev -printf "%b\\n" 2>/dev/null | head -n "$2"', 'size', path, String(atMost + 1)], signal);
+  if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new Error('the walk was stopped');
+  if (code !== 0) throw new Error(`the walk of ${path} ended with ${code}`);
   const lines = stdout.split('\n').filter(Boolean);
   let blocks = 0;
   for (const line of lines) {
@@ -55,29 +58,28 @@ export async function treeSize(path: string, signal: AbortSignal, atMost: number
  * is left for the caller to remove.
  */
 export class PreparedCopy {
-  private readonly abort = new AbortController();
-  private readonly sub;
+  private readonly copy: PipedRun;
+  private stopped: Error | undefined;
 
   constructor(src: string, dest: string) {
-    const script = 'read -r go && exec cp -a --sparse=auto --reflink=auto --no-target-directory -- "$1" "$2"';
-    this.sub = execa('sh', ['-c', script, 'copy', src, dest], { stdin: 'pipe', cancelSignal: this.abort.signal, forceKillAfterDelay: 0 });
-    this.sub.catch(() => {}); // its outcome is run()'s
     // It works while the sandbox is paused: above what keeps a busy host's CPUs busy, as CRIU's
-    // workers are (criu_run.c, CRIU_NICE). Best effort: a server that may not raise it copies
-    // at its own priority.
-    try {
-      if (this.sub.pid) setPriority(this.sub.pid, COPY_NICE);
-    } catch {
-      // no CAP_SYS_NICE
-    }
+    // workers are (criu_run.c, CRIU_NICE). `nice` takes it there from the server's own value,
+    // which what the server starts begins at; one that may not raise it warns and copies at
+    // that value.
+    const raise = String(COPY_NICE - getPriority());
+    const script = 'read -r go && exec nice -n "$3" cp -a --sparse=auto --reflink=auto --no-target-directory -- "$1" "$2"';
+    // By the engine's spawner (run.ts): Node forking itself was ~3-10 ms of the event loop.
+    this.copy = startPiped('sh', ['-c', script, 'copy', src, dest, raise]);
   }
 
   /** Copies, within `deadlineMs` (else the copy is stopped and this throws). */
   async run(deadlineMs: number): Promise<void> {
-    const timer = setTimeout(() => this.abort.abort(new Error(`the copy was not done within ${deadlineMs} ms`)), deadlineMs);
+    const timer = setTimeout(() => this.stop(new Error(`the copy was not done within ${deadlineMs} ms`)), deadlineMs);
     try {
-      this.sub.stdin.end('go\n');
-      await this.sub;
+      this.copy.feed('go\n');
+      const r = await this.copy.result;
+      if (this.stopped) throw this.stopped;
+      if (r.code !== 0) throw new Error(`cp: ${r.stderr.trim().split('\n').slice(-3).join(' / ') || `exit ${r.code}`}`);
     } finally {
       clearTimeout(timer);
     }
@@ -85,6 +87,11 @@ export class PreparedCopy {
 
   /** Stops it before it ran (or while it runs). */
   cancel(): void {
-    this.abort.abort(new Error('cancelled'));
+    this.stop(new Error('cancelled'));
+  }
+
+  private stop(err: Error): void {
+    this.stopped ??= err;
+    this.copy.kill();
   }
 }
