@@ -29,6 +29,18 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
+/** A command that writes its pid to a marker file and then sleeps, killed: it answers with a
+ * failure and is gone (or a zombie left to its reaper). */
+async function expectKillEnds(name: string, start: (marker: string) => { kill(): void; result: Promise<{ code: number }> }): Promise<void> {
+  const marker = join(dir, name);
+  const run = start(marker);
+  await eventually(async () => existsSync(marker) && readFileSync(marker, 'utf8').trim() !== '');
+  const pid = Number(readFileSync(marker, 'utf8'));
+  run.kill();
+  expect((await run.result).code).not.toBe(0);
+  await eventually(async () => !existsSync(`/proc/${pid}`) || readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z '));
+}
+
 describe('the spawner', () => {
   it('is up, alone in a directory only root can enter', async () => {
     expect(spawner.available, readFileSync(join(dir, 'spawner.log'), 'utf8')).toBe(true);
@@ -55,14 +67,11 @@ describe('the spawner', () => {
     expect(await fed.result).toEqual({ code: 4, stderr: 'line one\nline two\n' });
     expect(fed.ended).toBe(true);
 
-    const marker = join(dir, 'fed-pid');
-    const stuck = spawner.piped('sh', ['-c', `echo $$ > ${marker}; cat >/dev/null; exec sleep 600`]);
-    stuck.feed('');
-    await eventually(async () => existsSync(marker) && readFileSync(marker, 'utf8').trim() !== '');
-    const shell = Number(readFileSync(marker, 'utf8'));
-    stuck.kill();
-    expect((await stuck.result).code).not.toBe(0);
-    await eventually(async () => !existsSync(`/proc/${shell}`) || readFileSync(`/proc/${shell}/stat`, 'utf8').includes(') Z '));
+    await expectKillEnds('fed-pid', (marker) => {
+      const stuck = spawner.piped('sh', ['-c', `echo $$ > ${marker}; cat >/dev/null; exec sleep 600`]);
+      stuck.feed('');
+      return stuck;
+    });
   });
 
   it('runs a command for its stdout (du, find): its stdout in the answer, its stderr nowhere; a kill ends it', async () => {
@@ -70,13 +79,7 @@ describe('the spawner', () => {
     expect((await spawner.output('/nonexistent/forkpoint-command', []).result).code).toBe(127);
     // At most 64 KiB of it.
     expect((await spawner.output('sh', ['-c', 'head -c 200000 /dev/zero | tr "\\0" x']).result).stdout.length).toBe(64 * 1024);
-    const marker = join(dir, 'output-pid');
-    const slow = spawner.output('sh', ['-c', `echo $$ > ${marker}; exec sleep 600`]);
-    await eventually(async () => existsSync(marker) && readFileSync(marker, 'utf8').trim() !== '');
-    const pid = Number(readFileSync(marker, 'utf8'));
-    slow.kill();
-    expect((await slow.result).code).not.toBe(0);
-    await eventually(async () => !existsSync(`/proc/${pid}`) || readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z '));
+    await expectKillEnds('output-pid', (marker) => spawner.output('sh', ['-c', `echo $$ > ${marker}; exec sleep 600`]));
   });
 
   it('starts a shim whose command talks frames on the connection and whose exit comes as a frame; its stdout is not the connection', async () => {
