@@ -2,7 +2,7 @@ import { defineConfig } from 'vitest/config';
 import { BaseSequencer, type TestSpecification } from 'vitest/node';
 
 // The suite drives real sandboxes (overlay, CRIU, namespaces) as root. Three files run at once:
-// each server has its own data directory and subnet (test/helpers: subnetFor), and much of a
+// each server has its own data directory and subnet (test/helpers/subnets.ts), and much of a
 // file's time is spent waiting on sandboxes, not computing. Measured on 2 cores: 313 s with
 // two workers against 610-640 s one file at a time, the same 396 tests passing; later, 650
 // tests from a fresh clone, 464 s with three workers against 531 s with two (the files' own

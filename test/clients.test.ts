@@ -11,7 +11,7 @@ import { execa } from 'execa';
 import openapiTS, { astToString } from 'openapi-typescript';
 import ts from 'typescript';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startServer, type TestServer } from './helpers/server.js';
+import { bothOrUndo, startServer, type TestServer } from './helpers/server.js';
 
 const repo = new URL('..', import.meta.url).pathname;
 const DOC = join(repo, 'openapi/openapi.json');
@@ -21,7 +21,7 @@ const bin = (name: string) => join(repo, 'node_modules/.bin', name);
 let s: TestServer;
 let work: string;
 beforeAll(async () => {
-  [s, work] = await Promise.all([startServer(), mkdtemp(join(tmpdir(), 'forkpoint-clients-'))]);
+  [s, work] = await bothOrUndo(startServer(), mkdtemp(join(tmpdir(), 'forkpoint-clients-')), (x) => x.close(), (d) => rm(d, { recursive: true, force: true }));
   await symlink(join(repo, 'node_modules'), join(work, 'node_modules'));
   await cp(join(repo, 'test/clients'), work, { recursive: true });
   await writeFile(join(work, 'package.json'), '{ "type": "module" }\n');

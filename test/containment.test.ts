@@ -12,14 +12,14 @@ import { tmpdir } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { execa } from 'execa';
 import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
-import { sleep, startServer, type TestServer } from './helpers/server.js';
+import { bothOrUndo, sleep, startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
 let kit: AttackKit;
 let a: string; // the attacker's instance
 let b: string; // another tenant's
 beforeAll(async () => {
-  [s, kit] = await Promise.all([startServer(), buildAttackKit()]);
+  [s, kit] = await bothOrUndo(startServer(), buildAttackKit(), (x) => x.close(), (k) => k.cleanup());
   const other = await s.fp.store.tokens.create('tenant-b', 'test');
   [a, b] = await Promise.all([
     s.instance({ name: 'attacker' }).then((i) => i.id as string),

@@ -12,7 +12,7 @@ import { loadConfig } from '../src/config.js';
 const AGENT = loadConfig({ env: {} }).agentPath;
 const HOST_IF = `fplk${process.pid % 100000}`;
 // The host keeps a sandbox's gateway address on lo (as the engine does: network/index.ts).
-const GATEWAY = '10.251.7.1';
+const GATEWAY = '10.251.9.1';
 
 /** The count of times the process gave up its CPU of its own will (each poll is one). */
 async function voluntarySwitches(pid: number): Promise<number> {
@@ -50,7 +50,7 @@ async function sandboxNetns(): Promise<number> {
   throw new Error('unshare -n did not get its own netns');
 }
 
-const setup = (pid: number) => start(AGENT, ['net-setup', String(pid), HOST_IF, '10.251.7.2', GATEWAY, '02:fb:07:00:00:02']);
+const setup = (pid: number) => start(AGENT, ['net-setup', String(pid), HOST_IF, '10.251.9.2', GATEWAY, '02:fb:09:00:00:02']);
 
 beforeEach(async () => {
   await execa('ip', ['addr', 'replace', `${GATEWAY}/32`, 'dev', 'lo']);

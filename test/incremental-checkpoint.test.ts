@@ -11,13 +11,13 @@ import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildAttackKit, installKit, type AttackKit } from './helpers/attack-kit.js';
 import { memfill } from './helpers/memfill.js';
-import { eventually, startServer, type TestServer } from './helpers/server.js';
+import { bothOrUndo, eventually, startServer, type TestServer } from './helpers/server.js';
 
 const MIB = 256;
 let s: TestServer;
 let kit: AttackKit;
 beforeAll(async () => {
-  [s, kit] = await Promise.all([startServer({ warmForks: 0 }), buildAttackKit()]);
+  [s, kit] = await bothOrUndo(startServer({ warmForks: 0 }), buildAttackKit(), (x) => x.close(), (k) => k.cleanup());
 });
 afterAll(async () => {
   await s?.close();

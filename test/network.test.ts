@@ -7,7 +7,7 @@ import { ChildServer } from './helpers/child-server.js';
 import { request } from 'undici';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { subnetFor } from '../src/lib/ipv4.js';
+import { testSubnet } from './helpers/subnets.js';
 import { Firewall } from '../src/engine/network/firewall.js';
 import { DEFAULT_POLICY } from '../src/lib/egress-policy.js';
 import { startServer, type TestServer } from './helpers/server.js';
@@ -575,7 +575,7 @@ describe('a sandbox sends only as itself', () => {
 describe('the address pool', () => {
   it('one owner holds at most half the subnet (429 with its reason); a full subnet answers every owner 503 with its reason, never 500; a delete frees an address', async () => {
     const seed = `fp-subnet-${process.pid}-${Date.now()}`;
-    const small = await startServer({ networkCidr: subnetFor(seed).replace('.0/24', '.0/28') });
+    const small = await startServer({ networkCidr: testSubnet(seed).replace('.0/24', '.0/28') });
     try {
       const as = async (owner: string) => ({ authorization: `Bearer ${(await small.fp.store.tokens.create(owner, 'test')).token}` });
       const [a, b, c] = [await as('tenant-a'), await as('tenant-b'), await as('tenant-c')];
@@ -619,7 +619,7 @@ describe('a server whose firewall fails at start', () => {
       await chmod(join(fake, 'nft'), 0o755);
       const data = join(dir, 'data');
       await expect(ChildServer.start(data, undefined, { PATH: `${fake}:${process.env.PATH}` })).rejects.toThrow(/exited/);
-      const gateway = subnetFor(data).replace(/0\/24$/, '1');
+      const gateway = testSubnet(data).replace(/0\/24$/, '1');
       expect((await execa('ip', ['-o', '-4', 'addr', 'show', 'dev', 'lo'])).stdout).not.toContain(` ${gateway}/32 `);
     } finally {
       await rm(dir, { recursive: true, force: true });

@@ -8,7 +8,7 @@ import S3rver from 's3rver';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { subnetFor } from '../src/lib/ipv4.js';
+import { testSubnet } from './helpers/subnets.js';
 import { TestPostgres } from './helpers/postgres.js';
 import { ensureNodeImage, NODE_IMAGE, podman, podmanLimits as limits, removeNodeImages, TAG } from './helpers/node-image.js';
 import { until } from './helpers/wait.js';
@@ -85,7 +85,7 @@ class NodeContainer {
       FORKPOINT_NODE_URL: this.url,
       FORKPOINT_HOST: '127.0.0.1',
       FORKPOINT_PORT: String(this.port),
-      FORKPOINT_NETWORK_CIDR: subnetFor(this.dataDir),
+      FORKPOINT_NETWORK_CIDR: testSubnet(this.dataDir),
       FORKPOINT_LOG_LEVEL: 'warn',
     };
     await podman(

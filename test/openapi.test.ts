@@ -10,7 +10,7 @@ import { execa } from 'execa';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openApiText } from '../src/cli/server.js';
-import { startServer, type TestServer } from './helpers/server.js';
+import { bothOrUndo, startServer, type TestServer } from './helpers/server.js';
 
 type Json = Record<string, any>;
 const repo = new URL('..', import.meta.url).pathname;
@@ -23,7 +23,7 @@ const operations = (doc: Json) =>
 let s: TestServer;
 let work: string;
 beforeAll(async () => {
-  [s, work] = await Promise.all([startServer(), mkdtemp(join(tmpdir(), 'forkpoint-openapi-test-'))]);
+  [s, work] = await bothOrUndo(startServer(), mkdtemp(join(tmpdir(), 'forkpoint-openapi-test-')), (x) => x.close(), (d) => rm(d, { recursive: true, force: true }));
 });
 afterAll(async () => {
   await s?.close();

@@ -7,7 +7,7 @@ import { execa } from 'execa';
 import { request } from 'undici';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { subnetFor } from '../src/lib/ipv4.js';
+import { testSubnet } from './helpers/subnets.js';
 import { ChildServer } from './helpers/child-server.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
@@ -45,13 +45,13 @@ describe('one live server per data directory and per subnet', () => {
     });
     await eventually(async () => (await counter()) > 0);
     const before = await hostNet();
-    const gateway = `${subnetFor(dataDir).replace(/\.0\/24$/, '.1')}/32`;
+    const gateway = `${testSubnet(dataDir).replace(/\.0\/24$/, '.1')}/32`;
     expect(before.lo).toContain(gateway);
-    const table = `table inet forkpoint_fp${createHash('sha256').update(subnetFor(dataDir)).digest('hex').slice(0, 3)}`;
+    const table = `table inet forkpoint_fp${createHash('sha256').update(testSubnet(dataDir)).digest('hex').slice(0, 3)}`;
     expect(before.tables).toContain(table);
     const other = await mkdtemp(join(tmpdir(), 'forkpoint-second-'));
     try {
-      for (const [dir, cidr, what] of [[dataDir, subnetFor(other), 'the data directory'], [other, subnetFor(dataDir), "the sandboxes' subnet"]] as const) {
+      for (const [dir, cidr, what] of [[dataDir, testSubnet(other), 'the data directory'], [other, testSubnet(dataDir), "the sandboxes' subnet"]] as const) {
         const second = await execa(process.execPath, [CLI, 'serve', '--port', '0'], { env: { ...process.env, FORKPOINT_DATA_DIR: dir, FORKPOINT_NETWORK_CIDR: cidr }, reject: false, timeout: 60_000 });
         expect(second.exitCode, what).toBe(1);
         expect(second.stderr).toContain(`${what}`);

@@ -12,14 +12,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { execa } from 'execa';
 import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
 import { ChildServer } from './helpers/child-server.js';
-import { eventually, startServer, type TestServer } from './helpers/server.js';
+import { bothOrUndo, eventually, startServer, type TestServer } from './helpers/server.js';
 import { usernsImage, type Extent } from '../src/engine/userns-image.js';
 
 const RANGE = 65536;
 let s: TestServer;
 let kit: AttackKit;
 beforeAll(async () => {
-  [s, kit] = await Promise.all([startServer(), buildAttackKit()]);
+  [s, kit] = await bothOrUndo(startServer(), buildAttackKit(), (x) => x.close(), (k) => k.cleanup());
 });
 afterAll(async () => {
   await s?.close();

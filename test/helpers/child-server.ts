@@ -1,4 +1,4 @@
-import { subnetFor } from '../../src/lib/ipv4.js';
+import { testSubnet } from './subnets.js';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { request } from 'undici';
@@ -18,7 +18,7 @@ export class ChildServer {
   static async start(dataDir: string, token?: string, env: Record<string, string> = {}, wrap: string[] = []): Promise<ChildServer> {
     const argv = [...wrap, process.execPath, CLI, 'serve', '--port', '0', '--log-level', 'warn'];
     const proc = spawn(argv[0]!, argv.slice(1), {
-      env: { ...process.env, FORKPOINT_DATA_DIR: dataDir, FORKPOINT_NETWORK_CIDR: subnetFor(dataDir), FORKPOINT_WARM_FORKS: '0', ...env },
+      env: { ...process.env, FORKPOINT_DATA_DIR: dataDir, FORKPOINT_NETWORK_CIDR: testSubnet(dataDir), FORKPOINT_WARM_FORKS: '0', ...env },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const lines = createInterface({ input: proc.stdout! });

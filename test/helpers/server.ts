@@ -5,7 +5,7 @@ import type { FastifyInstance } from 'fastify';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { loadConfig, type ConfigInput } from '../../src/config.js';
-import { subnetFor } from '../../src/lib/ipv4.js';
+import { testSubnet } from './subnets.js';
 import { Forkpoint } from '../../src/core/forkpoint.js';
 import type { Engine } from '../../src/engine/engine.js';
 import { localEngine } from '../../src/local.js';
@@ -39,7 +39,7 @@ export async function startServer(config: Partial<ConfigInput> = {}, existingDat
   const dataDir = existingDataDir ?? (await mkdtemp(join(tmpdir(), 'forkpoint-test-')));
   // Warm forks only where a test asks for them (test/warm-forks.test.ts): elsewhere each fork
   // would start a restore in the background that the test does not look at.
-  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: subnetFor(dataDir), logLevel: 'silent', warmForks: 0, ...config } });
+  const cfg = loadConfig({ env: {}, flags: { dataDir, port: 0, networkCidr: testSubnet(dataDir), logLevel: 'silent', warmForks: 0, ...config } });
   // `logFile`: everything the server logs, at debug, for a test that reads its log.
   const log = opts.logFile ? pino({ level: 'debug' }, pino.destination({ dest: opts.logFile, sync: true })) : pino({ level: process.env.FORKPOINT_TEST_LOG ?? 'silent' });
   let engine!: Engine;
@@ -131,4 +131,15 @@ export async function eventually<T>(fn: () => Promise<T | undefined | false>, ms
     if (Date.now() > deadline) throw new Error('condition not met in time');
     await sleep(50);
   }
+}
+
+/** `Promise.all` of two set-ups that undoes the one that worked when the other fails, so that a
+ * failed beforeAll leaves nothing behind (a fresh clone's run left an attack kit's directory when
+ * its server could not start). */
+export async function bothOrUndo<A, B>(a: Promise<A>, b: Promise<B>, undoA: (a: A) => Promise<unknown>, undoB: (b: B) => Promise<unknown>): Promise<[A, B]> {
+  const [ra, rb] = await Promise.allSettled([a, b]);
+  if (ra.status === 'fulfilled' && rb.status === 'fulfilled') return [ra.value, rb.value];
+  if (ra.status === 'fulfilled') await undoA(ra.value).catch(() => {});
+  if (rb.status === 'fulfilled') await undoB(rb.value).catch(() => {});
+  throw ra.status === 'rejected' ? ra.reason : (rb as PromiseRejectedResult).reason;
 }
