@@ -1,4 +1,3 @@
-import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -7,6 +6,7 @@ import { execa } from 'execa';
 import { request } from 'undici';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
+import { linkPrefixOf } from '../src/lib/ipv4.js';
 import { testSubnet } from './helpers/subnets.js';
 import { ChildServer } from './helpers/child-server.js';
 
@@ -33,7 +33,7 @@ const exec = async (s: ChildServer, id: string, body: Record<string, unknown>) =
 };
 
 describe('one live server per data directory and per subnet', () => {
-  it('a second server on the same data directory, or on the same subnet, refuses to start and touches nothing', async () => {
+  it('a second server on the same data directory, on the same subnet, or on a subnet of the same link prefix refuses to start and touches nothing', async () => {
     dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-restart-'));
     server = await ChildServer.start(dataDir);
     const inst = (await server.api('POST', '/instances', { name: 'first' })).body;
@@ -47,11 +47,13 @@ describe('one live server per data directory and per subnet', () => {
     const before = await hostNet();
     const gateway = `${testSubnet(dataDir).replace(/\.0\/24$/, '.1')}/32`;
     expect(before.lo).toContain(gateway);
-    const table = `table inet forkpoint_fp${createHash('sha256').update(testSubnet(dataDir)).digest('hex').slice(0, 3)}`;
+    const table = `table inet forkpoint_${linkPrefixOf(testSubnet(dataDir))}`;
     expect(before.tables).toContain(table);
     const other = await mkdtemp(join(tmpdir(), 'forkpoint-second-'));
     try {
-      for (const [dir, cidr, what] of [[dataDir, testSubnet(other), 'the data directory'], [other, testSubnet(dataDir), "the sandboxes' subnet"]] as const) {
+      // Another subnet whose link names and firewall table would be the first's (1 in 4,096).
+      const twin = Array.from({ length: 128 * 256 }, (_, i) => `10.${i >> 8}.${i & 255}.0/24`).find((c) => linkPrefixOf(c) === linkPrefixOf(testSubnet(dataDir)))!;
+      for (const [dir, cidr, what] of [[dataDir, testSubnet(other), 'the data directory'], [other, testSubnet(dataDir), "the sandboxes' subnet"], [other, twin, "the host links' prefix"]] as const) {
         const second = await execa(process.execPath, [CLI, 'serve', '--port', '0'], { env: { ...process.env, FORKPOINT_DATA_DIR: dir, FORKPOINT_NETWORK_CIDR: cidr }, reject: false, timeout: 60_000 });
         expect(second.exitCode, what).toBe(1);
         expect(second.stderr).toContain(`${what}`);

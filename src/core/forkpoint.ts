@@ -29,6 +29,7 @@ import { PreviewLinks } from './previews.js';
 import { requireRoom } from './space.js';
 import { Metrics } from './metrics.js';
 import { HostLocks } from '../lib/host-locks.js';
+import { linkPrefixOf } from '../lib/ipv4.js';
 import { retryUntil } from '../lib/backoff.js';
 import { isStoreAway } from './errors.js';
 import { Credentials } from './credentials.js';
@@ -258,10 +259,16 @@ export class Forkpoint {
   /** Starts the engine side: agent layer, images, and recovery of what a previous run left. */
   async start(): Promise<void> {
     // Before anything is touched: one live server per data directory and per subnet (a second
-    // one would adopt the first's sandboxes, or replace its firewall and gateway).
+    // one would adopt the first's sandboxes, or replace its firewall and gateway), and per link
+    // prefix (two subnets may hash to one: the second would replace the first's firewall table).
     this.hostLocks = await HostLocks.take([
       { path: join(this.config.dataDir, 'server.lock'), what: `the data directory ${this.config.dataDir}` },
-      ...(this.config.networking === 'on' ? [{ path: join(NETWORK_LOCKS, `${this.config.networkCidr.replace('/', '_')}.lock`), what: `the sandboxes' subnet ${this.config.networkCidr}` }] : []),
+      ...(this.config.networking === 'on'
+        ? [
+            { path: join(NETWORK_LOCKS, `${this.config.networkCidr.replace('/', '_')}.lock`), what: `the sandboxes' subnet ${this.config.networkCidr}` },
+            { path: join(NETWORK_LOCKS, `${linkPrefixOf(this.config.networkCidr)}.lock`), what: `the host links' prefix ${linkPrefixOf(this.config.networkCidr)} (a hash of the subnet ${this.config.networkCidr}: choose another subnet)` },
+          ]
+        : []),
     ]).catch(async (err: unknown) => {
       await this.store.close();
       throw err;

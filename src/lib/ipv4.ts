@@ -1,4 +1,5 @@
 /** IPv4 addresses of the sandboxes' network: pure arithmetic, no state. */
+import { createHash } from 'node:crypto';
 
 export interface Subnet {
   /** The network address, as a number. */
@@ -52,6 +53,15 @@ export function nextFree(s: Subnet, used: Set<string>, lastResort: ReadonlySet<s
 export function macOf(ip: string): string {
   const n = toNumber(ip);
   return ['02', 'f0', ...[n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].map((b) => b.toString(16).padStart(2, '0'))].join(':');
+}
+
+/** The prefix of the host-side link names, and of the firewall's table, of a server on `cidr`:
+ * 3 hex digits of its hash, what IFNAMSIZ leaves beside a link's own 10. Two subnets share one 1
+ * time in 4,096, and their servers would replace each other's table: the server locks its prefix
+ * as it locks its subnet. */
+export function linkPrefixOf(cidr: string): string {
+  const s = parseCidr(cidr);
+  return `fp${createHash('sha256').update(`${toIp(s.base)}/${s.prefix}`).digest('hex').slice(0, 3)}`;
 }
 
 /** A /24 inside 10.128.0.0/9 picked by hashing `seed` (a data directory): the subnet of a

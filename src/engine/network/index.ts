@@ -1,10 +1,9 @@
-import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { EngineError } from '../../seam/errors.js';
 import type { EgressSecrets, NetworkCounters } from '../../seam/runtime.js';
-import { gatewayOf, macOf, nextFree, parseCidr, toIp, type Subnet } from '../../lib/ipv4.js';
+import { gatewayOf, linkPrefixOf, macOf, nextFree, parseCidr, toIp, type Subnet } from '../../lib/ipv4.js';
 import { DnsForwarder, hostResolvers } from './dns.js';
 import { EgressProxy } from './egress-proxy.js';
 import { Firewall, type FirewallEntry } from './firewall.js';
@@ -58,7 +57,7 @@ export class Network {
     this.subnet = parseCidr(opts.cidr);
     this.gateway = gatewayOf(this.subnet);
     const cidr = `${toIp(this.subnet.base)}/${this.subnet.prefix}`;
-    this.linkPrefix = `fp${createHash('sha256').update(cidr).digest('hex').slice(0, 3)}`;
+    this.linkPrefix = linkPrefixOf(cidr);
     this.firewall = new Firewall(cidr, this.gateway, this.linkPrefix, `forkpoint_${this.linkPrefix}`);
     const upstreams = async () => opts.dnsServers ?? (await hostResolvers());
     this.dns = new DnsForwarder(this.gateway, upstreams, {
