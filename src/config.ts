@@ -146,6 +146,10 @@ export const configSchema = z.object({
   uidRanges: z.coerce.number().int().positive().default(8192),
   /** How many of them one owner's instances may hold (a tenant cannot drain the pool). */
   uidRangesPerOwner: z.coerce.number().int().positive().default(2048),
+  /** `on`: the host's cgroup hierarchy is remounted `favordynmods` at start, so that moving a
+   * restore into its sandbox's cgroups does not wait out an RCU grace period (engine/cgroup-moves.ts;
+   * host-wide, until the next boot); `off`: the hierarchy is left as it is. */
+  cgroupFavordynmods: z.enum(['on', 'off']).default('on'),
   /** `off`: sandboxes get only loopback (no link, no firewall, no DNS), as before networking. */
   networking: z.enum(['on', 'off']).default('on'),
   /** The sandboxes' subnet (the host keeps its first address as their gateway). Two servers on
@@ -240,6 +244,7 @@ const envNames: Record<keyof Config, string> = {
   defaultCpuPercent: 'FORKPOINT_DEFAULT_CPU_PERCENT',
   defaultDiskMb: 'FORKPOINT_DEFAULT_DISK_MB',
   userNamespaces: 'FORKPOINT_USER_NAMESPACES',
+  cgroupFavordynmods: 'FORKPOINT_CGROUP_FAVORDYNMODS',
   ownerMaxInstances: 'FORKPOINT_OWNER_MAX_INSTANCES',
   ownerMaxMemoryMb: 'FORKPOINT_OWNER_MAX_MEMORY_MB',
   ownerMaxCpuPercent: 'FORKPOINT_OWNER_MAX_CPU_PERCENT',

@@ -23,6 +23,7 @@ export function localEngine(config: Config, log: Logger, nodeId: string, overrid
     logger: log,
     network: { cidr: config.networkCidr, dnsServers: config.dnsServers?.split(','), upstreamCa: config.egressCaFile ? readFileSync(config.egressCaFile, 'utf8') : undefined },
     uidRanges: config.uidRanges,
+    favourCgroupMoves: config.cgroupFavordynmods === 'on',
     nodeId,
     ...overrides,
   });

@@ -1,7 +1,9 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { readFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cgroupMounts } from '../src/engine/cgroup-moves.js';
 import { overlaysUnder, startServer, type TestServer } from './helpers/server.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
@@ -12,6 +14,14 @@ beforeAll(async () => {
 afterAll(async () => s?.close());
 
 const alive = (pid: number) => existsSync(`/proc/${pid}`);
+
+describe('what a server changes on its host', () => {
+  it('mounts the cgroup hierarchy favordynmods, so that a restore joins its cgroups without waiting out a grace period', async () => {
+    const mounts = cgroupMounts(await readFile('/proc/self/mountinfo', 'utf8'));
+    const asked = mounts.find((m) => m.fsType === 'cgroup2') ?? mounts[0];
+    expect(asked?.superOptions).toContain('favordynmods');
+  });
+});
 
 describe('instance lifecycle', () => {
   it('create → 201 running; get; list with paging', async () => {

@@ -26,6 +26,7 @@ import { run, Steps } from './run.js';
 import { diskUsage } from './disk-usage.js';
 import { DumpStaging, type StagedDump } from './dump-staging.js';
 import { spreadAcrossGroups } from './inode-groups.js';
+import { favourCgroupMoves } from './cgroup-moves.js';
 import { MemoryTracking } from './memory-tracking.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
@@ -64,6 +65,8 @@ export interface EngineOptions {
   uidRanges: number;
   /** The node this engine is: its sandboxes' cgroups are under `forkpoint/<node>/`. */
   nodeId: string;
+  /** Whether init remounts the host's cgroup hierarchy `favordynmods` (cgroup-moves.ts). */
+  favourCgroupMoves?: boolean;
 }
 
 export type { FreezeResult, SandboxSpec } from '../seam/runtime.js';
@@ -150,6 +153,11 @@ export class Engine implements SandboxRuntime {
     // Where directories come and go all day (inode-groups.ts).
     const spread = await spreadAcrossGroups([join(this.opts.dataDir, 'instances'), join(this.opts.dataDir, 'checkpoints'), this.layout.layers, this.layout.spill]);
     if (spread.failed) this.log.warn({ reason: spread.failed }, 'the data directory\'s instances and checkpoints could not be marked top directories (chattr +T): on an ext4 without a journal, creating files slows down as sandboxes come and go');
+    if (this.opts.favourCgroupMoves) {
+      const moves = await favourCgroupMoves();
+      if (moves.state === 'set') this.log.info({ mount: moves.mount }, 'the cgroup hierarchy is mounted favordynmods now: a restore joins its sandbox\'s cgroups without waiting out an RCU grace period (host-wide, until the next boot)');
+      if (moves.state === 'unavailable') this.log.warn({ mount: moves.mount, reason: moves.reason }, 'the cgroup hierarchy could not be mounted favordynmods: a restore after a quiet moment waits out an RCU grace period (~8 ms) to join its sandbox\'s cgroups');
+    }
     this.images.copyAheadAcrossFilesystems((image, err) => this.log.warn({ image, err }, 'a set-up image could not be copied into the data directory; sandboxes on it cannot boot here'));
     // After a reboot the volumes are not mounted, and the layers in them not reachable.
     await this.limitedDisks.mountAll();
