@@ -409,13 +409,16 @@ export class AgentClient implements AgentPort {
     if (this.closed) return Promise.resolve();
     this.closing = true;
     return new Promise((resolve) => {
-      const force = setTimeout(() => this.socket.destroy(), graceMs);
-      force.unref();
+      // No grace: the connection is dropped at once (an agent about to be killed need not
+      // answer the close).
+      const force = graceMs > 0 ? setTimeout(() => this.socket.destroy(), graceMs) : undefined;
+      force?.unref();
       this.closeWaiters.push(() => {
         clearTimeout(force);
         resolve();
       });
-      this.socket.end();
+      if (force) this.socket.end();
+      else this.socket.destroy();
     });
   }
 }
