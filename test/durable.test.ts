@@ -64,7 +64,7 @@ describe('durable checkpoints in an S3-compatible object store', () => {
 
   it('uploads a ready checkpoint as blobs and a manifest; shared blobs once; deleting both empties the bucket', async () => {
     const inst = await s.instance();
-    await s.exec(inst.id, { command: 'head -c 1048576 /dev/urandom > /root/one-mib && sleep 1000 &' });
+    await s.exec(inst.id, { command: 'head -c 1048576 /dev/urandom > /root/one-mib; sleep 1000 &' });
     const c1 = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
     expect(c1.status).toBe('ready');
     const d1 = await durable(inst.id, c1.id);
@@ -121,7 +121,7 @@ describe('durable checkpoints in an S3-compatible object store', () => {
 
   it('refuses a blob replaced in the bucket (a well-formed tar of another tree): 503, nothing of it kept, and the fork works once the blob is right again', async () => {
     const inst = await s.instance();
-    await s.exec(inst.id, { command: 'echo kept > /root/file && sleep 1000 &' });
+    await s.exec(inst.id, { command: 'echo kept > /root/file; sleep 1000 &' });
     const c = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, {})).body;
     await durable(inst.id, c.id);
     const layerDir = await loseCheckpointData(inst.id, c.id);
