@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readdir, readFile, realpath, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -28,7 +28,14 @@ describe('the project\'s CRIU', () => {
     const patches = (await readdir('deploy/criu')).filter((f) => f.endsWith('.patch')).sort();
     const digest = createHash('sha256');
     for (const f of patches) digest.update(await readFile(join('deploy/criu', f)));
+    // deploy/criu.sh's build flags are in the digest too (`echo "${build_flags[*]}"`).
+    const flags = /^build_flags=\(([^)]*)\)$/m.exec(await readFile('deploy/criu.sh', 'utf8'))![1]!;
+    digest.update(`${flags}\n`);
     expect((await readFile(`${criu}.patches`, 'utf8')).trim()).toBe(digest.digest('hex'));
+    // Built without GnuTLS: every CRIU process loads its libraries (and runs their initialisers).
+    const libs = await execa('ldd', [await realpath(criu)]);
+    expect(libs.stdout).toContain('libprotobuf-c');
+    expect(libs.stdout).not.toContain('gnutls');
     // The patch itself: a network namespace dumped empty costs no walk of the host's conntrack
     // table (CRIU's log names that walk "Dumping netns links", after the namespace's info).
     const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
