@@ -5,11 +5,12 @@
  * 500 and never `processing` forever, and must leave nothing half-made behind.
  */
 import { lstatSync } from 'node:fs';
-import { readdir, readFile, mkdtemp, rm, statfs } from 'node:fs/promises';
+import { mkdir, readdir, readFile, mkdtemp, rm, statfs, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { spreadAcrossGroups } from '../src/engine/inode-groups.js';
 import { startServer, type TestServer } from './helpers/server.js';
 
 let work: string;
@@ -52,6 +53,25 @@ async function fill(leave: number): Promise<void> {
     for (const dir of ['instances', 'checkpoints', 'layers']) {
       const { stdout } = await execa('lsattr', ['-d', join(mnt, dir)]);
       expect(stdout.split(/\s+/)[0], dir).toContain('T');
+    }
+  });
+
+  it('marking them has a deadline: a chattr that hangs is left behind, and the server starts unmarked with a reason', async () => {
+    const hung = join(work, 'hung-chattr');
+    const pidFile = join(work, 'hung-chattr.pid');
+    await writeFile(hung, `#!/bin/sh\necho $$ > ${pidFile}\nexec sleep 30\n`, { mode: 0o755 });
+    const dir = join(mnt, 'deadline-probe');
+    await mkdir(dir);
+    try {
+      const t = performance.now();
+      const r = await spreadAcrossGroups([dir], { chattr: hung, deadlineMs: 300 });
+      expect(performance.now() - t).toBeLessThan(5000);
+      expect(r).toEqual({ marked: [], failed: 'chattr did not end within 0.3 s' });
+    } finally {
+      // Left behind by the deadline, as the server leaves it; the test's own to end.
+      const pid = Number(await readFile(pidFile, 'utf8').catch(() => '0'));
+      if (pid > 0) process.kill(pid, 'SIGKILL');
+      await rm(dir, { recursive: true, force: true });
     }
   });
 

@@ -1,7 +1,10 @@
 import { statfs } from 'node:fs/promises';
+import { untilDeadline } from '../lib/deadline.js';
 import { run } from './run.js';
 
 const EXT_SUPER_MAGIC = 0xef53;
+/** A `chattr` past it (a filesystem that hangs) is left behind and the server starts unmarked. */
+const CHATTR_DEADLINE_MS = 10_000;
 
 /**
  * Spreads the directories made under `dirs` (one per instance, per checkpoint) over ext4's block
@@ -16,10 +19,11 @@ const EXT_SUPER_MAGIC = 0xef53;
  * host's CPU in `__ext4_new_inode`). Spread, each group sees a few. Elsewhere (a journal, xfs,
  * btrfs) the flag is not asked for; a filesystem that refuses it costs nothing but a warning.
  */
-export async function spreadAcrossGroups(dirs: readonly string[]): Promise<{ marked: string[]; failed?: string }> {
+export async function spreadAcrossGroups(dirs: readonly string[], opts: { chattr?: string; deadlineMs?: number } = {}): Promise<{ marked: string[]; failed?: string }> {
   const ext: string[] = [];
   for (const d of dirs) if ((await statfs(d)).type === EXT_SUPER_MAGIC) ext.push(d);
   if (!ext.length) return { marked: [] };
-  const r = await run('chattr', ['+T', ...ext]);
+  const ms = opts.deadlineMs ?? CHATTR_DEADLINE_MS;
+  const r = await untilDeadline(run(opts.chattr ?? 'chattr', ['+T', ...ext]), ms, () => ({ code: -1, stderr: `chattr did not end within ${ms / 1000} s` }));
   return r.code === 0 ? { marked: ext } : { marked: [], failed: r.stderr.trim() || `chattr exited ${r.code}` };
 }
