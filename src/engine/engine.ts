@@ -1,4 +1,5 @@
 import { existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
+import type { Socket } from 'node:net';
 import { mkdir, readFile, rm, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
@@ -12,7 +13,7 @@ import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from '../lib/data-layout.js';
 import { failpoint, faultArmed } from '../lib/failpoints.js';
 import { isMounted, Mounter, mounts } from './overlay.js';
-import { Sandbox } from './sandbox.js';
+import { connectToAgent, Sandbox } from './sandbox.js';
 import { LimitedDisks } from './limited-disks.js';
 import { PersistentVolumes } from './persistent-volumes.js';
 import { VolumeFileAgents } from './volume-file-agents.js';
@@ -89,6 +90,9 @@ interface RollbackStandby {
   pid: number;
   startTime: string;
   restorer: Restorer;
+  /** A connection to its agent, made before it froze: the swap's reconnection is then no wait
+   * for the thawed agent to accept one (0.45-0.65 ms inside a warm rollback's pause). */
+  agent: Socket | undefined;
 }
 
 const rollbackStandbyId = (id: string) => `${id}~rollback`;
@@ -1063,8 +1067,13 @@ export class Engine implements SandboxRuntime {
       const prepared = this.prepareRestore(restorer, shadow, images, { routeHeld: true });
       const launched = await this.restoreWith(restorer, shadow, prepared, { connections: 'close', keepWorker: true });
       this.standing.add(shadow.id);
-      await this.cgroups.freeze(shadow.id);
-      this.rollbackStandbys.set(spec.id, { imagesId, fits: fitOf(spec), ...launched, restorer });
+      const agent = await connectToAgent(launched.pid, launched.startTime).catch(() => undefined);
+      agent?.on('error', () => {});
+      await this.cgroups.freeze(shadow.id).catch((err: unknown) => {
+        agent?.destroy();
+        throw err;
+      });
+      this.rollbackStandbys.set(spec.id, { imagesId, fits: fitOf(spec), ...launched, restorer, agent });
       // Its instance stopped or hibernated meanwhile (neither waits for a standby being made).
       if (!this.live.has(spec.id)) {
         await this.dropRollback(spec.id);
@@ -1092,6 +1101,7 @@ export class Engine implements SandboxRuntime {
     if (!standby || (imagesId !== undefined && standby.imagesId !== imagesId)) return;
     this.rollbackStandbys.delete(id);
     standby.restorer.worker.end();
+    standby.agent?.destroy();
     const shadow = rollbackStandbyId(id);
     this.network.dropLink(shadow);
     await this.killStray(standby.pid, standby.startTime).catch((err: unknown) => this.log.warn({ err, instance: id }, 'could not kill a rollback standby'));
@@ -1137,9 +1147,10 @@ export class Engine implements SandboxRuntime {
         this.standing.delete(shadow);
         if (!this.fenced.has(spec.id)) await this.cgroups.thaw(spec.id);
         failpoint('rollback.restored');
-        return { pid: standby.pid, startTime: standby.startTime, result: undefined };
+        return { pid: standby.pid, startTime: standby.startTime, result: undefined, agent: standby.agent };
       }, undefined, { rollback: true });
     } catch (err) {
+      standby.agent?.destroy();
       // Whichever it got to: the instance's sandbox (the old one, or the standby in its place)
       // and the standby where it stood go; the instance is the caller's to mark failed.
       await this.abandonLaunch(spec.id).catch(() => {});

@@ -1,5 +1,6 @@
 import { untilDeadline } from '../lib/deadline.js';
 import { closeSync } from 'node:fs';
+import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { AgentClient, AgentClosedError, AgentError, AgentProtocolError, AgentTimeoutError, type ProcessListener } from './agent/client.js';
 import type { AgentProcessInfo } from './agent/frames.js';
@@ -101,14 +102,13 @@ export class Sandbox implements SandboxHandle {
     private readonly log?: Logger,
   ) {}
 
-  /** A new connection to the agent, through a path the sandbox cannot redirect. */
-  private async open(events: { onClose?(expected: boolean): void } = {}): Promise<AgentClient> {
-    const fd = openAgentSocket(this.pid, () => isAliveSync(this.pid, this.startTime));
-    try {
-      return await AgentClient.connect(viaDescriptor(fd), { ...events, onFailure: (err) => this.onFailure(err) });
-    } finally {
-      closeSync(fd);
-    }
+  /** A new connection to the agent, through a path the sandbox cannot redirect; or `made`, one
+   * made to it already (connectToAgent), if it is still open. */
+  private async open(events: { onClose?(expected: boolean): void } = {}, made?: Socket): Promise<AgentClient> {
+    const client = { ...events, onFailure: (err: Error) => this.onFailure(err) };
+    if (made && !made.destroyed && made.readable && made.writable) return AgentClient.over(made, client);
+    made?.destroy();
+    return AgentClient.over(await connectToAgent(this.pid, this.startTime), client);
   }
 
   private onFailure(err: Error): void {
@@ -123,17 +123,24 @@ export class Sandbox implements SandboxHandle {
 
   /** Connects the main connection (retrying while the agent starts) and re-attaches every
    * process followed, from the offsets already seen. */
-  async connect(timeoutMs = CONNECT_TIMEOUT_MS): Promise<AgentClient> {
-    if (this.broken) throw this.broken;
-    this.connecting ??= this.connectNow(timeoutMs).finally(() => (this.connecting = undefined));
+  async connect(timeoutMs = CONNECT_TIMEOUT_MS, made?: Socket): Promise<AgentClient> {
+    if (this.broken) {
+      made?.destroy();
+      throw this.broken;
+    }
+    if (this.connecting) made?.destroy();
+    else this.connecting = this.connectNow(timeoutMs, made).finally(() => (this.connecting = undefined));
     return this.connecting;
   }
 
-  private async connectNow(timeoutMs: number): Promise<AgentClient> {
+  private async connectNow(timeoutMs: number, made?: Socket): Promise<AgentClient> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
+      // Offered once: open() takes it or destroys it.
+      const offered = made;
+      made = undefined;
       try {
-        const client = await this.open({ onClose: (expected) => this.onMainClosed(client, expected) });
+        const client = await this.open({ onClose: (expected) => this.onMainClosed(client, expected) }, offered);
         this.client = client;
         for (const [id, t] of this.tracked) {
           if (!t.spawned) continue;
@@ -259,7 +266,7 @@ export class Sandbox implements SandboxHandle {
    * callers held at the gate. `work` returns the new PID 1 and start time, or undefined when the
    * sandbox is gone for good. Followed processes are re-attached afterwards. */
   async pause<T>(
-    work: () => Promise<{ pid: number; startTime: string; result: T } | undefined>,
+    work: () => Promise<{ pid: number; startTime: string; result: T; agent?: Socket } | undefined>,
     release?: () => void,
     opts: { rollback?: boolean; dump?: boolean } = {},
   ): Promise<T | undefined> {
@@ -281,7 +288,7 @@ export class Sandbox implements SandboxHandle {
       await Promise.all([...this.sideClients].map((c) => c.close(graceMs)));
       this.sideClients.clear();
       await Promise.allSettled([...this.closingSides]);
-      let out: { pid: number; startTime: string; result: T } | undefined;
+      let out: { pid: number; startTime: string; result: T; agent?: Socket } | undefined;
       try {
         out = await withDeadline(work(), PAUSE_DEADLINE_MS, `the pause of ${this.id}`);
       } catch (err) {
@@ -295,8 +302,9 @@ export class Sandbox implements SandboxHandle {
       if (out.pid !== this.pid) this.broken = undefined; // a new PID 1 gets a new chance
       this.pid = out.pid;
       this.startTime = out.startTime;
-      if (opts.rollback) await this.rebase();
-      else await this.connect();
+      // `agent`: a connection the work made to the new PID 1's agent already (a warm standby's).
+      if (opts.rollback) await this.rebase(out.agent);
+      else await this.connect(undefined, out.agent);
       return out.result;
     } finally {
       this.gate = undefined;
@@ -316,11 +324,11 @@ export class Sandbox implements SandboxHandle {
    * (no replay of what it already had); the others, and followers of a process the checkpoint
    * does not have, are told it is lost.
    */
-  private async rebase(): Promise<void> {
+  private async rebase(made?: Socket): Promise<void> {
     const lost = new AgentError(0, 'the instance was rolled back');
     const followed = [...this.tracked];
     this.tracked.clear();
-    const client = await this.connect();
+    const client = await this.connect(undefined, made);
     const procs = followed.length ? await client.list() : [];
     for (const [id, t] of followed) {
       const now = procs.find((p) => p.id === id);
@@ -464,4 +472,16 @@ function lowest(t: Tracked): [number, number] {
     err = Math.min(err, x.offsets[1]);
   }
   return [out === Infinity ? 0 : out, err === Infinity ? 0 : err];
+}
+
+/** A connection to the agent of the sandbox whose PID 1 is `pid`, through a path the sandbox
+ * cannot redirect (agent/socket.ts), with no client on it yet: Sandbox.open takes it, or a
+ * warm standby holds it until it is swapped in (its agent had it accepted before it froze). */
+export async function connectToAgent(pid: number, startTime: string): Promise<Socket> {
+  const fd = openAgentSocket(pid, () => isAliveSync(pid, startTime));
+  try {
+    return await AgentClient.connectSocket(viaDescriptor(fd));
+  } finally {
+    closeSync(fd);
+  }
 }

@@ -51,14 +51,20 @@ export class AgentClient implements AgentPort {
   }
 
   /** Connects to a socket path the caller vouches for (see agent/socket.ts for a sandbox's). */
-  static connect(path: string, events: ClientEvents = {}, timeoutMs = 5000): Promise<AgentClient> {
+  static async connect(path: string, events: ClientEvents = {}, timeoutMs = 5000): Promise<AgentClient> {
+    return new AgentClient(await AgentClient.connectSocket(path, timeoutMs), events);
+  }
+
+  /** A connection to a socket path the caller vouches for, with no client on it yet (`over`
+   * takes it later): a warm standby's, made before it is frozen. */
+  static connectSocket(path: string, timeoutMs = 5000): Promise<Socket> {
     return new Promise((resolve, reject) => {
       const socket = connect(path);
       const timer = setTimeout(() => socket.destroy(new AgentTimeoutError(`the agent did not accept a connection within ${timeoutMs} ms`)), timeoutMs);
       socket.once('connect', () => {
         clearTimeout(timer);
         socket.setNoDelay(true);
-        resolve(new AgentClient(socket, events));
+        resolve(socket);
       });
       socket.once('error', (err) => {
         clearTimeout(timer);
