@@ -39,6 +39,10 @@
  *                               rollback's standby, restored beside the sandbox it is to
  *                               replace, until 'T') -> 'K'
  *   'T' HOSTIF\0ADDR\0GW         the host's route to ADDR moves to HOSTIF now -> 'K'
+ *   'S' GROUP                   a pause's short scheduler slices (sched_slice.c): for the relay,
+ *                               CRIU and every thread of the cgroup directory GROUP (about to be
+ *                               frozen), whose threads get theirs back once the next 'R' is
+ *                               answered, or when the relay ends -> 'K'
  * and 'E' MESSAGE for a failure. CRIU's notifications during an 'R' (a restore with
  * notify_scripts: a tree in a user namespace) are answered here: from "setup-namespaces" to
  * "post-setup-namespaces", two helpers bound the per-user counters of the user namespace CRIU
@@ -300,6 +304,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   char route_if[32] = "", route_addr[32] = "", route_gw[32] = "";
   struct pending_link later = {0};
   struct helper joining = {-1, -1};
+  struct slices paused = {0};
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -375,6 +380,8 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
         }
         later.set = 0;
       }
+      /* CRIU is done with the tree: its threads get their own slices back while still frozen. */
+      slices_restore(&paused);
       /* Never left running: a restore that ended before "post-setup-namespaces" (it failed). */
       if ((limits.pid > 0 || tree_net.pid > 0) && finish_both(&limits, &tree_net, msg, sizeof(msg)) < 0) setup_failed = 1;
       if (setup_failed) { /* CRIU gave up on our word; its answer says only that */
@@ -445,10 +452,18 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       if (k < 3) snprintf(msg, sizeof(msg), "bad route request");
       else rc = net_route(host_netns, f[0], f[1], f[2], msg, sizeof(msg));
       if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
+    } else if (kind == 'S') {
+      /* GROUP: short slices for the pause (sched_slice.c): this relay, CRIU, and every thread
+       * of the group GROUP until the next 'R' is answered. */
+      slices_shorten_workers(criu);
+      int rc = slices_shorten_group(data, &paused, msg, sizeof(msg));
+      if (reply_text(rc < 0 ? 'E' : 'K', rc < 0 ? msg : "") < 0) break;
     } else {
       reply_text('E', "unknown request");
     }
   }
+  /* A server gone before the dump was asked for: the tree is not left with short slices. */
+  slices_restore(&paused);
   close(sk);
   char ignored[512];
   helper_finish(&joining, ignored, sizeof(ignored));

@@ -1,6 +1,8 @@
 #ifndef FP_H
 #define FP_H
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 int agent_main(void);
 int agent_serve_files(int conn_fd);
 int volume_files_main(int argc, char **argv);
@@ -39,6 +41,13 @@ int helper_start(struct helper *h, helper_fn fn, const void *arg, char *err, siz
 int helper_finish(struct helper *h, char *err, size_t errlen);
 /* A helper bounding the per-user counters of the user namespace PID is in. */
 int userns_limits_start(pid_t pid, struct helper *h, char *err, size_t errlen);
+
+/* sched_slice.c: short scheduler slices for a checkpoint's pause. */
+struct slice_saved { pid_t tid; uint64_t runtime; };
+struct slices { struct slice_saved *saved; size_t n, cap; char group[4096]; };
+void slices_shorten_workers(pid_t criu);
+int slices_shorten_group(const char *group_dir, struct slices *s, char *err, size_t errlen);
+void slices_restore(struct slices *s);
 int volume_tree(const char *dir, long base, int read_only, char *err, size_t errlen);
 int mount_disk_for(const char *dir, const char *target, const char *options, long base, char *err, size_t errlen);
 /* An empty directory of the agent layer, bound read-only over masked /proc directories. */

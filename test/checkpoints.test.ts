@@ -388,6 +388,33 @@ describe('CRIU\'s raised priority', () => {
   });
 });
 
+describe('a pause\'s short scheduler slices', () => {
+  // For the pause, CRIU, its relay and every thread of the frozen sandbox get the kernel's
+  // shortest slice (native/sched_slice.c): on busy CPUs each then wakes without waiting for
+  // another task's slice to end. The sandbox's threads must have their own back afterwards.
+  it('are the pause\'s alone: after checkpoints each thread of the sandbox has its slice back, one it chose itself included', async () => {
+    const inst = await s.instance({ name: 'sliced' });
+    await installKit(s, inst.id, await kit);
+    // The kit (~1 MB) into a layer of its own, so that the checkpoints below copy a small upper
+    // and leave the processes running (a larger upper is renamed, the processes restored).
+    await checkpoint(inst.id);
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: `exec ${KIT} slice 500000` });
+    const sliceOf = (path: string) => Number(/^se\.slice\s+:\s+(\d+)/m.exec(readFileSync(path, 'utf8'))![1]);
+    const threads = () =>
+      readFileSync(join(s.engine.cgroups.freezerDir(inst.id), 'tasks'), 'utf8').trim().split('\n').sort()
+        .map((tid) => ({ tid, comm: readFileSync(`/proc/${tid}/comm`, 'utf8').trim(), slice: sliceOf(`/proc/${tid}/sched`) }));
+    await eventually(async () => threads().some((t) => t.comm === 'attack'));
+    const before = threads();
+    const usual = sliceOf('/proc/self/sched'); // this process's: the kernel's default
+    const chosen = before.find((t) => t.comm === 'attack')!.slice;
+    // A kernel without slices of one's choosing (before Linux 6.12) refuses it: then all is usual.
+    expect([500000, usual]).toContain(chosen);
+    expect(before.filter((t) => t.comm !== 'attack').map((t) => t.slice)).toEqual(before.filter((t) => t.comm !== 'attack').map(() => usual));
+    for (let i = 0; i < 3; i++) expect((await checkpoint(inst.id)).memory).toBe(true);
+    expect(threads()).toEqual(before); // the same threads (left running), with the same slices
+  });
+});
+
 describe('fork', () => {
   it('ten forks of one checkpoint run at once, isolated from each other and from the original', async () => {
     const inst = await s.instance({ name: 'parent' });

@@ -254,6 +254,13 @@ export class CriuWorker {
     }, CRIU_DEADLINES.dumpOrRestore);
   }
 
+  /** CRIU, the relay and every thread in the cgroup directory `group` get the kernel's shortest
+   * scheduler slice until the next dump or restore is answered, the group's threads then their
+   * own back (criu_run.c 'S', sched_slice.c): for a pause on busy CPUs. */
+  async shortenSlices(group: string): Promise<void> {
+    await this.request('S', group);
+  }
+
   /** `ownNetns`: as for `dump`; the worker then answers CRIU's notifications: when CRIU has made
    * the tree's namespaces, it bounds the user namespace's per-user counters and sets up the
    * network namespace (criu_run.c, 'N' with LATER), before any task of the tree runs. */
