@@ -82,8 +82,10 @@ static int remember(struct slices *s, pid_t tid, uint64_t runtime) {
     if (!more) return -1;
     s->saved = more, s->cap = cap;
   }
-  /* A slice equal to the default is given back as "none asked for". */
-  s->saved[s->n++] = (struct slice_saved){tid, runtime == default_slice() ? 0 : runtime};
+  /* A slice equal to the default is given back as "none asked for"; so is one at the short
+   * slice, taken for one a pause left behind (its relay killed past its deadline before it gave
+   * them back): a thread that chose exactly that itself gets the default after a checkpoint. */
+  s->saved[s->n++] = (struct slice_saved){tid, runtime == default_slice() || runtime == SHORT_SLICE_NS ? 0 : runtime};
   return 0;
 }
 
