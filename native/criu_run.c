@@ -42,7 +42,7 @@
  *   'S' GROUP                   a pause's short scheduler slices (sched_slice.c): for the relay,
  *                               CRIU and every thread of the cgroup directory GROUP (about to be
  *                               frozen), whose threads get theirs back once the next 'R' is
- *                               answered, or when the relay ends -> 'K'
+ *                               answered (one born meanwhile, when the relay ends) -> 'K'
  * and 'E' MESSAGE for a failure. CRIU's notifications during an 'R' (a restore with
  * notify_scripts: a tree in a user namespace) are answered here: from "setup-namespaces" to
  * "post-setup-namespaces", two helpers bound the per-user counters of the user namespace CRIU
@@ -462,8 +462,9 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       reply_text('E', "unknown request");
     }
   }
-  /* A server gone before the dump was asked for: the tree is not left with short slices. */
-  slices_restore(&paused);
+  /* The pause is over (or the server gone before it asked for the dump): nothing of the tree is
+   * left with a short slice. */
+  slices_finish(&paused);
   close(sk);
   char ignored[512];
   helper_finish(&joining, ignored, sizeof(ignored));

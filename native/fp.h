@@ -48,6 +48,7 @@ struct slices { struct slice_saved *saved; size_t n, cap; char group[4096]; };
 void slices_shorten_workers(pid_t criu);
 int slices_shorten_group(const char *group_dir, struct slices *s, char *err, size_t errlen);
 void slices_restore(struct slices *s);
+void slices_finish(struct slices *s);
 int volume_tree(const char *dir, long base, int read_only, char *err, size_t errlen);
 int mount_disk_for(const char *dir, const char *target, const char *options, long base, char *err, size_t errlen);
 /* An empty directory of the agent layer, bound read-only over masked /proc directories. */

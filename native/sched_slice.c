@@ -9,7 +9,7 @@
  * running task's preempts it. So, for the pause only: CRIU, the relay and every thread of the
  * sandbox get SHORT_SLICE_NS, and the sandbox's threads get back what they had before the thaw
  * (a slice a tenant chose, or the default; one born in between, which inherited the short
- * slice, the default). Their share of the CPU is unchanged: a
+ * slice, gets the default once the pause is over). Their share of the CPU is unchanged: a
  * shorter slice is shorter turns, not more of them. A kernel without custom slices ignores the
  * field for a fair task: then nothing changes.
  *
@@ -132,29 +132,27 @@ int slices_shorten_group(const char *group_dir, struct slices *s, char *err, siz
   return 0;
 }
 
-static int recorded(const struct slices *s, pid_t tid) {
-  for (size_t i = 0; i < s->n; i++)
-    if (s->saved[i].tid == tid) return 1;
-  return 0;
-}
-
 void slices_restore(struct slices *s) {
-  if (!s->group[0]) return;
   for (size_t i = 0; i < s->n; i++) {
     /* Its slice only, with the policy and nice value it has now: a thread whose id another
      * process took meanwhile (one that ended before its group froze) loses nothing of its own. */
     struct sched_attr_v1 now;
     if (get_attr(s->saved[i].tid, &now) == 0) set_slice(s->saved[i].tid, &now, s->saved[i].runtime);
   }
-  /* A thread born between the shortening and the freeze inherited the short slice: the default,
-   * unless it chose another itself. */
+  s->n = 0;
+}
+
+void slices_finish(struct slices *s) {
+  slices_restore(s);
+  if (!s->group[0]) return;
+  /* A thread born between the shortening and the freeze inherited the short slice: the default.
+   * Here, once the pause is over, not in it: one more pass over the group. */
   FILE *f = threads_of(s->group);
   long tid;
   while (f && fscanf(f, "%ld", &tid) == 1) {
     struct sched_attr_v1 now;
-    if (tid > 0 && !recorded(s, (pid_t)tid) && get_attr((pid_t)tid, &now) == 0 && now.sched_runtime == SHORT_SLICE_NS) set_slice((pid_t)tid, &now, 0);
+    if (tid > 0 && get_attr((pid_t)tid, &now) == 0 && now.sched_runtime == SHORT_SLICE_NS) set_slice((pid_t)tid, &now, 0);
   }
   if (f) fclose(f);
-  s->n = 0;
   s->group[0] = 0;
 }
