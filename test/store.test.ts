@@ -241,6 +241,7 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
         { uidBase: 1073741824, owner: 'alice' },
         { uidBase: 1073807360, owner: 'alice' },
       ]);
+      expect([await store.instances.uidRangesHeldBy('alice'), await store.instances.uidRangesHeldBy('bob')]).toEqual([2, 0]);
       // Two nodes picking the same free range at once: the store refuses the second.
       await expect(store.instances.insert(instance('inst_d', '2026-01-01T00:00:04Z', { uidBase: 1073741824 }))).rejects.toThrow();
       await store.instances.delete('inst_a');

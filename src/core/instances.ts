@@ -344,7 +344,8 @@ export class InstanceService {
       const l = rec.limits;
       if (l.memoryMb !== limits.memoryMb || l.pids !== limits.pids || l.cpuPercent !== limits.cpuPercent || (l.diskMb ?? null) !== (limits.diskMb ?? null)) throw new StandbyUnfitError(id);
       await this.checkQuota(owner, rec.limits, 1, await tx.instances.usageOf(owner));
-      if (rec.uidBase !== null) this.uidRanges.allocate((await tx.instances.uidRanges()).filter((r) => r.uidBase !== rec.uidBase), owner);
+      // The standby keeps its range: only the owner's share is checked (not every range read).
+      if (rec.uidBase !== null) this.uidRanges.requireRoomFor(await tx.instances.uidRangesHeldBy(owner));
       const taken = await tx.instances.handOver(id, from, owner, patch);
       if (!taken) throw new ConflictError(`standby ${id} is gone`, { reason: 'STANDBY_GONE' });
       return { rec: taken, policyChanged: JSON.stringify([rec.egress, rec.secrets]) !== JSON.stringify([taken.egress, taken.secrets]) };

@@ -35,9 +35,14 @@ export class UidRangePool {
     return this.start + this.count * RANGE_SIZE;
   }
 
+  /** Refuses one more range to an owner whose instances hold `heldByOwner` already. */
+  requireRoomFor(heldByOwner: number): void {
+    if (heldByOwner >= this.perOwner) throw new UidRangeQuotaError(this.perOwner);
+  }
+
   /** The lowest base no instance holds, for an instance of `owner`. */
   allocate(held: { uidBase: number; owner: string }[], owner: string): number {
-    if (held.filter((h) => h.owner === owner).length >= this.perOwner) throw new UidRangeQuotaError(this.perOwner);
+    this.requireRoomFor(held.filter((h) => h.owner === owner).length);
     const used = new Set(held.map((h) => h.uidBase));
     for (let k = 0; k < this.count; k++) {
       const base = this.start + k * RANGE_SIZE;

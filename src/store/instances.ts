@@ -300,6 +300,12 @@ export class InstanceStore {
     return r.numUpdatedRows > 0n;
   }
 
+  /** How many uid ranges the owner's instances hold. */
+  async uidRangesHeldBy(owner: string): Promise<number> {
+    const row = await this.db.selectFrom('instances').select((eb) => eb.fn.countAll().as('n')).where('owner', '=', owner).where('uid_base', 'is not', null).executeTakeFirstOrThrow();
+    return Number(row.n);
+  }
+
   /** Every uid range held by an instance, of any node, and whose instance holds it. */
   async uidRanges(): Promise<{ uidBase: number; owner: string }[]> {
     const rows = await this.db.selectFrom('instances').select(['uid_base', 'owner']).where('uid_base', 'is not', null).execute();

@@ -247,6 +247,21 @@ describe('warm standbys and the pools every owner shares', () => {
     expect(n.fp.warm.held()).toEqual([]);
   });
 
+  it('a warm fork counts against its owner\'s share of the uid ranges: past it 429 with the reason, the standby kept for later', async () => {
+    const n = await node({ uidRanges: 8, uidRangesPerOwner: 2 });
+    const { id, ck } = await source(n);
+    const first = await fork(n, id, { checkpoint_id: ck });
+    await n.fp.warm.settled();
+    expect(standbys(n)).toHaveLength(1);
+    const refused = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck });
+    expect(refused.status, JSON.stringify(refused.body)).toBe(429);
+    expect(refused.body.error).toMatchObject({ code: 'QUOTA_EXCEEDED', details: { reason: 'UID_RANGES_PER_OWNER', limit: 2 } });
+    expect(standbys(n)).toHaveLength(1);
+    expect((await n.call('DELETE', `/instances/${first}`)).status).toBe(204);
+    const warm = await n.call('POST', `/instances/${id}/fork`, { checkpoint_id: ck });
+    expect([warm.status, warm.body.warm_fork]).toEqual([201, true]);
+  });
+
   it('a fork of an instance that mounts a volume leaves no standby (it would hold the owner\'s data, and the volume in use)', async () => {
     const n = await node();
     expect((await n.call('POST', '/volumes', { name: 'v', size_mb: 64 })).status).toBe(201);
