@@ -90,7 +90,9 @@ describe('user namespaces, from inside and from the host', () => {
       const base = await baseOf(id);
       expect(ids.some((x) => x[1] === base + 1000), 'the user\'s process is base + 1000').toBe(true);
     };
-    await eventually(async () => processesOf(inst.id).length >= 4);
+    // `runas` is a process of base + 0 until its setuid: wait for the user's process itself, not a count
+    const base = await baseOf(inst.id);
+    await eventually(async () => processesOf(inst.id).some((pid) => { try { return hostIds(pid)[1] === base + 1000; } catch { return false; } }));
     await check(inst.id);
 
     const ck = (await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { label: 'ranged' })).body;
