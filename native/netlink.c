@@ -249,9 +249,16 @@ int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr
   if (setns(host_ns, CLONE_NEWNET) < 0) FAIL("net: enter the host netns: %s", strerror(errno));
   locked = host_links_lock(host_ns);
   if ((sk = open_rtnl()) < 0) FAIL("net: netlink: %s", strerror(errno));
+  /* One queue each way, asked for at creation: a veth not told so is born with a queue per CPU
+   * and cut to one once registered, each cut waiting out an expedited RCU grace period while it
+   * holds the kernel's rtnl lock (two a pair): half of making the pair when quiet (0.83 against
+   * 0.37 ms p50 here), up to 40 ms queued behind other grace periods when not. */
+  const uint32_t one_queue = 1;
   struct nlreq r;
   link_req(&r, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, 0);
   add_attr(&r, IFLA_IFNAME, host_if, strlen(host_if) + 1);
+  add_attr(&r, IFLA_NUM_TX_QUEUES, &one_queue, sizeof(one_queue));
+  add_attr(&r, IFLA_NUM_RX_QUEUES, &one_queue, sizeof(one_queue));
   struct rtattr *info = nest_begin(&r, IFLA_LINKINFO);
   add_attr(&r, IFLA_INFO_KIND, "veth", 4);
   struct rtattr *data = nest_begin(&r, IFLA_INFO_DATA);
@@ -261,6 +268,8 @@ int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr
   r.h.nlmsg_len += NLMSG_ALIGN(sizeof(peer_ifi));
   memcpy(RTA_DATA(peer), &peer_ifi, sizeof(peer_ifi));
   add_attr(&r, IFLA_IFNAME, "eth0", 5);
+  add_attr(&r, IFLA_NUM_TX_QUEUES, &one_queue, sizeof(one_queue));
+  add_attr(&r, IFLA_NUM_RX_QUEUES, &one_queue, sizeof(one_queue));
   add_attr(&r, IFLA_NET_NS_FD, &sandbox_ns, 4);
   if (add_attr(&r, IFLA_ADDRESS, hw, 6) < 0) FAIL("net: request too long");
   nest_end(&r, peer);

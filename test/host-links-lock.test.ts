@@ -2,7 +2,8 @@
  * The host's link set-up lock (native/netlink.c, host_links_lock): every sandbox's veth is made
  * one at a time under a flock on the host's netns. A set-up that finds it taken waits blocked in
  * flock, not polling (a hundred forks queued behind it polled a quarter of the host's CPU away),
- * goes on as soon as it is let go, and past its bound (2 s) goes on without it.
+ * goes on as soon as it is let go, and past its bound (2 s) goes on without it. The pair it makes
+ * has one queue each way from its creation.
  */
 import { execa, type ResultPromise } from 'execa';
 import { readFile, readlink } from 'node:fs/promises';
@@ -94,5 +95,18 @@ describe('host link set-up lock', () => {
     expect(r.exitCode, String(r.stderr)).toBe(0);
     expect(performance.now() - t).toBeGreaterThanOrEqual(1900);
     expect(holder.exitCode, 'the holder was still holding').toBeNull();
+  });
+
+  it('makes each end of the pair with one queue each way (not one per CPU, cut once registered: a grace period each under rtnl)', async () => {
+    const pid = await sandboxNetns();
+    const r = await setup(pid);
+    expect(r.exitCode, String(r.stderr)).toBe(0);
+    const queues = async (cmd: string[]) => {
+      const links = JSON.parse((await execa(cmd[0]!, [...cmd.slice(1), '-d', '-j', 'link', 'show', 'dev', cmd === host ? HOST_IF : 'eth0'])).stdout) as { num_tx_queues: number; num_rx_queues: number }[];
+      return links.map((l) => [l.num_tx_queues, l.num_rx_queues]);
+    };
+    const host = ['ip'];
+    expect(await queues(host)).toEqual([[1, 1]]);
+    expect(await queues(['nsenter', '-t', String(pid), '-n', 'ip'])).toEqual([[1, 1]]);
   });
 });
