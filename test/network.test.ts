@@ -50,6 +50,12 @@ const fetchIn = async (id: string, url: string) => {
   return r.exit_code === 0 ? r.stdout : null;
 };
 
+/** What an `nft monitor` printed, once it is stopped. */
+async function stopped(monitor: ReturnType<typeof execa>): Promise<string> {
+  monitor.kill();
+  return String((await monitor).stdout ?? '');
+}
+
 describe('a sandbox on the network', () => {
   it('has its own address, a default route and a resolver; it reaches a host it allows, by name or by address, and nothing private it does not', async () => {
     const byName = await s.instance({ network: { allow: [net.name] } });
@@ -147,6 +153,38 @@ describe('a sandbox on the network', () => {
       expect(now).not.toContain('10.251.8.11');
       expect(now).toContain(`egress_${next.id}`);
     } finally {
+      await fw.destroy();
+      fw.close();
+    }
+  });
+
+  it('a new sandbox\'s entry is additions only; a changed policy deletes what it replaces', async () => {
+    // nf_tables frees what a transaction deleted after an RCU grace period, and the nft that
+    // committed it holds the commit lock through that period as it exits (~10 ms here): every
+    // veth registered meanwhile waits on it, a fork's own among them. A fork's policy need not
+    // delete anything.
+    const table = `forkpoint_fpzs${process.pid}`;
+    const fw = new Firewall('10.251.6.0/24', '10.251.6.1', 'fpzs', table);
+    await fw.init([], { http: 1, https: 2 });
+    const monitor = execa('nft', ['monitor', 'ruleset'], { reject: false, buffer: true });
+    try {
+      await sleep(200); // the monitor subscribed
+      const entry = { id: 'inst_additions0', address: '10.251.6.10', policy: DEFAULT_POLICY };
+      await fw.set(entry);
+      await sleep(200); // its events printed
+      const added = await stopped(monitor);
+      const ours = added.split('\n').filter((l) => l.includes(table));
+      expect(ours.some((l) => l.startsWith('add ')), added).toBe(true);
+      expect(ours.filter((l) => l.startsWith('delete ')), added).toEqual([]);
+
+      const again = execa('nft', ['monitor', 'ruleset'], { reject: false, buffer: true });
+      await sleep(200);
+      await fw.set({ ...entry, policy: { ...DEFAULT_POLICY, egress: 'deny' as const } });
+      await sleep(200);
+      const changed = (await stopped(again)).split('\n').filter((l) => l.includes(table));
+      expect(changed.some((l) => l.startsWith('delete element')), changed.join('\n')).toBe(true);
+    } finally {
+      monitor.kill();
       await fw.destroy();
       fw.close();
     }
