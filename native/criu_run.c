@@ -305,6 +305,8 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
   struct pending_link later = {0};
   struct helper joining = {-1, -1};
   struct slices paused = {0};
+  /* An 'M' disk's layer trees are closed once the restore after it is answered (idmap.c). */
+  defer_tree_closes();
   for (;;) {
     uint8_t head[4];
     if (read_full(0, head, 4) < 0) break;
@@ -407,6 +409,7 @@ static int relay(int sk, pid_t criu, const char *pidfile_arg) {
       }
       if (pidfile) write_pidfile(pidfile, (const uint8_t *)buf, (size_t)got);
       if (reply('R', buf, (size_t)got) < 0) break;
+      close_deferred_trees();
     } else if (kind == 'H') {
       const char *name = data + strlen(data) + 1;
       int rc = strlen(data) + 1 < len && enter_ns_of(data, "uts", CLONE_NEWUTS) == 0 && sethostname(name, strlen(name)) == 0;

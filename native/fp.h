@@ -50,6 +50,9 @@ int slices_shorten_group(const char *group_dir, struct slices *s, char *err, siz
 void slices_restore(struct slices *s);
 void slices_finish(struct slices *s);
 int volume_tree(const char *dir, long base, int read_only, char *err, size_t errlen);
+/* Closes of an idmapped disk's layer trees left until close_deferred_trees() (idmap.c). */
+void defer_tree_closes(void);
+void close_deferred_trees(void);
 int mount_disk_for(const char *dir, const char *target, const char *options, long base, char *err, size_t errlen);
 /* An empty directory of the agent layer, bound read-only over masked /proc directories. */
 #define CONFINE_EMPTY_DIR ".fp/empty"
