@@ -50,11 +50,6 @@ const fetchIn = async (id: string, url: string) => {
   return r.exit_code === 0 ? r.stdout : null;
 };
 
-/** What an `nft monitor` printed, once it is stopped. */
-async function stopped(monitor: ReturnType<typeof execa>): Promise<string> {
-  monitor.kill();
-  return String((await monitor).stdout ?? '');
-}
 
 describe('a sandbox on the network', () => {
   it('has its own address, a default route and a resolver; it reaches a host it allows, by name or by address, and nothing private it does not', async () => {
@@ -166,25 +161,29 @@ describe('a sandbox on the network', () => {
     const table = `forkpoint_fpzs${process.pid}`;
     const fw = new Firewall('10.251.6.0/24', '10.251.6.1', 'fpzs', table);
     await fw.init([], { http: 1, https: 2 });
-    const monitor = execa('nft', ['monitor', 'ruleset'], { reject: false, buffer: true });
+    const monitor = execa('nft', ['monitor', 'ruleset'], { reject: false });
+    let seen = '';
+    monitor.stdout!.on('data', (d: Buffer) => (seen += d.toString()));
+    const ours = () => seen.split('\n').filter((l) => l.includes(table));
     try {
-      await sleep(200); // the monitor subscribed
+      // Subscribed once it reports a change of the test's own table.
+      let probes = 0;
+      await until('nft monitor subscribed', async () => {
+        await execa('nft', ['add', 'chain', 'inet', table, `probe${probes++}`]);
+        return ours().length > 0;
+      }, 5000);
+      seen = '';
       const entry = { id: 'inst_additions0', address: '10.251.6.10', policy: DEFAULT_POLICY };
       await fw.set(entry);
-      await sleep(200); // its events printed
-      const added = await stopped(monitor);
-      const ours = added.split('\n').filter((l) => l.includes(table));
-      expect(ours.some((l) => l.startsWith('add ')), added).toBe(true);
-      expect(ours.filter((l) => l.startsWith('delete ')), added).toEqual([]);
+      await until('the new entry reported', async () => ours().some((l) => l.startsWith(`add element inet ${table} egress`)), 5000);
+      expect(ours().filter((l) => l.startsWith('delete ')), ours().join('\n')).toEqual([]);
 
-      const again = execa('nft', ['monitor', 'ruleset'], { reject: false, buffer: true });
-      await sleep(200);
+      seen = '';
       await fw.set({ ...entry, policy: { ...DEFAULT_POLICY, egress: 'deny' as const } });
-      await sleep(200);
-      const changed = (await stopped(again)).split('\n').filter((l) => l.includes(table));
-      expect(changed.some((l) => l.startsWith('delete element')), changed.join('\n')).toBe(true);
+      await until('the replaced entry deleted', async () => ours().some((l) => l.startsWith('delete element')), 5000);
     } finally {
       monitor.kill();
+      await monitor;
       await fw.destroy();
       fw.close();
     }
