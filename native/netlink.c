@@ -252,7 +252,7 @@ int net_setup(int host_ns, int sandbox_ns, const char *host_if, const char *addr
   /* One queue each way, asked for at creation: a veth not told so is born with a queue per CPU
    * and cut to one once registered, each cut waiting out an expedited RCU grace period while it
    * holds the kernel's rtnl lock (two a pair): half of making the pair when quiet (0.83 against
-   * 0.37 ms p50 here), up to 40 ms queued behind other grace periods when not. */
+   * 0.37 ms p50 here), longer when other grace periods are queued. */
   const uint32_t one_queue = 1;
   struct nlreq r;
   link_req(&r, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, 0);
