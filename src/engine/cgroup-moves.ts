@@ -1,6 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import { untilDeadline } from '../lib/deadline.js';
-import { run } from './run.js';
+import { runWithin } from './run.js';
 
 /** A remount is a moment's work; one that hangs is given up on (the server starts without it). */
 const REMOUNT_DEADLINE_MS = 10_000;
@@ -56,7 +55,7 @@ export async function favourCgroupMoves(mountinfoPath = '/proc/self/mountinfo'):
   if (!target) return { state: 'unavailable', reason: 'no cgroup hierarchy is mounted' };
   if (target.superOptions.includes('favordynmods')) return { state: 'already', mount: target.mountPoint };
   // mount(8) keeps the options the mount has (its controllers, nsdelegate) and adds this one.
-  const r = await untilDeadline(run('mount', ['-o', 'remount,favordynmods', target.mountPoint]), REMOUNT_DEADLINE_MS, () => ({ code: -1, stderr: `mount did not end within ${REMOUNT_DEADLINE_MS / 1000} s` }));
+  const r = await runWithin('mount', ['-o', 'remount,favordynmods', target.mountPoint], REMOUNT_DEADLINE_MS);
   const after = cgroupMounts(await readFile(mountinfoPath, 'utf8')).find((m) => m.mountPoint === target.mountPoint);
   if (after?.superOptions.includes('favordynmods')) return { state: 'set', mount: target.mountPoint };
   return { state: 'unavailable', mount: target.mountPoint, reason: r.code === 0 ? 'the kernel kept the hierarchy as it was' : r.stderr.trim() || `mount exited ${r.code}` };

@@ -1,6 +1,5 @@
 import { statfs } from 'node:fs/promises';
-import { untilDeadline } from '../lib/deadline.js';
-import { run } from './run.js';
+import { runWithin } from './run.js';
 
 const EXT_SUPER_MAGIC = 0xef53;
 /** A `chattr` past it (a filesystem that hangs) is left behind and the server starts unmarked. */
@@ -23,7 +22,6 @@ export async function spreadAcrossGroups(dirs: readonly string[], opts: { chattr
   const ext: string[] = [];
   for (const d of dirs) if ((await statfs(d)).type === EXT_SUPER_MAGIC) ext.push(d);
   if (!ext.length) return { marked: [] };
-  const ms = opts.deadlineMs ?? CHATTR_DEADLINE_MS;
-  const r = await untilDeadline(run(opts.chattr ?? 'chattr', ['+T', ...ext]), ms, () => ({ code: -1, stderr: `chattr did not end within ${ms / 1000} s` }));
+  const r = await runWithin(opts.chattr ?? 'chattr', ['+T', ...ext], opts.deadlineMs ?? CHATTR_DEADLINE_MS, 'chattr');
   return r.code === 0 ? { marked: ext } : { marked: [], failed: r.stderr.trim() || `chattr exited ${r.code}` };
 }

@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { untilDeadline } from '../lib/deadline.js';
 import { anySpawner, type OutputRun, type PipedRun, type RunResult } from './spawner.js';
 
 export type { OutputRun, PipedRun, RunResult } from './spawner.js';
@@ -16,6 +17,13 @@ export function run(file: string, args: string[], opts: { cwd?: string } = {}): 
     child.on('error', (err) => resolve({ code: 127, stderr: err.message }));
     child.on('close', (code, signal) => resolve({ code: code ?? (signal ? 128 : 1), stderr: Buffer.concat(chunks).toString('utf8') }));
   });
+}
+
+/** `run` bounded: past `ms` the wait ends with code -1 and a reason naming `what`, the command
+ * left behind (one that hangs there, in a filesystem or the kernel, cannot be killed either).
+ * For set-up steps the server goes on without. */
+export async function runWithin(file: string, args: string[], ms: number, what = file): Promise<RunResult> {
+  return untilDeadline(run(file, args), ms, () => ({ code: -1, stderr: `${what} did not end within ${ms / 1000} s` }));
 }
 
 /** Starts a command now and gives it its whole stdin later (`feed`): an `nft -f -` started
