@@ -1,10 +1,12 @@
 import { createHash } from 'node:crypto';
-import { chmod, mkdtemp, readdir, readFile, realpath, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readdir, readFile, realpath, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
+import { Criu } from '../src/engine/criu.js';
+import { worker } from '../src/engine/launcher.js';
 import { startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
@@ -96,6 +98,31 @@ describe('the project\'s CRIU', () => {
     const after = await s.exec(inst.id, { command: 'nc 127.0.0.1 8080 </dev/null; pidof nc' });
     // The same listener process, restored with its socket: same in-sandbox pid, still answering.
     expect(after.stdout).toBe(`pong\n${listenerPid}\n`);
+  });
+
+  it('probes the kernel when a worker starts, before its request, into a cache of its own build (deploy/criu/0012)', async () => {
+    const cfg = loadConfig({ env: {} });
+    const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
+    const cache = join(dir, 'cache');
+    // CRIU keeps its probes only on a tmpfs, as the engine's cache directory is.
+    await execa('mkdir', [cache]);
+    await execa('mount', ['-t', 'tmpfs', '-o', 'size=1m,mode=0711', 'forkpoint-test-kdat', cache]);
+    // Another build's probes, under the name every build used to share and under a name of its own.
+    const foreign = { 'criu.kdat': 'another build\'s probes', 'criu-1.kdat': 'an older build\'s probes' };
+    for (const [name, text] of Object.entries(foreign)) await writeFile(join(cache, name), text);
+    const w = worker(cfg.agentPath, new Criu(cfg.criuPath, cache).workerCommand({ fresh: true }), join(dir, 'criu.log'));
+    try {
+      await w.ready();
+      // Answered its version: the probes are made and kept, no request asked yet.
+      const kept = (await readdir(cache)).filter((f) => /^criu-\d+\.kdat$/.test(f) && f !== 'criu-1.kdat');
+      expect(kept).toHaveLength(1);
+      expect((await stat(join(cache, kept[0]!))).size).toBeGreaterThan(100);
+      for (const [name, text] of Object.entries(foreign)) expect(await readFile(join(cache, name), 'utf8')).toBe(text);
+    } finally {
+      w.end();
+      await execa('umount', [cache], { reject: false });
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('is checked when the server starts, not when its image is built: a node whose `criu check` fails serves, says why, and is not ready', async () => {
