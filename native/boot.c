@@ -281,13 +281,15 @@ static void sandbox_init(const char *hostname) {
   if (loopback_up() < 0 || netns_defaults() < 0) fail("lo up");
   need_dir("/tmp", 01777);
   setup_dev();
-  own_boot_id();
   need_dir("/" CONFINE_EMPTY_DIR, 0555);
   char err[256];
   if (confined && confine_proc(err, sizeof(err)) < 0) {
     errno = EPERM;
     fail("%s", err);
   }
+  /* After the masks: bound before, it would be copied into the read-only /proc/sys and left
+   * under it, a second mount every dump and restore carries for nothing. */
+  own_boot_id();
   if (sethostname(hostname, strlen(hostname)) < 0) fail("sethostname");
   if (setsid() < 0) fail("setsid");
   close_host_fds();

@@ -96,6 +96,18 @@ describe('containment matrix, from inside a sandbox', () => {
     for (const line of lines) expect(line, line).toMatch(/ 0$/);
   });
 
+  it('no mount lies hidden under another: each is something the sandbox sees (and CRIU dumps and restores)', async () => {
+    const r = await sh(a, 'cat /proc/self/mountinfo');
+    const text: string = r.stdout;
+    const mounts = text.trim().split('\n').map((line) => line.split(' ')).map((f) => ({ id: f[0], parent: f[1], point: f[4]! }));
+    const points = mounts.map((m) => m.point);
+    expect(points.length).toBeGreaterThan(10);
+    expect(points.filter((p, i) => points.indexOf(p) !== i)).toEqual([]);
+    // the sandbox's own boot id, bound over the read-only /proc/sys
+    const bootId = mounts.find((m) => m.point === '/proc/sys/kernel/random/boot_id');
+    expect(bootId?.parent).toBe(mounts.find((m) => m.point === '/proc/sys')?.id);
+  });
+
   it('cannot mount, mknod a device, or regain capabilities; the filter is on, and NoNewPrivs where root is the host\'s', async () => {
     const m = await sh(a, 'mkdir -p /mnt/x && mount -t tmpfs none /mnt/x');
     expect(m.exit_code).not.toBe(0);
