@@ -3,6 +3,7 @@ import { chmod, mkdtemp, readdir, readFile, realpath, rm, stat, writeFile } from
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
 import { Criu } from '../src/engine/criu.js';
@@ -121,6 +122,42 @@ describe('the project\'s CRIU', () => {
     } finally {
       w.end();
       await execa('umount', [cache], { reject: false });
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a dump leaves each task\'s signal stack as it was, and no memfd of its parasite behind (deploy/criu/0013)', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
+    try {
+      const binary = join(dir, 'altstack');
+      await execa('cc', ['-static', '-O2', '-o', binary, new URL('./fixtures/altstack.c', import.meta.url).pathname]);
+      const { id } = await s.instance();
+      const up = await request(`${s.url}/instances/${id}/files?path=/usr/local/bin/altstack`, { method: 'PUT', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' }, body: await readFile(binary) });
+      await up.body.text();
+      expect(up.statusCode).toBeLessThan(300);
+      expect((await s.exec(id, { command: 'chmod 755 /usr/local/bin/altstack' })).exit_code).toBe(0);
+      expect((await s.api('POST', `/instances/${id}/processes`, { command: 'exec /usr/local/bin/altstack /tmp/alt' })).status).toBeLessThan(300);
+      // SIGUSR1 to it, and what its handler found: on its own stack, which sigaltstack still names.
+      const probe = async () => {
+        const r = await s.exec(id, { command: 'rm -f /tmp/alt; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = altstack ] && kill -USR1 ${p#/proc/}; done; for i in $(seq 100); do [ -s /tmp/alt ] && break; sleep 0.02; done; cat /tmp/alt' });
+        return r.stdout.trim();
+      };
+      expect(await probe()).toBe('onstack=1 sp=1 size=65536');
+      let checkpoint = '';
+      for (let i = 0; i < 2; i++) {
+        const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true });
+        expect(ck.body.status).toBe('ready');
+        checkpoint = ck.body.id;
+        // Dumped and left running: as it was, and nothing of the parasite's in any task's files.
+        expect(await probe()).toBe('onstack=1 sp=1 size=65536');
+        const fds = await s.exec(id, { command: 'ls -l /proc/[0-9]*/fd/ 2>/dev/null | grep -c CRIUMFD || true' });
+        expect(fds.stdout.trim()).toBe('0');
+      }
+      // Restored from the image: the same.
+      expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: checkpoint })).status).toBe(200);
+      expect(await probe()).toBe('onstack=1 sp=1 size=65536');
+      await s.api('DELETE', `/instances/${id}`);
+    } finally {
       await rm(dir, { recursive: true, force: true });
     }
   });
