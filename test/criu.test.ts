@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chmod, mkdtemp, readdir, readFile, realpath, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, readFile, realpath, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -106,7 +106,7 @@ describe('the project\'s CRIU', () => {
     const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
     const cache = join(dir, 'cache');
     // CRIU keeps its probes only on a tmpfs, as the engine's cache directory is.
-    await execa('mkdir', [cache]);
+    await mkdir(cache);
     await execa('mount', ['-t', 'tmpfs', '-o', 'size=1m,mode=0711', 'forkpoint-test-kdat', cache]);
     // Another build's probes, under the name every build used to share and under a name of its own.
     const foreign = { 'criu.kdat': 'another build\'s probes', 'criu-1.kdat': 'an older build\'s probes' };
