@@ -8,13 +8,36 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
 import { Criu } from '../src/engine/criu.js';
 import { worker } from '../src/engine/launcher.js';
-import { startServer, type TestServer } from './helpers/server.js';
+import { sleep, startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
 beforeAll(async () => {
   s = await startServer();
 });
 afterAll(async () => s?.close());
+
+/** Builds test/fixtures/NAME.c static, puts it in the instance as /usr/local/bin/NAME and starts
+ * it there with OUT as its argument (the file it answers SIGUSR1 in). */
+async function runFixture(id: string, name: string, out: string): Promise<void> {
+  const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
+  try {
+    const binary = join(dir, name);
+    await execa('cc', ['-static', '-O2', '-pthread', '-o', binary, new URL(`./fixtures/${name}.c`, import.meta.url).pathname]);
+    const up = await request(`${s.url}/instances/${id}/files?path=/usr/local/bin/${name}`, { method: 'PUT', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' }, body: await readFile(binary) });
+    await up.body.text();
+    expect(up.statusCode).toBeLessThan(300);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+  expect((await s.exec(id, { command: `chmod 755 /usr/local/bin/${name}` })).exit_code).toBe(0);
+  expect((await s.api('POST', `/instances/${id}/processes`, { command: `exec /usr/local/bin/${name} ${out}` })).status).toBeLessThan(300);
+}
+
+/** SIGUSR1 to the instance's processes named NAME, and what OUT holds once one has answered. */
+async function ask(id: string, name: string, out: string): Promise<string> {
+  const r = await s.exec(id, { command: `rm -f ${out}; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = ${name} ] && kill -USR1 \${p#/proc/}; done; for i in $(seq 100); do [ -s ${out} ] && break; sleep 0.02; done; cat ${out}` });
+  return r.stdout.trim();
+}
 
 describe('the project\'s CRIU', () => {
   it('is >= 4.2 and passes `criu check` on this kernel', async () => {
@@ -127,39 +150,50 @@ describe('the project\'s CRIU', () => {
   });
 
   it('a dump leaves each task\'s signal stack as it was, and no memfd of its parasite behind (deploy/criu/0013)', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
-    try {
-      const binary = join(dir, 'altstack');
-      await execa('cc', ['-static', '-O2', '-o', binary, new URL('./fixtures/altstack.c', import.meta.url).pathname]);
-      const { id } = await s.instance();
-      const up = await request(`${s.url}/instances/${id}/files?path=/usr/local/bin/altstack`, { method: 'PUT', headers: { authorization: `Bearer ${s.token}`, 'content-type': 'application/octet-stream' }, body: await readFile(binary) });
-      await up.body.text();
-      expect(up.statusCode).toBeLessThan(300);
-      expect((await s.exec(id, { command: 'chmod 755 /usr/local/bin/altstack' })).exit_code).toBe(0);
-      expect((await s.api('POST', `/instances/${id}/processes`, { command: 'exec /usr/local/bin/altstack /tmp/alt' })).status).toBeLessThan(300);
-      // SIGUSR1 to it, and what its handler found: on its own stack, which sigaltstack still names.
-      const probe = async () => {
-        const r = await s.exec(id, { command: 'rm -f /tmp/alt; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = altstack ] && kill -USR1 ${p#/proc/}; done; for i in $(seq 100); do [ -s /tmp/alt ] && break; sleep 0.02; done; cat /tmp/alt' });
-        return r.stdout.trim();
-      };
+    const { id } = await s.instance();
+    await runFixture(id, 'altstack', '/tmp/alt');
+    // SIGUSR1 to it, and what its handler found: on its own stack, which sigaltstack still names.
+    const probe = () => ask(id, 'altstack', '/tmp/alt');
+    expect(await probe()).toBe('onstack=1 sp=1 size=65536');
+    let checkpoint = '';
+    for (let i = 0; i < 2; i++) {
+      const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true });
+      expect(ck.body.status).toBe('ready');
+      checkpoint = ck.body.id;
+      // Dumped and left running: as it was, and nothing of the parasite's in any task's files.
       expect(await probe()).toBe('onstack=1 sp=1 size=65536');
-      let checkpoint = '';
-      for (let i = 0; i < 2; i++) {
-        const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true });
-        expect(ck.body.status).toBe('ready');
-        checkpoint = ck.body.id;
-        // Dumped and left running: as it was, and nothing of the parasite's in any task's files.
-        expect(await probe()).toBe('onstack=1 sp=1 size=65536');
-        const fds = await s.exec(id, { command: 'ls -l /proc/[0-9]*/fd/ 2>/dev/null | grep -c CRIUMFD || true' });
-        expect(fds.stdout.trim()).toBe('0');
-      }
-      // Restored from the image: the same.
-      expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: checkpoint })).status).toBe(200);
-      expect(await probe()).toBe('onstack=1 sp=1 size=65536');
-      await s.api('DELETE', `/instances/${id}`);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
+      const fds = await s.exec(id, { command: 'ls -l /proc/[0-9]*/fd/ 2>/dev/null | grep -c CRIUMFD || true' });
+      expect(fds.stdout.trim()).toBe('0');
     }
+    // Restored from the image: the same.
+    expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: checkpoint })).status).toBe(200);
+    expect(await probe()).toBe('onstack=1 sp=1 size=65536');
+    await s.api('DELETE', `/instances/${id}`);
+  });
+
+  it('a task of five threads keeps every one running through a dump, a rollback and a fork', async () => {
+    const { id } = await s.instance();
+    await runFixture(id, 'threads', '/tmp/counts');
+    const counts = async (on: string) => (await ask(on, 'threads', '/tmp/counts')).split(' ').map(Number);
+    const running = async (on: string) => {
+      const before = await counts(on);
+      await sleep(50);
+      const after = await counts(on);
+      expect(after.length).toBe(4);
+      after.forEach((n, i) => expect(n, `thread ${i + 1}: ${before} then ${after}`).toBeGreaterThan(before[i]!));
+      const tasks = await s.exec(on, { command: 'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = threads ] && ls $p/task | wc -l; done' });
+      expect(tasks.stdout.trim()).toBe('5');
+    };
+    await running(id);
+    const ck = await s.api('POST', `/instances/${id}/checkpoints?wait=true`, { memory: true });
+    expect(ck.body.status).toBe('ready');
+    await running(id);
+    expect((await s.api('POST', `/instances/${id}/rollback`, { checkpoint_id: ck.body.id })).status).toBe(200);
+    await running(id);
+    const fork = await s.api('POST', `/instances/${id}/fork`, { checkpoint_id: ck.body.id });
+    expect(fork.status).toBe(201);
+    await running(fork.body.id);
+    for (const x of [fork.body.id, id]) await s.api('DELETE', `/instances/${x}`);
   });
 
   it('is checked when the server starts, not when its image is built: a node whose `criu check` fails serves, says why, and is not ready', async () => {
