@@ -130,14 +130,15 @@ describe('the project\'s CRIU', () => {
     const cfg = loadConfig({ env: {} });
     const dir = await mkdtemp(join(tmpdir(), 'forkpoint-criu-'));
     const cache = join(dir, 'cache');
-    // CRIU keeps its probes only on a tmpfs, as the engine's cache directory is.
-    await mkdir(cache);
-    await execa('mount', ['-t', 'tmpfs', '-o', 'size=1m,mode=0711', 'forkpoint-test-kdat', cache]);
-    // Another build's probes, under the name every build used to share and under a name of its own.
-    const foreign = { 'criu.kdat': 'another build\'s probes', 'criu-1.kdat': 'an older build\'s probes' };
-    for (const [name, text] of Object.entries(foreign)) await writeFile(join(cache, name), text);
-    const w = worker(cfg.agentPath, new Criu(cfg.criuPath, cache).workerCommand({ fresh: true }), join(dir, 'criu.log'));
+    let w: ReturnType<typeof worker> | undefined;
     try {
+      // CRIU keeps its probes only on a tmpfs, as the engine's cache directory is.
+      await mkdir(cache);
+      await execa('mount', ['-t', 'tmpfs', '-o', 'size=1m,mode=0711', 'forkpoint-test-kdat', cache]);
+      // Another build's probes, under the name every build used to share and under a name of its own.
+      const foreign = { 'criu.kdat': 'another build\'s probes', 'criu-1.kdat': 'an older build\'s probes' };
+      for (const [name, text] of Object.entries(foreign)) await writeFile(join(cache, name), text);
+      w = worker(cfg.agentPath, new Criu(cfg.criuPath, cache).workerCommand({ fresh: true }), join(dir, 'criu.log'));
       await w.ready();
       // Answered its version: the probes are made and kept, no request asked yet.
       const kept = (await readdir(cache)).filter((f) => /^criu-\d+\.kdat$/.test(f) && f !== 'criu-1.kdat');
@@ -145,7 +146,7 @@ describe('the project\'s CRIU', () => {
       expect((await stat(join(cache, kept[0]!))).size).toBeGreaterThan(100);
       for (const [name, text] of Object.entries(foreign)) expect(await readFile(join(cache, name), 'utf8')).toBe(text);
     } finally {
-      w.end();
+      w?.end();
       await execa('umount', [cache], { reject: false });
       await rm(dir, { recursive: true, force: true });
     }
