@@ -29,11 +29,11 @@ afterAll(async () => {
 const sh = (id: string, command: string, session?: string) => memfill(s).sh(id, command, session);
 const sumOf = (id: string) => memfill(s).sumOf(id);
 
-/** A sandbox whose filler holds MIB MiB written before any checkpoint, and their checksum. */
-async function filled(userNamespace: boolean): Promise<{ id: string; sum: string; checkpoint: string }> {
+/** A sandbox whose filler holds `mib` MiB written before any checkpoint, and their checksum. */
+async function filled(userNamespace: boolean, mib = MIB): Promise<{ id: string; sum: string; checkpoint: string }> {
   const inst = await s.instance({ user_namespace: userNamespace, limits: { memory_mb: 1024 } });
   await installKit(s, inst.id, kit);
-  await memfill(s).start(inst.id, MIB);
+  await memfill(s).start(inst.id, mib);
   const sum = await sumOf(inst.id);
   // More than a memory checkpoint copies in its freeze (the kit alone is): the upper is frozen by
   // rename, and the sandbox restored inside the pause, lazily.
@@ -87,9 +87,10 @@ describe('lazy restores', () => {
   });
 
   it('a fork whose lazy-pages daemon dies before all its memory is in is killed with it', async () => {
-    const src = await filled(true);
-    // The daemon is done ~0.3 s after the restore here: a kill that comes too late is tried again
-    // on another fork (at most 5).
+    // The daemon is done ~0.3 s after the restore of 256 MiB here (in one CI run all five forks'
+    // daemons were done before the kill), so three times that; a kill that comes too late is
+    // tried again on another fork (at most 5).
+    const src = await filled(true, 3 * MIB);
     let killedEarly: string | undefined;
     for (let attempt = 0; attempt < 5 && !killedEarly; attempt++) {
       const id = await fork(src.id, src.checkpoint);
