@@ -13,6 +13,10 @@
  * --overlay mounts the sandbox's disk first (see replace_overlay), saving the restore path a
  * process of its own.
  *
+ * --ready-file FILE (a daemon: `criu lazy-pages`) has CRIU write a byte to FILE once it serves
+ * (its --status-fd, on FILE opened here before any namespace changes). A lazy-pages daemon's
+ * socket exists from its bind, before its listen: a restore that connects in between is refused.
+ *
  * --swrk starts CRIU as an RPC worker (`criu swrk`) and relays requests to it, so that CRIU's
  * own start-up (dynamic loading, kernel probes: ~10 ms) happens before a pause, not in it.
  * Frames on stdin, answers on fd 3, each a u32 little-endian length, a kind byte and data:
@@ -508,8 +512,28 @@ static int run_swrk(char **criu_argv, const char *pidfile) {
   return relay(sv[0], pid, pidfile);
 }
 
+/* CRIU_ARGV with "--status-fd N" appended, N the file READY_FILE opened for CRIU to write to
+ * (created afresh, never through a link: its directory is the engine's). */
+static char **with_status_fd(char **criu_argv, const char *ready_file) {
+  int fd = open(ready_file, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    perror("criu-run: ready file");
+    return NULL;
+  }
+  int argc = 0;
+  while (criu_argv[argc]) argc++;
+  char **argv = calloc((size_t)argc + 3, sizeof(char *));
+  char *fdarg = malloc(16);
+  if (!argv || !fdarg) return NULL;
+  snprintf(fdarg, 16, "%d", fd);
+  for (int k = 0; k < argc; k++) argv[k] = criu_argv[k];
+  argv[argc] = "--status-fd";
+  argv[argc + 1] = fdarg;
+  return argv;
+}
+
 int criu_run_main(int argc, char **argv) {
-  const char *cache = NULL, *netns_of = NULL, *pidfile = NULL, *ov_dir = NULL, *ov_target = NULL, *ov_options = NULL;
+  const char *cache = NULL, *netns_of = NULL, *pidfile = NULL, *ov_dir = NULL, *ov_target = NULL, *ov_options = NULL, *ready_file = NULL;
   int new_netns = 0, swrk = 0;
   int i = 1;
   for (; i < argc; i++) {
@@ -518,6 +542,7 @@ int criu_run_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--new-netns")) new_netns = 1;
     else if (!strcmp(argv[i], "--swrk")) swrk = 1;
     else if (!strcmp(argv[i], "--pidfile") && i + 1 < argc) pidfile = argv[++i];
+    else if (!strcmp(argv[i], "--ready-file") && i + 1 < argc) ready_file = argv[++i];
     else if (!strcmp(argv[i], "--overlay") && i + 3 < argc) {
       ov_dir = argv[++i];
       ov_target = argv[++i];
@@ -529,6 +554,8 @@ int criu_run_main(int argc, char **argv) {
     fprintf(stderr, "criu-run: no command\n");
     return 2;
   }
+  char **criu_argv = argv + i;
+  if (ready_file && !(criu_argv = with_status_fd(criu_argv, ready_file))) return 1;
   /* CRIU works while a sandbox is paused: on a host whose CPUs are busy, at the same priority
    * as what keeps them busy it waits for a time slice at every step. Raised above it (and above
    * the node's server); with the sandbox's CPU group weighed up for the pause (cgroups.ts,
@@ -563,8 +590,8 @@ int criu_run_main(int argc, char **argv) {
       return 1;
     }
   }
-  if (swrk) return run_swrk(argv + i, pidfile);
-  execv(argv[i], argv + i);
+  if (swrk) return run_swrk(criu_argv, pidfile);
+  execv(criu_argv[0], criu_argv);
   perror("criu-run: exec");
   return 127;
 }

@@ -85,9 +85,10 @@ export class Criu {
   }
 
   /** `fp-agent criu-run -- criu lazy-pages`: serves the pages of `imagesDir` to the lazy restore
-   * whose work directory is `workDir` (lazy-pages.ts), logging there. */
-  lazyPagesCommand(imagesDir: string, workDir: string): string[] {
-    return ['criu-run', '--cache', this.cacheDir, '--', this.path, 'lazy-pages', '-D', imagesDir, '-W', workDir, '-o', 'lazy-pages.log'];
+   * whose work directory is `workDir` (lazy-pages.ts), logging there; a byte in `readyFile` once
+   * it listens. */
+  lazyPagesCommand(imagesDir: string, workDir: string, readyFile: string): string[] {
+    return ['criu-run', '--cache', this.cacheDir, '--ready-file', readyFile, '--', this.path, 'lazy-pages', '-D', imagesDir, '-W', workDir, '-o', 'lazy-pages.log'];
   }
 
   /** Whether this kernel and CRIU can restore lazily (userfaultfd with its fork and remap events). */

@@ -32,7 +32,7 @@ import { MemoryTracking } from './memory-tracking.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
-import { pagesBytes, startLazyPages, type LazyPages } from './lazy-pages.js';
+import { lazyPagesReadyFile, pagesBytes, startLazyPages, type LazyPages } from './lazy-pages.js';
 import { untilDeadline } from '../lib/deadline.js';
 import { AgentError } from './agent/client.js';
 import type { Connections, CriuWorker } from './criu-worker.js';
@@ -499,8 +499,8 @@ export class Engine implements SandboxRuntime {
       if (!r.worker.lazyIntoUserns) return undefined;
     }
     const workDir = join(this.layout.run(spec.id), 'criu');
-    rmSync(join(workDir, 'lazy-pages.socket'), { force: true });
-    return startLazyPages({ agentPath: this.opts.agentPath, command: [this.opts.agentPath, ...this.criu.lazyPagesCommand(images, workDir)], workDir, logFile: join(this.layout.run(spec.id), 'lazy-pages-shim.log'), spawner: this.spawner });
+    const readyFile = lazyPagesReadyFile(workDir);
+    return startLazyPages({ agentPath: this.opts.agentPath, command: [this.opts.agentPath, ...this.criu.lazyPagesCommand(images, workDir, readyFile)], readyFile, logFile: join(this.layout.run(spec.id), 'lazy-pages-shim.log'), spawner: this.spawner });
   }
 
   /** Watches a lazily restored sandbox's daemon: one that ends without every page in takes the

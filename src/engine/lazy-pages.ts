@@ -1,4 +1,4 @@
-import { existsSync, lstatSync, readdirSync } from 'node:fs';
+import { lstatSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { EngineError } from '../seam/errors.js';
 import { daemonUnderShim } from './launcher.js';
@@ -21,8 +21,18 @@ import type { Spawner } from './spawner.js';
  * tree's page faults and memory-map events, which CRIU checks against the image.
  */
 
-/** The socket `criu lazy-pages` listens on, in its work directory (CRIU's LAZY_PAGES_SOCK_NAME). */
-const SOCKET = 'lazy-pages.socket';
+/** Where `criu lazy-pages` writes a byte once it listens (its --status-fd, by criu-run), in its
+ * work directory. Its socket is no sign: it exists from the bind, before the listen, and a
+ * restore that connects in between is refused. */
+const READY_FILE = 'lazy-pages.ready';
+
+/** The file `criu lazy-pages` in `workDir` writes a byte to once it listens (none there yet). */
+export function lazyPagesReadyFile(workDir: string): string {
+  const file = join(workDir, READY_FILE);
+  mkdirSync(workDir, { recursive: true });
+  rmSync(file, { force: true });
+  return file;
+}
 
 /** How long the daemon may take to listen: its start-up is a CRIU's (~10-20 ms here). */
 const LISTEN_DEADLINE_MS = 10_000;
@@ -46,16 +56,16 @@ export interface LazyPages {
   kill(): void;
 }
 
-/** Starts `command` (`fp-agent criu-run ... criu lazy-pages -W workDir ...`) under a shim. */
-export function startLazyPages(opts: { agentPath: string; command: string[]; workDir: string; logFile: string; spawner: Spawner | undefined }): LazyPages {
-  const socket = join(opts.workDir, SOCKET);
+/** Starts `command` (`fp-agent criu-run --ready-file readyFile ... criu lazy-pages ...`) under a
+ * shim. */
+export function startLazyPages(opts: { agentPath: string; command: string[]; readyFile: string; logFile: string; spawner: Spawner | undefined }): LazyPages {
   const d = daemonUnderShim({ agentPath: opts.agentPath, command: opts.command, logFile: opts.logFile, cgroupProcs: [], spawner: opts.spawner });
   let ended = false;
   void d.exit.then(() => (ended = true));
   const listening = (async () => {
     const deadline = performance.now() + LISTEN_DEADLINE_MS;
-    // The daemon makes its socket once it is up; the restore must not look for it before.
-    while (!existsSync(socket)) {
+    // The restore must not connect before the daemon listens.
+    while ((lstatSync(opts.readyFile, { throwIfNoEntry: false })?.size ?? 0) < 1) {
       if (ended) throw new EngineError('RESTORE_FAILED', `the lazy-pages daemon ended before it listened (its log: ${opts.logFile})`);
       if (performance.now() > deadline) throw new EngineError('TIMEOUT', `the lazy-pages daemon did not listen within ${LISTEN_DEADLINE_MS} ms`);
       await new Promise((r) => setTimeout(r, 1));
