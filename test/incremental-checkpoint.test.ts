@@ -131,24 +131,31 @@ describe('incremental memory checkpoints', () => {
 
   it("on the host's ids too (user_namespace: false): the incremental checkpoint restores every page right", async () => {
     const id = await trackedSandbox({ user_namespace: false });
-    await incrementalRoundTrip(id);
-    await s.api('DELETE', `/instances/${id}`);
+    try {
+      await incrementalRoundTrip(id);
+    } finally {
+      // Its tracking's holder goes with it, whatever failed: the next test counts holders.
+      await s.api('DELETE', `/instances/${id}`);
+    }
   });
 
   it('a sandbox hibernated and woken is tracked afresh, and its memory comes back whole', async () => {
     const id = await trackedSandbox({});
-    await touch(id);
-    const sum = await sumOf(id);
-    // Hibernated after its tracking was armed: the dump is whole, the holder goes with the tree.
-    expect((await s.api('POST', `/instances/${id}/hibernate`)).status).toBe(200);
-    await eventually(async () => (await holders(s.dataDir)) === 0);
-    expect((await s.api('POST', `/instances/${id}/wake`)).status).toBe(200);
-    expect(await sumOf(id)).toBe(sum);
-    const n = s.engine.incrementalDumpCount;
-    await checkpoint(id);
-    expect(s.engine.incrementalDumpCount, 'a woken tree has no parent image').toBe(n);
-    await incrementalRoundTrip(id);
-    await s.api('DELETE', `/instances/${id}`);
+    try {
+      await touch(id);
+      const sum = await sumOf(id);
+      // Hibernated after its tracking was armed: the dump is whole, the holder goes with the tree.
+      expect((await s.api('POST', `/instances/${id}/hibernate`)).status).toBe(200);
+      await eventually(async () => (await holders(s.dataDir)) === 0);
+      expect((await s.api('POST', `/instances/${id}/wake`)).status).toBe(200);
+      expect(await sumOf(id)).toBe(sum);
+      const n = s.engine.incrementalDumpCount;
+      await checkpoint(id);
+      expect(s.engine.incrementalDumpCount, 'a woken tree has no parent image').toBe(n);
+      await incrementalRoundTrip(id);
+    } finally {
+      await s.api('DELETE', `/instances/${id}`);
+    }
   });
 
   it('a server that comes after another tracks afresh: its first checkpoint copies everything, the holder left behind goes', async () => {
