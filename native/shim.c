@@ -3,7 +3,9 @@
  * The machine's PID 1 may not reap orphans, and Node cannot make itself a subreaper, so each
  * sandbox gets this small process: it becomes a child subreaper, runs CMD (a boot, or a CRIU
  * worker that restores), adopts the sandbox's PID 1 when CMD exits, and reaps it when the
- * sandbox dies, writing the last exit status to --status. It exits when it has no children. */
+ * sandbox dies, writing the last exit status to --status. It exits when it has no children.
+ * With --exit-file, CMD's own exit code goes to that file once CMD ends: a daemon's (a lazy-pages
+ * daemon), for a server that was not there to read it from the shim. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -33,12 +35,25 @@ static void report_exit(int code) {
   write_full(1, f, sizeof(f));
 }
 
+/* CODE into FILE, whole or not at all (written aside, then renamed). */
+static void write_exit_file(const char *file, int code) {
+  char tmp[4096], line[16];
+  if (snprintf(tmp, sizeof(tmp), "%s.tmp", file) >= (int)sizeof(tmp)) return;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  int n = snprintf(line, sizeof(line), "%d\n", code);
+  int ok = write(fd, line, (size_t)n) == n;
+  close(fd);
+  if (ok) rename(tmp, file);
+}
+
 int shim_main(int argc, char **argv) {
-  const char *status_file = NULL;
+  const char *status_file = NULL, *exit_file = NULL;
   int i = 1;
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--exit-frame")) exit_as_frame = 1;
     else if (!strcmp(argv[i], "--status") && i + 1 < argc) status_file = argv[++i];
+    else if (!strcmp(argv[i], "--exit-file") && i + 1 < argc) exit_file = argv[++i];
     else if (!strcmp(argv[i], "--cgroup-procs") && i + 1 < argc) i++;
     else if (!strcmp(argv[i], "--")) { i++; break; }
   }
@@ -85,8 +100,10 @@ int shim_main(int argc, char **argv) {
     }
     if (pid == cmd) {
       cmd_status = st;
+      int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (exit_file) write_exit_file(exit_file, code);
       /* The engine reads this (a line, or a frame) to learn that the boot or restore is over. */
-      report_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+      report_exit(code);
       if (devnull >= 0) dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2);
       /* and no other pipe to the engine either (fd 3 carries a CRIU worker's answers) */
       closefrom(3);

@@ -32,7 +32,7 @@ import { MemoryTracking } from './memory-tracking.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
-import { lazyPagesReadyFile, pagesBytes, startLazyPages, type LazyPages } from './lazy-pages.js';
+import { forgetLazyTransfer, lazyPagesFiles, lazyTransferLeftBehind, pagesBytes, recordLazyTree, startLazyPages, type LazyPages } from './lazy-pages.js';
 import { untilDeadline } from '../lib/deadline.js';
 import { AgentError } from './agent/client.js';
 import type { Connections, CriuWorker } from './criu-worker.js';
@@ -472,7 +472,10 @@ export class Engine implements SandboxRuntime {
       // it ran (criu_run.c, "setup-namespaces").
       if (hostname) await r.worker.setHostname(pid, hostname);
       const startTime = await processStartTime(pid);
-      if (lazy) this.followLazy(spec.id, pid, startTime, lazy);
+      if (lazy) {
+        this.lazyRestored++;
+        this.followLazy(spec.id, pid, startTime, lazy);
+      }
       return { pid, startTime };
     } catch (err) {
       // A daemon that would wait for a restore that is not coming (or serve one that failed).
@@ -498,19 +501,27 @@ export class Engine implements SandboxRuntime {
       await r.ready;
       if (!r.worker.lazyIntoUserns) return undefined;
     }
-    const workDir = join(this.layout.run(spec.id), 'criu');
-    const readyFile = lazyPagesReadyFile(workDir);
-    return startLazyPages({ agentPath: this.opts.agentPath, command: [this.opts.agentPath, ...this.criu.lazyPagesCommand(images, workDir, readyFile)], readyFile, logFile: join(this.layout.run(spec.id), 'lazy-pages-shim.log'), spawner: this.spawner });
+    const workDir = this.criuWorkDir(spec.id);
+    const files = lazyPagesFiles(workDir);
+    return startLazyPages({ agentPath: this.opts.agentPath, command: [this.opts.agentPath, ...this.criu.lazyPagesCommand(images, workDir, files.ready)], files, logFile: join(this.layout.run(spec.id), 'lazy-pages-shim.log'), spawner: this.spawner });
   }
 
-  /** Watches a lazily restored sandbox's daemon: one that ends without every page in takes the
-   * tree with it (its missing pages would read as zeros). */
-  private followLazy(id: string, pid: number, startTime: string, lazy: LazyPages): void {
-    this.lazyRestored++;
+  /** Where a restore of the instance works (CRIU's work directory, its lazy transfer's files). */
+  private criuWorkDir(id: string): string {
+    return join(this.layout.run(id), 'criu');
+  }
+
+  /** Watches a lazily restored sandbox's daemon (this server's, or one a server before it
+   * started): one that ends without every page in takes the tree with it (its missing pages
+   * would read as zeros); one that ends with every page in leaves nothing to find. */
+  private followLazy(id: string, pid: number, startTime: string, lazy: Pick<LazyPages, 'done' | 'kill'>): void {
+    const workDir = this.criuWorkDir(id);
+    recordLazyTree(workDir, { pid, startTime });
     const done: Promise<void> = lazy.done.then(async (code) => {
+      if (code === 0) return forgetLazyTransfer(workDir);
       // A tree stopped or deleted meanwhile ends its daemon's work too.
-      if (code === 0 || !isAliveSync(pid, startTime)) return;
-      this.log.error({ instance: id, code, log: join(this.layout.run(id), 'criu', 'lazy-pages.log') }, 'the lazy-pages daemon ended before all of the sandbox\'s memory was in: the sandbox is killed');
+      if (!isAliveSync(pid, startTime)) return;
+      this.log.error({ instance: id, code, log: join(workDir, 'lazy-pages.log') }, 'the lazy-pages daemon ended before all of the sandbox\'s memory was in: the sandbox is killed');
       await killTree(pid, startTime).catch(() => {});
     }).finally(() => {
       if (this.lazyTransfers.get(id)?.done === done) this.lazyTransfers.delete(id);
@@ -601,11 +612,23 @@ export class Engine implements SandboxRuntime {
     if (!root || !disk || root.dev !== disk.dev || !(await isMounted(this.layout.merged(spec.id)))) return undefined;
     // A server stopped in a pause left its CPU group weighed up for it.
     await this.cgroups.boost(spec.id, false);
+    const transfer = await lazyTransferLeftBehind(this.criuWorkDir(spec.id), { pid, startTime });
+    if (transfer.state === 'ended' && !transfer.ok) {
+      // What the server before would have done, had it seen the daemon end.
+      this.log.error({ instance: spec.id }, 'the lazy-pages daemon of a sandbox restored by an earlier server ended before all of its memory was in: the sandbox is killed');
+      await killTree(pid, startTime).catch(() => {});
+      return undefined;
+    }
+    if (transfer.state === 'ended') forgetLazyTransfer(this.criuWorkDir(spec.id));
+    let sb: Sandbox;
     try {
-      return await this.attach(spec, { pid, startTime });
+      sb = await this.attach(spec, { pid, startTime });
     } catch {
       return undefined;
     }
+    // Its dumps wait for the transfer, as they would have under the server that started it.
+    if (transfer.state === 'running') this.followLazy(spec.id, pid, startTime, transfer.follow());
+    return sb;
   }
 
   /** Kills the sandbox's processes and unmounts its disk; the upper stays. */

@@ -20,6 +20,8 @@ interface ShimOptions {
   command: string[];
   /** Where the shim writes the sandbox's last exit status, if anywhere. */
   statusFile?: string;
+  /** Where the shim writes the command's own exit code once it ends (a daemon's), if anywhere. */
+  exitFile?: string;
   logFile: string;
   cgroupProcs: string[];
   env?: NodeJS.ProcessEnv;
@@ -34,6 +36,8 @@ interface StartedShim {
   output: Readable;
   /** The command's exit code, as the shim reports it. */
   exit: Promise<number>;
+  /** The shim's pid (-1 if it did not start). */
+  pid: Promise<number>;
   /** Kills the shim and what it runs (not a sandbox it already parents: that leads its own
    * session and process group). */
   kill: () => void;
@@ -54,12 +58,12 @@ const killGroup = (pid: number | undefined) => () => {
  * fd 3 a way back to us for commands that answer on it: through the spawner when it is up (one
  * connection for stdin, stdout and fd 3; the exit as a frame), else spawned by Node. */
 function startShim(opts: ShimOptions): StartedShim {
-  const args = ['shim', ...(opts.statusFile ? ['--status', opts.statusFile] : [])];
+  const args = ['shim', ...(opts.statusFile ? ['--status', opts.statusFile] : []), ...(opts.exitFile ? ['--exit-file', opts.exitFile] : [])];
   for (const p of opts.cgroupProcs) args.push('--cgroup-procs', p);
   if (opts.spawner?.available) {
     const s = opts.spawner.shim([...args, '--exit-frame', '--', ...opts.command], opts.logFile);
     const kill = () => void s.pid.then((pid) => killGroup(pid > 0 ? pid : undefined)());
-    return { input: s.socket, output: s.output, exit: s.exit, kill };
+    return { input: s.socket, output: s.output, exit: s.exit, pid: s.pid, kill };
   }
   args.push('--', ...opts.command);
   const log = openSync(opts.logFile, 'a');
@@ -83,18 +87,18 @@ function startShim(opts: ShimOptions): StartedShim {
     });
     child.once('exit', (c) => finish(c ?? 1));
   });
-  return { input: child.stdin!, output: child.stdio[3] as Readable, exit, kill: killGroup(child.pid) };
+  return { input: child.stdin!, output: child.stdio[3] as Readable, exit, pid: Promise.resolve(child.pid ?? -1), kill: killGroup(child.pid) };
 }
 
 /** A helper process under a shim of its own (a `criu lazy-pages` daemon): it outlives the server
  * as the sandbox it serves does, and is started by the spawner when it is up. Its exit code, and a
  * way to end it. */
-export function daemonUnderShim(opts: ShimOptions): { exit: Promise<number>; kill: () => void } {
-  const { input, output, exit, kill } = startShim({ ...opts, env: criuEnv() });
+export function daemonUnderShim(opts: ShimOptions): { exit: Promise<number>; pid: Promise<number>; kill: () => void } {
+  const { input, output, exit, pid, kill } = startShim({ ...opts, env: criuEnv() });
   // Nothing is asked of it or read from it.
   input.end();
   output.resume();
-  return { exit, kill };
+  return { exit, pid, kill };
 }
 
 /** The shim's log says why a boot failed (boot writes its reason to stderr). */

@@ -1,7 +1,8 @@
-import { lstatSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
+import { lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { z } from 'zod';
 import { EngineError } from '../seam/errors.js';
-import { daemonUnderShim } from './launcher.js';
+import { daemonUnderShim, isAlive, isAliveSync, processStartTime } from './launcher.js';
 import type { Spawner } from './spawner.js';
 
 /**
@@ -18,20 +19,114 @@ import type { Spawner } from './spawner.js';
  * tree), and a dump of the sandbox waits until its memory is all in (a fault the daemon serves
  * while the tree is frozen for CRIU would hold the dump). The daemon is CRIU as the host's root
  * reading the checkpoint's images, as the restore is; what reaches it from the sandbox is the
- * tree's page faults and memory-map events, which CRIU checks against the image.
+ * tree's page faults and memory-map events, which CRIU checks against the image. The daemon
+ * outlives a server that dies (it has a shim of its own): the server after it finds the transfer
+ * by its record (lazyTransferLeftBehind) and holds to the same two rules.
  */
 
-/** Where `criu lazy-pages` writes a byte once it listens (its --status-fd, by criu-run), in its
- * work directory. Its socket is no sign: it exists from the bind, before the listen, and a
- * restore that connects in between is refused. */
-const READY_FILE = 'lazy-pages.ready';
+/**
+ * A transfer's files, in its restore's work directory (the instance's, kept across restarts):
+ * - `lazy-pages.ready`: a byte once the daemon listens (its --status-fd, by criu-run). Its socket
+ *   is no sign: it exists from the bind, before the listen, and a restore that connects in
+ *   between is refused.
+ * - `lazy-pages.exit`: the daemon's exit code, written by its shim when it ends.
+ * - `lazy-pages.json`: the daemon's shim and, once restored, the tree it serves (TransferRecord),
+ *   so that a server started after this one's death finds a transfer still under way: a dump
+ *   then would miss every page not yet in (they read as absent, and come back as zeros), and a
+ *   daemon that fails then takes its tree with it as it would have.
+ */
+export interface LazyPagesFiles {
+  ready: string;
+  exit: string;
+  record: string;
+}
 
-/** The file `criu lazy-pages` in `workDir` writes a byte to once it listens (none there yet). */
-export function lazyPagesReadyFile(workDir: string): string {
-  const file = join(workDir, READY_FILE);
+/** The transfer files of `workDir`, none of an earlier transfer left. */
+export function lazyPagesFiles(workDir: string): LazyPagesFiles {
   mkdirSync(workDir, { recursive: true });
-  rmSync(file, { force: true });
-  return file;
+  const files = filesIn(workDir);
+  for (const f of Object.values(files)) rmSync(f, { force: true });
+  return files;
+}
+
+const filesIn = (workDir: string): LazyPagesFiles => ({ ready: join(workDir, 'lazy-pages.ready'), exit: join(workDir, 'lazy-pages.exit'), record: join(workDir, 'lazy-pages.json') });
+
+const ProcessIdentity = z.object({ pid: z.number().int().positive(), startTime: z.string().regex(/^\d+$/) });
+type ProcessIdentity = z.infer<typeof ProcessIdentity>;
+const TransferRecord = z.object({ shim: ProcessIdentity, tree: ProcessIdentity.optional() });
+type TransferRecord = z.infer<typeof TransferRecord>;
+
+function writeRecord(file: string, record: TransferRecord): void {
+  writeFileSync(`${file}.tmp`, JSON.stringify(record), { mode: 0o600 });
+  renameSync(`${file}.tmp`, file);
+}
+
+function readRecord(file: string): TransferRecord | undefined {
+  try {
+    return TransferRecord.parse(JSON.parse(readFileSync(file, 'utf8')));
+  } catch {
+    return undefined;
+  }
+}
+
+/** The tree the transfer of `workDir` serves, once restored. */
+export function recordLazyTree(workDir: string, tree: ProcessIdentity): void {
+  const { record } = filesIn(workDir);
+  const r = readRecord(record);
+  if (r) writeRecord(record, { ...r, tree });
+}
+
+/** A transfer done with success leaves nothing to find. */
+export function forgetLazyTransfer(workDir: string): void {
+  for (const f of Object.values(filesIn(workDir))) rmSync(f, { force: true });
+}
+
+/** What a server that adopts `tree` finds of a transfer into it that a server before it started:
+ * none (or one of an earlier tree), one still under way (its shim alive), or one that ended, with
+ * success or not (a daemon killed with its shim wrote no exit code: not). */
+export type LeftTransfer = { state: 'none' } | { state: 'running'; follow: () => Pick<LazyPages, 'done' | 'kill'> } | { state: 'ended'; ok: boolean };
+
+export async function lazyTransferLeftBehind(workDir: string, tree: ProcessIdentity): Promise<LeftTransfer> {
+  const files = filesIn(workDir);
+  const r = readRecord(files.record);
+  // A record without its tree: the server died between the restore's answer and the record's
+  // update; the transfer can only be this tree's (the last launch's).
+  if (!r || (r.tree && (r.tree.pid !== tree.pid || r.tree.startTime !== tree.startTime))) return { state: 'none' };
+  // Alive first: a shim writes the exit code before it exits.
+  if (await isAlive(r.shim.pid, r.shim.startTime)) return { state: 'running', follow: () => followShim(r.shim, files.exit) };
+  return { state: 'ended', ok: exitCode(files.exit) === 0 };
+}
+
+/** The code a shim wrote (none if it wrote none: killed with it, say). */
+function exitCode(file: string): number | undefined {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8').trim();
+  } catch {
+    return undefined;
+  }
+  return /^\d{1,3}$/.test(text) ? Number(text) : undefined;
+}
+
+/** How often a transfer left behind is looked at: its end matters to a dump waiting for it. */
+const FOLLOW_POLL_MS = 20;
+
+/** A transfer left behind, followed by its shim (not the server's child): its exit code once the
+ * shim is gone (-1 if it left none). */
+function followShim(shim: ProcessIdentity, exitFile: string): Pick<LazyPages, 'done' | 'kill'> {
+  const done = (async () => {
+    while (await isAlive(shim.pid, shim.startTime)) await new Promise((r) => setTimeout(r, FOLLOW_POLL_MS));
+    return exitCode(exitFile) ?? -1;
+  })();
+  const kill = () => {
+    if (!isAliveSync(shim.pid, shim.startTime)) return;
+    try {
+      process.kill(-shim.pid, 'SIGKILL');
+    } catch {
+      // gone meanwhile
+    }
+  };
+  return { done, kill };
 }
 
 /** How long the daemon may take to listen: its start-up is a CRIU's (~10-20 ms here). */
@@ -56,16 +151,24 @@ export interface LazyPages {
   kill(): void;
 }
 
-/** Starts `command` (`fp-agent criu-run --ready-file readyFile ... criu lazy-pages ...`) under a
- * shim. */
-export function startLazyPages(opts: { agentPath: string; command: string[]; readyFile: string; logFile: string; spawner: Spawner | undefined }): LazyPages {
-  const d = daemonUnderShim({ agentPath: opts.agentPath, command: opts.command, logFile: opts.logFile, cgroupProcs: [], spawner: opts.spawner });
+/** Starts `command` (`fp-agent criu-run --ready-file files.ready ... criu lazy-pages ...`) under a
+ * shim that writes its exit code to `files.exit`, and records the shim (`files.record`) before
+ * anything can connect to the daemon. */
+export function startLazyPages(opts: { agentPath: string; command: string[]; files: LazyPagesFiles; logFile: string; spawner: Spawner | undefined }): LazyPages {
+  const { files } = opts;
+  const d = daemonUnderShim({ agentPath: opts.agentPath, command: opts.command, exitFile: files.exit, logFile: opts.logFile, cgroupProcs: [], spawner: opts.spawner });
   let ended = false;
   void d.exit.then(() => (ended = true));
+  const recorded = d.pid.then(async (pid) => {
+    const startTime = pid > 0 ? await processStartTime(pid).catch(() => undefined) : undefined;
+    if (startTime === undefined) throw new EngineError('RESTORE_FAILED', `the lazy-pages daemon did not start (its log: ${opts.logFile})`);
+    writeRecord(files.record, { shim: { pid, startTime } });
+  });
   const listening = (async () => {
     const deadline = performance.now() + LISTEN_DEADLINE_MS;
+    await recorded;
     // The restore must not connect before the daemon listens.
-    while ((lstatSync(opts.readyFile, { throwIfNoEntry: false })?.size ?? 0) < 1) {
+    while ((lstatSync(files.ready, { throwIfNoEntry: false })?.size ?? 0) < 1) {
       if (ended) throw new EngineError('RESTORE_FAILED', `the lazy-pages daemon ended before it listened (its log: ${opts.logFile})`);
       if (performance.now() > deadline) throw new EngineError('TIMEOUT', `the lazy-pages daemon did not listen within ${LISTEN_DEADLINE_MS} ms`);
       await new Promise((r) => setTimeout(r, 1));
