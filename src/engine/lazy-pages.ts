@@ -115,7 +115,8 @@ const FOLLOW_POLL_MS = 20;
  * shim is gone (-1 if it left none). */
 function followShim(shim: ProcessIdentity, exitFile: string): Pick<LazyPages, 'done' | 'kill'> {
   const done = (async () => {
-    while (await isAlive(shim.pid, shim.startTime)) await new Promise((r) => setTimeout(r, FOLLOW_POLL_MS));
+    // Unref'd: a server shutting down does not wait for a transfer it only follows.
+    while (await isAlive(shim.pid, shim.startTime)) await new Promise((r) => setTimeout(r, FOLLOW_POLL_MS).unref());
     return exitCode(exitFile) ?? -1;
   })();
   const kill = () => {
