@@ -8,7 +8,7 @@
  * sandbox with it, rather than leave it reading zeros; and both hold across a kill -9 of the
  * server in the middle of a transfer.
  */
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -21,11 +21,21 @@ import { bothOrUndo, eventually, sleep, startServer, type TestServer } from './h
 import { throttle } from './helpers/throttle.js';
 
 /** The pid of CRIU's lazy-pages daemon for the instance (not the shim above it, whose command
- * line names it too), if one is still at work. */
-async function daemonOf(id: string): Promise<number | undefined> {
-  const r = await execa('pgrep', ['-f', `^\\S*/criu lazy-pages -D .* -W .*/${id}/run/criu `], { reject: false });
-  const pids = r.stdout.split('\n').filter(Boolean).map(Number);
-  return pids.length === 1 ? pids[0] : undefined;
+ * line names it too), if one is still at work. Read from /proc in this process: no child to
+ * spawn while the daemon works on. */
+function daemonOf(id: string): number | undefined {
+  const found: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    let argv: string[];
+    try {
+      argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+    } catch {
+      continue; // gone meanwhile
+    }
+    if (argv[0]?.endsWith('/criu') && argv[1] === 'lazy-pages' && argv.some((a) => a.endsWith(`/${id}/run/criu`))) found.push(Number(entry));
+  }
+  return found.length === 1 ? found[0] : undefined;
 }
 
 /** A server run as a child process (ChildServer), seen as the helpers want a server. */
@@ -134,10 +144,10 @@ describe('lazy restores', () => {
     let killedEarly: string | undefined;
     // Held to 0.5 % of a CPU as soon as it is found (the transfer takes ~0.3 s unheld, and the fork
     // answers before it is done); a daemon that is done before it is found is tried again on
-    // another fork (at most 3).
-    for (let attempt = 0; attempt < 3 && !killedEarly; attempt++) {
+    // another fork (at most 5).
+    for (let attempt = 0; attempt < 5 && !killedEarly; attempt++) {
       const id = await fork(src.id, src.checkpoint);
-      const daemon = await daemonOf(id);
+      const daemon = daemonOf(id);
       if (daemon !== undefined) {
         const held = throttle(daemon);
         process.kill(daemon, 'SIGKILL');
@@ -170,21 +180,27 @@ describe('lazy restores', () => {
       const c = asTestServer(server);
       const inst = (await server.api('POST', '/instances', { limits: { memory_mb: 1024 } })).body;
       await installKit(c, inst.id, kit);
-      await memfill(c).start(inst.id, MIB);
+      await memfill(c).start(inst.id, 2 * MIB);
       const sum = await memfill(c).sumOf(inst.id);
       const ck = (await server.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body;
       expect(ck.status).toBe('ready');
       // Two forks, each restored lazily, their daemons held back: one to go on after the crash,
-      // one to die while no server is there to see it.
+      // one to die while no server is there to see it. A daemon runs at CRIU's priority, above
+      // the test's, and may be done (~0.6 s) before it is found on a busy host (seen in a CI run):
+      // such a fork goes, and another is made (at most six in all).
       const forks: { id: string; daemon: number; initStart: string; tree: { pid: number; start: string } }[] = [];
-      for (let i = 0; i < 2; i++) {
+      for (let attempt = 0; attempt < 6 && forks.length < 2; attempt++) {
         const f = await server.api('POST', `/instances/${inst.id}/fork`, { checkpoint_id: ck.id });
         expect(f.status).toBe(201);
-        const daemon = await daemonOf(f.body.id);
-        expect(daemon, 'the fork\'s daemon was done before it was held back').toBeDefined();
-        held.push(throttle(daemon!));
-        forks.push({ id: f.body.id, daemon: daemon!, initStart: await initStartOf(server, f.body.id), tree: await treeOf(dataDir, f.body.id) });
+        const daemon = daemonOf(f.body.id);
+        if (daemon === undefined) {
+          await server.api('DELETE', `/instances/${f.body.id}`);
+          continue;
+        }
+        held.push(throttle(daemon));
+        forks.push({ id: f.body.id, daemon, initStart: await initStartOf(server, f.body.id), tree: await treeOf(dataDir, f.body.id) });
       }
+      expect(forks.length, 'two daemons were not found still at work in six forks').toBe(2);
       const [goesOn, dies] = forks as [(typeof forks)[0], (typeof forks)[0]];
       expect(alive(dies.tree)).toBe(true);
       await server.stop('SIGKILL');
