@@ -1,6 +1,6 @@
 /**
  * Fails the run if the suite leaves anything of its own behind: mounts and loop devices of
- * test data directories, sandbox cgroups, temporary directories, staged memory images, firewall tables, gateway
+ * test data directories, sandbox cgroups (and CPU groups a test held a process in), temporary directories, staged memory images, firewall tables, gateway
  * addresses, links, test hosts' network namespaces, and servers it started (forkpoint nodes,
  * throwaway PostgreSQL clusters). What existed before the run
  * (another checkout's, a developer's server) is not counted.
@@ -38,6 +38,16 @@ function snapshot(): Set<string> {
         for (const i of inside) if (i.startsWith('inst_')) found.add(`cgroup ${controller}/${g}/${i}`);
       }
     }
+  }
+  // CPU groups a test held a process in (helpers/throttle.ts).
+  for (const root of ['/sys/fs/cgroup/cpu', '/sys/fs/cgroup']) {
+    let names: string[];
+    try {
+      names = readdirSync(root);
+    } catch {
+      continue;
+    }
+    for (const name of names) if (name.startsWith('forkpoint-test-throttle-')) found.add(`cgroup ${root}/${name}`);
   }
   for (const name of readdirSync(tmpdir())) if (TEMP.test(name)) found.add(`temp ${tmpdir()}/${name}`);
   // Memory images staged during a checkpoint's freeze (engine/dump-staging.ts), per node.
