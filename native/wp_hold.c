@@ -170,7 +170,10 @@ int wp_hold_main(int argc, char **argv) {
   const char *path = argv[1];
   long pid = strtol(argv[2], NULL, 10);
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  if (pid <= 0 || strlen(path) >= sizeof(addr.sun_path)) {
+  /* Bound and listening under a name of its own, then renamed onto PATH: the engine takes a new
+   * file at PATH for a holder that listens (bound there, one could be refused before its listen). */
+  char bound[sizeof(addr.sun_path)];
+  if (pid <= 0 || snprintf(bound, sizeof(bound), "%s~", path) >= (int)sizeof(bound)) {
     fprintf(stderr, "wp-hold: bad arguments\n");
     return 2;
   }
@@ -191,8 +194,9 @@ int wp_hold_main(int argc, char **argv) {
   if (old >= 0) close(old);
   int sk = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   umask(077);
-  unlink(path);
-  if (sk < 0 || bind(sk, (struct sockaddr *)&addr, sizeof(addr)) || listen(sk, 4)) {
+  strcpy(addr.sun_path, bound);
+  unlink(bound);
+  if (sk < 0 || bind(sk, (struct sockaddr *)&addr, sizeof(addr)) || listen(sk, 4) || rename(bound, path)) {
     fprintf(stderr, "wp-hold: %s: %s\n", path, strerror(errno));
     return 1;
   }

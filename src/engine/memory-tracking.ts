@@ -30,9 +30,10 @@ import type { Spawner } from './spawner.js';
  * lost arming costs a full copy, never a stale page.
  */
 
-/** The holder's socket, in the instance's run directory: a unix socket path has 107 bytes. */
+/** The holder's socket, in the instance's run directory: a unix socket path has 107 bytes, and
+ * the holder binds one byte longer a name first (wp_hold.c). */
 const SOCKET = 'wp-hold.sock';
-const MAX_SOCKET_PATH = 107;
+const MAX_SOCKET_PATH = 106;
 /** How long the holder may take to listen (a static binary's start-up). */
 const LISTEN_DEADLINE_MS = 5_000;
 /** The files of an image a dump with a parent reads from it (CRIU's pagemaps, pages, and the
