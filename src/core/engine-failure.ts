@@ -13,6 +13,7 @@ export function engineFailure(err: unknown): Error {
       case 'NOT_RUNNING':
       case 'LAYER_LIMIT':
       case 'AGENT_BROKEN':
+      case 'MEMORY_LOST':
       case 'VOLUME_BUSY':
         return new ConflictError(err.message, { engine: err.code }, { cause: err });
       case 'SPAWN_FAILED':

@@ -522,6 +522,10 @@ export class Engine implements SandboxRuntime {
       // A tree stopped or deleted meanwhile ends its daemon's work too.
       if (!isAliveSync(pid, startTime)) return;
       this.log.error({ instance: id, code, log: join(workDir, 'lazy-pages.log') }, 'the lazy-pages daemon ended before all of the sandbox\'s memory was in: the sandbox is killed');
+      const sb = this.live.get(id);
+      if (sb?.pid === pid && sb.startTime === startTime) {
+        sb.lose(new EngineError('MEMORY_LOST', `the memory of ${id} could not all be restored (its lazy-pages daemon ended with code ${code}): its processes were killed rather than read zeros; roll the instance back, or stop and start it`));
+      }
       await killTree(pid, startTime).catch(() => {});
     }).finally(() => {
       if (this.lazyTransfers.get(id)?.done === done) this.lazyTransfers.delete(id);

@@ -91,7 +91,8 @@ export class Sandbox implements SandboxHandle {
   private readonly opening = new Set<Promise<AgentClient>>();
   /** Requests sent and not yet answered: a pause lets them finish before it closes the socket. */
   private readonly inflight = new Set<Promise<unknown>>();
-  /** Set when the agent broke the protocol: calls fail at once until the next PID 1. */
+  /** Set when the agent broke the protocol, or the sandbox's memory was lost: calls fail at once
+   * until the next PID 1. */
   private broken: EngineError | undefined;
   private stopped = false;
 
@@ -109,6 +110,13 @@ export class Sandbox implements SandboxHandle {
     if (made && !made.destroyed && made.readable && made.writable) return AgentClient.over(made, client);
     made?.destroy();
     return AgentClient.over(await connectToAgent(this.pid, this.startTime), client);
+  }
+
+  /** The sandbox's processes were killed for `why` (its memory could not all be restored): every
+   * call fails with it from now on, and what waits on a process is told. */
+  lose(why: EngineError): void {
+    this.broken ??= why;
+    this.loseAll(new AgentError(0, why.message));
   }
 
   private onFailure(err: Error): void {

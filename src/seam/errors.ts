@@ -11,6 +11,10 @@ export type EngineErrorCode =
   /** The agent broke the protocol (a malformed frame): its connection is closed, the
    * sandbox is not trusted to answer again until it is rolled back or restarted. */
   | 'AGENT_BROKEN'
+  /** A lazily restored sandbox whose memory could not all come in (its lazy-pages daemon
+   * failed): its processes were killed rather than read zeros; it answers nothing until it is
+   * rolled back or restarted. */
+  | 'MEMORY_LOST'
   /** A step did not finish within its deadline; the operation was abandoned. */
   | 'TIMEOUT'
   | 'PROCESS_LOST'
