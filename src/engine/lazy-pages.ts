@@ -1,5 +1,6 @@
 import { lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { basename, join } from 'node:path';
 import { z } from 'zod';
 import { EngineError } from '../seam/errors.js';
 import { daemonUnderShim, isAlive, isAliveSync, processStartTime } from './launcher.js';
@@ -29,7 +30,9 @@ import type { Spawner } from './spawner.js';
  * - `lazy-pages.ready`: a byte once the daemon listens (its --status-fd, by criu-run). Its socket
  *   is no sign: it exists from the bind, before the listen, and a restore that connects in
  *   between is refused.
- * - `lazy-pages.exit`: the daemon's exit code, written by its shim when it ends.
+ * - `lazy-pages-<token>.exit`: the daemon's exit code, written by its shim when it ends; a name of
+ *   its own for each transfer, since a daemon a rollback replaced may still end after the next
+ *   transfer started.
  * - `lazy-pages.json`: the daemon's shim and, once restored, the tree it serves (TransferRecord),
  *   so that a server started after this one's death finds a transfer still under way: a dump
  *   then would miss every page not yet in (they read as absent, and come back as zeros), and a
@@ -41,19 +44,19 @@ export interface LazyPagesFiles {
   record: string;
 }
 
-/** The transfer files of `workDir`, none of an earlier transfer left. */
+/** The files of a new transfer in `workDir`, none of an earlier one left. */
 export function lazyPagesFiles(workDir: string): LazyPagesFiles {
   mkdirSync(workDir, { recursive: true });
-  const files = filesIn(workDir);
-  for (const f of Object.values(files)) rmSync(f, { force: true });
-  return files;
+  forgetLazyTransfer(workDir);
+  return { ...filesIn(workDir), exit: join(workDir, `lazy-pages-${randomBytes(6).toString('hex')}.exit`) };
 }
 
-const filesIn = (workDir: string): LazyPagesFiles => ({ ready: join(workDir, 'lazy-pages.ready'), exit: join(workDir, 'lazy-pages.exit'), record: join(workDir, 'lazy-pages.json') });
+const filesIn = (workDir: string) => ({ ready: join(workDir, 'lazy-pages.ready'), record: join(workDir, 'lazy-pages.json') });
+const EXIT_FILE = /^lazy-pages-[0-9a-f]{12}\.exit$/;
 
 const ProcessIdentity = z.object({ pid: z.number().int().positive(), startTime: z.string().regex(/^\d+$/) });
 type ProcessIdentity = z.infer<typeof ProcessIdentity>;
-const TransferRecord = z.object({ shim: ProcessIdentity, tree: ProcessIdentity.optional() });
+const TransferRecord = z.object({ shim: ProcessIdentity, exit: z.string().regex(EXIT_FILE), tree: ProcessIdentity.optional() });
 type TransferRecord = z.infer<typeof TransferRecord>;
 
 function writeRecord(file: string, record: TransferRecord): void {
@@ -79,6 +82,13 @@ export function recordLazyTree(workDir: string, tree: ProcessIdentity): void {
 /** A transfer done with success leaves nothing to find. */
 export function forgetLazyTransfer(workDir: string): void {
   for (const f of Object.values(filesIn(workDir))) rmSync(f, { force: true });
+  let names: string[] = [];
+  try {
+    names = readdirSync(workDir);
+  } catch {
+    return; // no work directory: nothing to forget
+  }
+  for (const name of names) if (EXIT_FILE.test(name)) rmSync(join(workDir, name), { force: true });
 }
 
 /** What a server that adopts `tree` finds of a transfer into it that a server before it started:
@@ -93,8 +103,9 @@ export async function lazyTransferLeftBehind(workDir: string, tree: ProcessIdent
   // update; the transfer can only be this tree's (the last launch's).
   if (!r || (r.tree && (r.tree.pid !== tree.pid || r.tree.startTime !== tree.startTime))) return { state: 'none' };
   // Alive first: a shim writes the exit code before it exits.
-  if (await isAlive(r.shim.pid, r.shim.startTime)) return { state: 'running', follow: () => followShim(r.shim, files.exit) };
-  return { state: 'ended', ok: exitCode(files.exit) === 0 };
+  const exitFile = join(workDir, r.exit);
+  if (await isAlive(r.shim.pid, r.shim.startTime)) return { state: 'running', follow: () => followShim(r.shim, exitFile) };
+  return { state: 'ended', ok: exitCode(exitFile) === 0 };
 }
 
 /** The code a shim wrote (none if it wrote none: killed with it, say). */
@@ -163,7 +174,7 @@ export function startLazyPages(opts: { agentPath: string; command: string[]; fil
   const recorded = d.pid.then(async (pid) => {
     const startTime = pid > 0 ? await processStartTime(pid).catch(() => undefined) : undefined;
     if (startTime === undefined) throw new EngineError('RESTORE_FAILED', `the lazy-pages daemon did not start (its log: ${opts.logFile})`);
-    writeRecord(files.record, { shim: { pid, startTime } });
+    writeRecord(files.record, { shim: { pid, startTime }, exit: basename(files.exit) });
   });
   const listening = (async () => {
     const deadline = performance.now() + LISTEN_DEADLINE_MS;
