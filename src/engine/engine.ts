@@ -32,7 +32,7 @@ import { MemoryTracking } from './memory-tracking.js';
 import { COPY_LIMITS, MEMORY_COPY_LIMITS, treeSize } from './upper-copy.js';
 import { killTree, waitGone } from './process-tree.js';
 import { squashLayers } from './squash.js';
-import { forgetLazyTransfer, lazyPagesFiles, lazyTransferLeftBehind, pagesBytes, recordLazyTree, startLazyPages, type LazyPages } from './lazy-pages.js';
+import { forgetLazyTransfer, lazyPagesFiles, lazyTransferLeftBehind, pagesBytes, recordLazyTree, startLazyPages, type FollowedTransfer, type LazyPages } from './lazy-pages.js';
 import { untilDeadline } from '../lib/deadline.js';
 import { AgentError } from './agent/client.js';
 import type { Connections, CriuWorker } from './criu-worker.js';
@@ -514,11 +514,11 @@ export class Engine implements SandboxRuntime {
   /** Watches a lazily restored sandbox's daemon (this server's, or one a server before it
    * started): one that ends without every page in takes the tree with it (its missing pages
    * would read as zeros); one that ends with every page in leaves nothing to find. */
-  private followLazy(id: string, pid: number, startTime: string, lazy: Pick<LazyPages, 'done' | 'kill'>): void {
+  private followLazy(id: string, pid: number, startTime: string, lazy: FollowedTransfer): void {
     const workDir = this.criuWorkDir(id);
     recordLazyTree(workDir, { pid, startTime });
     const done: Promise<void> = lazy.done.then(async (code) => {
-      if (code === 0) return forgetLazyTransfer(workDir);
+      if (code === 0) return forgetLazyTransfer(workDir, lazy.exitFile);
       // A tree stopped or deleted meanwhile ends its daemon's work too.
       if (!isAliveSync(pid, startTime)) return;
       this.log.error({ instance: id, code, log: join(workDir, 'lazy-pages.log') }, 'the lazy-pages daemon ended before all of the sandbox\'s memory was in: the sandbox is killed');
@@ -623,7 +623,7 @@ export class Engine implements SandboxRuntime {
       await killTree(pid, startTime).catch(() => {});
       return undefined;
     }
-    if (transfer.state === 'ended') forgetLazyTransfer(this.criuWorkDir(spec.id));
+    if (transfer.state === 'ended') forgetLazyTransfer(this.criuWorkDir(spec.id), transfer.exitFile);
     let sb: Sandbox;
     try {
       sb = await this.attach(spec, { pid, startTime });

@@ -79,9 +79,16 @@ export function recordLazyTree(workDir: string, tree: ProcessIdentity): void {
   if (r) writeRecord(record, { ...r, tree });
 }
 
-/** A transfer done with success leaves nothing to find. */
-export function forgetLazyTransfer(workDir: string): void {
-  for (const f of Object.values(filesIn(workDir))) rmSync(f, { force: true });
+/** A transfer done with success leaves nothing to find: the one whose exit file is `exitFile`
+ * (only its own file, if the record is a later transfer's by now: a rollback's, say), or
+ * whatever is there (before a new transfer). */
+export function forgetLazyTransfer(workDir: string, exitFile?: string): void {
+  const files = filesIn(workDir);
+  if (exitFile !== undefined) {
+    rmSync(exitFile, { force: true });
+    if (readRecord(files.record)?.exit !== basename(exitFile)) return;
+  }
+  for (const f of Object.values(files)) rmSync(f, { force: true });
   let names: string[] = [];
   try {
     names = readdirSync(workDir);
@@ -94,7 +101,10 @@ export function forgetLazyTransfer(workDir: string): void {
 /** What a server that adopts `tree` finds of a transfer into it that a server before it started:
  * none (or one of an earlier tree), one still under way (its shim alive), or one that ended, with
  * success or not (a daemon killed with its shim wrote no exit code: not). */
-export type LeftTransfer = { state: 'none' } | { state: 'running'; follow: () => Pick<LazyPages, 'done' | 'kill'> } | { state: 'ended'; ok: boolean };
+export type LeftTransfer = { state: 'none' } | { state: 'running'; follow: () => FollowedTransfer } | { state: 'ended'; ok: boolean; exitFile: string };
+
+/** A transfer as its follower sees it: its end, a way to end it, and its exit file. */
+export type FollowedTransfer = Pick<LazyPages, 'done' | 'kill' | 'exitFile'>;
 
 export async function lazyTransferLeftBehind(workDir: string, tree: ProcessIdentity): Promise<LeftTransfer> {
   const files = filesIn(workDir);
@@ -105,7 +115,7 @@ export async function lazyTransferLeftBehind(workDir: string, tree: ProcessIdent
   // Alive first: a shim writes the exit code before it exits.
   const exitFile = join(workDir, r.exit);
   if (await isAlive(r.shim.pid, r.shim.startTime)) return { state: 'running', follow: () => followShim(r.shim, exitFile) };
-  return { state: 'ended', ok: exitCode(exitFile) === 0 };
+  return { state: 'ended', ok: exitCode(exitFile) === 0, exitFile };
 }
 
 /** The code a shim wrote (none if it wrote none: killed with it, say). */
@@ -124,7 +134,7 @@ const FOLLOW_POLL_MS = 20;
 
 /** A transfer left behind, followed by its shim (not the server's child): its exit code once the
  * shim is gone (-1 if it left none). */
-function followShim(shim: ProcessIdentity, exitFile: string): Pick<LazyPages, 'done' | 'kill'> {
+function followShim(shim: ProcessIdentity, exitFile: string): FollowedTransfer {
   const done = (async () => {
     // Unref'd: a server shutting down does not wait for a transfer it only follows.
     while (await isAlive(shim.pid, shim.startTime)) await new Promise((r) => setTimeout(r, FOLLOW_POLL_MS).unref());
@@ -138,7 +148,7 @@ function followShim(shim: ProcessIdentity, exitFile: string): Pick<LazyPages, 'd
       // gone meanwhile
     }
   };
-  return { done, kill };
+  return { done, kill, exitFile };
 }
 
 /** How long the daemon may take to listen: its start-up is a CRIU's (~10-20 ms here). */
@@ -160,6 +170,8 @@ export interface LazyPages {
   listening: Promise<void>;
   /** The daemon's exit code: 0 once every page of the tree is in. */
   done: Promise<number>;
+  /** Where its shim writes that code. */
+  exitFile: string;
   kill(): void;
 }
 
@@ -187,5 +199,5 @@ export function startLazyPages(opts: { agentPath: string; command: string[]; fil
     }
   })();
   listening.catch(() => {});
-  return { listening, done: d.exit, kill: d.kill };
+  return { listening, done: d.exit, kill: d.kill, exitFile: files.exit };
 }
