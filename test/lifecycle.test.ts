@@ -4,7 +4,7 @@ import { readFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cgroupMounts } from '../src/engine/cgroup-moves.js';
-import { overlaysUnder, startServer, type TestServer } from './helpers/server.js';
+import { eventually, overlaysUnder, startServer, type TestServer } from './helpers/server.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 let s: TestServer;
@@ -48,6 +48,24 @@ describe('instance lifecycle', () => {
     expect((await s.api('POST', `/instances/${inst.id}/exec`, { command: 'true' })).body.error.code).toBe('CONFLICT');
     const started = await s.api('POST', `/instances/${inst.id}/start`);
     expect(started.body.status).toBe('running');
+    expect((await s.exec(inst.id, { command: 'cat /root/file; ps -o args | grep -c "[s]leep 999"' })).stdout).toBe('kept\n0\n');
+  });
+
+  it('a sandbox whose PID 1 is killed from the host (as an out-of-memory kill would) stops: its instance says why, nothing of it stays running or mounted, a call answers 409, a start boots it on its disk', async () => {
+    const inst = await s.instance({ name: 'killed' });
+    await s.exec(inst.id, { command: 'echo kept > /root/file' });
+    await s.api('POST', `/instances/${inst.id}/processes`, { command: 'exec sleep 999' });
+    const pid = s.engine.sandbox(inst.id)!.pid;
+    process.kill(pid, 'SIGKILL');
+    await eventually(async () => (await s.api('GET', `/instances/${inst.id}`)).body.status === 'stopped');
+    const view = (await s.api('GET', `/instances/${inst.id}`)).body;
+    expect(view.error).toContain(`host pid ${pid}`);
+    expect(s.engine.sandbox(inst.id)).toBeUndefined();
+    expect(await overlaysUnder(s.engine.layout.instance(inst.id))).toEqual([]);
+    const call = await s.api('POST', `/instances/${inst.id}/exec`, { command: 'true' });
+    expect([call.status, call.body.error.code, call.body.error.details?.status]).toEqual([409, 'CONFLICT', 'stopped']);
+    const started = await s.api('POST', `/instances/${inst.id}/start`);
+    expect([started.body.status, started.body.error]).toEqual(['running', null]);
     expect((await s.exec(inst.id, { command: 'cat /root/file; ps -o args | grep -c "[s]leep 999"' })).stdout).toBe('kept\n0\n');
   });
 

@@ -39,7 +39,7 @@ export class SandboxAccess {
     let rec = await this.instances.get(owner, id);
     if (rec.status === 'hibernated') rec = await this.instances.wake(owner, id);
     const sb = this.instances.live(id);
-    if (rec.status !== 'running' || !sb) throw new ConflictError(`instance ${id} is ${rec.status}, not running`, { status: rec.status });
+    if (rec.status !== 'running' || !sb) throw new ConflictError(`instance ${id} is ${rec.status}, not running${rec.error ? ` (${rec.error})` : ''}`, { status: rec.status });
     this.touch(id);
     return { sb, rec };
   }

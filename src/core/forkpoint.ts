@@ -141,6 +141,8 @@ export class Forkpoint {
   /** The nodes sharing the store, and where each instance is. */
   readonly cluster: Cluster;
   private previewLinks: PreviewLinks | undefined;
+  /** Stops the engine telling of sandboxes that ended on their own (see start). */
+  private stopWatchingEnds: (() => void) | undefined;
   private hostLocks: HostLocks | undefined;
   /** Shutting down: not ready for new work. */
   private draining = false;
@@ -312,6 +314,9 @@ export class Forkpoint {
     await this.ports.restore();
     this.access.startIdleMonitor();
     this.expiry.start();
+    this.stopWatchingEnds = this.engine.onSandboxEnded((end) => {
+      void this.instances.sandboxEnded(end).catch((err: unknown) => this.log.error({ err, instance: end.id }, 'could not stop an instance whose sandbox ended'));
+    });
   }
 
   /** Ends an instance whose lifetime is over, as it asked: hibernated or stopped (a running
@@ -467,6 +472,7 @@ export class Forkpoint {
     await this.cluster.leave();
     this.access.stopIdleMonitor();
     this.expiry.stop();
+    this.stopWatchingEnds?.();
     await this.durable.idle();
     this.durable.close();
     this.ports.closeAll();

@@ -2,8 +2,7 @@ import { UidRangePool, UidRangesExhaustedError } from './uid-ranges.js';
 import { checkAgainstHost, checkOwnerQuota, hostCapacity, ownerQuotaOf, type HostCapacity, type OwnerUsage } from './quotas.js';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
-import type { SandboxSpec } from '../seam/runtime.js';
-import type { SandboxRuntime } from '../seam/runtime.js';
+import type { SandboxEnd, SandboxRuntime, SandboxSpec } from '../seam/runtime.js';
 import type { SandboxHandle } from '../seam/sandbox.js';
 import type { Store } from '../store/index.js';
 import { newId } from '../store/ids.js';
@@ -602,6 +601,28 @@ export class InstanceService {
     });
     this.events.emit(id, 'instance.stopped');
     return rec;
+  }
+
+  /** The instance's sandbox ended on its own (SandboxRuntime.onSandboxEnded): it stops as a stop
+   * would stop it, its disk kept, and its `error` says why; a start boots it again. An operation
+   * that held the instance when the end was seen (a checkpoint, a rollback, a stop) went first:
+   * if it put another PID 1 in place, or the instance is no longer running here, nothing is
+   * done. Answers whether the instance was stopped. */
+  async sandboxEnded(end: SandboxEnd): Promise<boolean> {
+    const stopped = await this.locks.run(end.id, async () => {
+      const sb = this.engine.sandbox(end.id);
+      if (sb !== end.sandbox || sb.pid !== end.pid || sb.startTime !== end.startTime) return false;
+      const rec = await this.store.instances.get(end.id);
+      if (!rec || rec.status !== 'running' || !this.isLocal(rec)) return false;
+      await this.engine.stop(end.id);
+      await this.lifecycle.move(end.id, 'stop', { pid: null, pidStart: null, error: end.reason });
+      return true;
+    });
+    if (stopped) {
+      this.log.warn({ instance: end.id, pid: end.pid, reason: end.reason }, 'sandbox ended on its own; instance stopped');
+      this.events.emit(end.id, 'instance.stopped', { reason: end.reason });
+    }
+    return stopped;
   }
 
   /** Lets go of the instance for another node to take (a drain, once a durable checkpoint of

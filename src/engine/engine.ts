@@ -36,7 +36,8 @@ import { forgetLazyTransfer, lazyPagesFiles, lazyTransferLeftBehind, pagesBytes,
 import { untilDeadline } from '../lib/deadline.js';
 import { AgentError } from './agent/client.js';
 import type { Connections, CriuWorker } from './criu-worker.js';
-import type { FreezeResult, RuntimeHealth, SandboxRuntime, SandboxSpec, SandboxUsage, VolumeMount } from '../seam/runtime.js';
+import type { FreezeResult, RuntimeHealth, SandboxEnd, SandboxRuntime, SandboxSpec, SandboxUsage, VolumeMount } from '../seam/runtime.js';
+import { EndWatch } from './end-watch.js';
 import { EMPTY_BASE } from '../seam/runtime.js';
 
 import { Network, type SandboxNetwork } from './network/index.js';
@@ -114,6 +115,8 @@ export class Engine implements SandboxRuntime {
   readonly disk: Disk;
   private readonly mounter: Mounter;
   private readonly live = new Map<string, Sandbox>();
+  /** Live sandboxes whose PID 1 ends unasked (standbys are the warm pool's to judge). */
+  private readonly ends = new EndWatch(() => [...this.live.values()].filter((sb) => !this.standing.has(sb.id)));
   private readonly restorers = new RestorerPool(() => this.startRestorer());
   /** Starts the engine's processes without stalling the event loop (spawner.ts). */
   private readonly spawner: Spawner;
@@ -218,6 +221,10 @@ export class Engine implements SandboxRuntime {
 
   sandbox(id: string): Sandbox | undefined {
     return this.live.get(id);
+  }
+
+  onSandboxEnded(listener: (end: SandboxEnd) => void): () => void {
+    return this.ends.listen(listener);
   }
 
   liveIds(): string[] {
@@ -1257,6 +1264,7 @@ export class Engine implements SandboxRuntime {
   }
 
   async shutdown(): Promise<void> {
+    this.ends.stop();
     await Promise.all(this.leftBehind);
     this.network.close();
     await this.volumeFileAgents.endAll();

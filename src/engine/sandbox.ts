@@ -112,6 +112,17 @@ export class Sandbox implements SandboxHandle {
     return AgentClient.over(await connectToAgent(this.pid, this.startTime), client);
   }
 
+  /** Whether a pause (a checkpoint, a rollback) or a stop is under way or done: its PID 1 may be
+   * gone for a reason of the engine's own. */
+  get busyOrStopped(): boolean {
+    return this.gate !== undefined || this.stopped;
+  }
+
+  /** Why the engine killed the sandbox's processes itself (`lose`), if it did. */
+  get lostBecause(): string | undefined {
+    return this.broken?.code === 'MEMORY_LOST' ? this.broken.message : undefined;
+  }
+
   /** The sandbox's processes were killed for `why` (its memory could not all be restored): every
    * call fails with it from now on, and what waits on a process is told. */
   lose(why: EngineError): void {

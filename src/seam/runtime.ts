@@ -237,6 +237,19 @@ export interface RuntimeHealth {
   incrementalCheckpoints: 'on' | 'off';
 }
 
+/** A live sandbox whose PID 1 ended though nothing asked it to: killed from the host or by the
+ * kernel (an out-of-memory kill), its agent failed, or its processes killed by the engine because
+ * its memory could not all be restored. */
+export interface SandboxEnd {
+  id: string;
+  /** The handle, and the PID 1 that ended: an operation that replaced either since decides. */
+  sandbox: SandboxHandle;
+  pid: number;
+  startTime: string;
+  /** Why, for a person: what the instance's `error` says. */
+  reason: string;
+}
+
 /**
  * The engine's public surface: everything the core may ask of the machine that runs sandboxes.
  * The local engine (engine.ts) implements it; the core knows nothing else of it — not its
@@ -268,6 +281,9 @@ export interface SandboxRuntime {
   thaw(id: string): Promise<void>;
   /** The live sandbox of an instance, if it runs here. */
   sandbox(id: string): SandboxHandle | undefined;
+  /** Tells `listener`, once each and within a few seconds, of live sandboxes whose PID 1 ended
+   * while no stop, pause or rollback was under way; the returned function stops telling. */
+  onSandboxEnded(listener: (end: SandboxEnd) => void): () => void;
   boot(spec: SandboxSpec, opts: { freshUpper: boolean }): Promise<SandboxHandle>;
   /** Restores the memory image of checkpoint (or hibernation) `imagesId` as the instance. */
   restore(spec: SandboxSpec, imagesId: string, opts: { setHostname: boolean; connections: Connections }): Promise<SandboxHandle>;

@@ -17,6 +17,7 @@ import {
   type NetworkRuntime,
   type NodeDisk,
   type ProcessListener,
+  type SandboxEnd,
   type WatchListener,
   type WatchOp,
   type RuntimeHealth,
@@ -87,6 +88,8 @@ export class FakeHost {
   readonly running = new Map<string, HostSandbox>();
   /** Sandboxes whose processes are frozen (a fenced node's). */
   readonly frozen = new Set<string>();
+  /** Sandboxes whose PID 1 died (endSandbox): their calls fail as an unreachable agent's. */
+  readonly ended = new Set<string>();
   /** The most entries an upper may hold for a files-only checkpoint to copy it (the real
    * engine's COPY_LIMITS); beyond, it is frozen by rename. */
   upperCopyLimit = Infinity;
@@ -124,6 +127,7 @@ export class FakeHost {
 
   kill(id: string): void {
     this.frozen.delete(id);
+    this.ended.delete(id);
     const h = this.running.get(id);
     if (h) for (const p of h.memory.procs.values()) p.running = false;
     this.running.delete(id);
@@ -409,6 +413,7 @@ export class FakeSandbox implements SandboxHandle {
     const h = this.host.running.get(this.id);
     if (!h || this.stopped) throw new EngineError('NOT_RUNNING', `sandbox ${this.id} stopped`);
     if (this.host.frozen.has(this.id)) throw new EngineError('AGENT_UNREACHABLE', `sandbox ${this.id} is frozen`);
+    if (this.host.ended.has(this.id)) throw new EngineError('AGENT_UNREACHABLE', `the agent of ${this.id} is gone`);
     return h;
   }
 
@@ -662,6 +667,22 @@ export class FakeEngine implements SandboxRuntime {
 
   sandbox(id: string): FakeSandbox | undefined {
     return this.live.get(id);
+  }
+
+  private readonly endListeners = new Set<(end: SandboxEnd) => void>();
+  onSandboxEnded(listener: (end: SandboxEnd) => void): () => void {
+    this.endListeners.add(listener);
+    return () => this.endListeners.delete(listener);
+  }
+
+  /** The sandbox's PID 1 dies (a kill from the host, say), and the engine tells of it as the
+   * real one's EndWatch would. */
+  endSandbox(id: string, reason = 'its PID 1 was killed'): void {
+    const sb = this.live.get(id);
+    if (!sb) throw new Error(`no live sandbox ${id}`);
+    const end: SandboxEnd = { id, sandbox: sb, pid: sb.pid, startTime: sb.startTime, reason };
+    this.host.ended.add(id);
+    for (const listener of this.endListeners) listener(end);
   }
 
   liveIds(): string[] {

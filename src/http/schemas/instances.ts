@@ -146,7 +146,7 @@ export const Instance = z
     source_instance_id: z.string().nullable().describe('for a fork: the instance it was forked from'),
     source_checkpoint_id: z.string().nullable().describe('for a fork: the checkpoint it was forked from'),
     warm_fork: z.boolean().describe('it took a sandbox made ahead (restored from its checkpoint for a fork, booted from its image for a create) instead of being restored or booted on the call'),
-    error: z.string().nullable().describe('why the instance is in `error`'),
+    error: z.string().nullable().describe('why the instance is in `error`, or why a `stopped` one stopped when nothing asked it to (its sandbox ended on its own); null once it runs again'),
     node: z.string().nullable().describe('the node its disk and processes are on (any node answers calls for it)'),
     user_namespace: z.boolean().describe("its processes run in a user namespace of their own (root inside is an unprivileged range of host ids); false: as the host's ids"),
     volumes: z.array(InstanceVolume).describe('the persistent volumes it mounts'),
