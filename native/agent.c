@@ -34,6 +34,9 @@
 #define RING_CAP (256u << 10)
 #define CONN_HIGH_WATER (1u << 20)
 #define MAX_EXITED_KEPT 128
+/* Input a process has not read yet, per process: an exec's stdin (at most 8 Mi characters of
+ * UTF-8) fits, and the agent's memory is the sandbox's own. */
+#define STDIN_BACKLOG_MAX (32u << 20)
 
 struct ring {
   char *buf;
@@ -51,6 +54,11 @@ struct proc {
   int exited, code, sig;
   long exited_seq;
   struct ring out, err;
+  /* Input written as the process reads it (never blocking the agent on a process that does
+   * not): in_buf[in_off..in_len); in_eof: close stdin (a PTY: send ^D) once it is all written. */
+  char *in_buf;
+  uint32_t in_off, in_len, in_cap;
+  int in_eof;
   struct conn *subs[MAX_SUBS];
   char cmd[96];
 };
@@ -168,6 +176,7 @@ static void proc_free(struct proc *p) {
   if (p->err_fd >= 0) close(p->err_fd);
   free(p->out.buf);
   free(p->err.buf);
+  free(p->in_buf);
   memset(p, 0, sizeof(*p));
   p->pty = p->pty_slave = p->in_fd = p->out_fd = p->err_fd = -1;
 }
@@ -234,6 +243,9 @@ static void proc_exited(struct proc *p, int status) {
     if (p->out_fd >= 0) drain_fd(p, &p->out_fd, 1);
     if (p->err_fd >= 0) drain_fd(p, &p->err_fd, 2);
   }
+  free(p->in_buf);
+  p->in_buf = NULL;
+  p->in_off = p->in_len = p->in_cap = 0;
   p->exited = 1;
   p->exited_seq = ++exit_seq;
   p->code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -296,32 +308,65 @@ static void do_spawn(struct conn *c, struct fp_header *h, char *pl, const struct
   send_frame(c, FP_T_SPAWNED, 0, p->id, &pid32, 4);
 }
 
+/* The end of a process's input: a pipe is closed; on a PTY, ^D at the start of a line is end of
+ * input (the terminal stays: its output is still read). */
+static void stdin_end(struct proc *p) {
+  if (p->pty >= 0) {
+    char eot = 4;
+    if (write(p->pty, &eot, 1)) {}
+  } else if (p->in_fd >= 0) {
+    close(p->in_fd), p->in_fd = -1;
+  }
+  p->in_eof = 0;
+}
+
+static int stdin_fd(const struct proc *p) { return p->pty >= 0 ? p->pty : p->in_fd; }
+
+/* Writes what the process will take of its pending input now (its fd is non-blocking): a
+ * process that does not read holds up its own input only. Input its reader closed (EPIPE) is
+ * dropped, as a blocking write's was. */
+static void stdin_flush(struct proc *p) {
+  int fd = stdin_fd(p);
+  while (fd >= 0 && p->in_off < p->in_len) {
+    ssize_t n = write(fd, p->in_buf + p->in_off, p->in_len - p->in_off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) break;
+    p->in_off += (uint32_t)n;
+  }
+  p->in_off = p->in_len = 0;
+  if (p->in_eof) stdin_end(p);
+}
+
+static int stdin_pending(const struct proc *p) { return p->in_off < p->in_len && stdin_fd(p) >= 0; }
+
 static void do_stdin(struct conn *c, struct fp_header *h, char *pl) {
   struct proc *p = proc_by_id(h->id);
   if (!p) return send_error(c, h->id, ESRCH, "no such process");
-  int fd = p->pty >= 0 ? p->pty : p->in_fd;
+  if (p->exited) return; /* nobody reads it any more */
   if (h->len == 0) {
-    if (p->pty >= 0) {
-      char eot = 4; /* ^D at the start of a line is end of input on a terminal */
-      if (write(fd, &eot, 1)) {}
-    } else if (p->in_fd >= 0) {
-      close(p->in_fd), p->in_fd = -1;
-    }
+    p->in_eof = 1;
+    if (!stdin_pending(p)) stdin_end(p);
     return;
   }
-  if (fd < 0) return send_error(c, h->id, EPIPE, "stdin closed");
-  /* Blocking write: stdin is small (exec bodies, keystrokes); a stuck reader is the
-   * client's own problem and the agent cannot lose bytes it already acknowledged. */
-  int fl = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-  uint32_t off = 0;
-  while (off < h->len) {
-    ssize_t n = write(fd, pl + off, h->len - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    off += (uint32_t)n;
+  if (stdin_fd(p) < 0 || p->in_eof) return send_error(c, h->id, EPIPE, "stdin closed");
+  uint32_t queued = p->in_len - p->in_off;
+  if (queued + h->len > STDIN_BACKLOG_MAX)
+    return send_error(c, h->id, ENOBUFS, "the process has not read 32 MiB of its input: more is refused");
+  if (p->in_off > 0) {
+    memmove(p->in_buf, p->in_buf + p->in_off, queued);
+    p->in_off = 0, p->in_len = queued;
   }
-  fcntl(fd, F_SETFL, fl);
+  if (p->in_len + h->len > p->in_cap) {
+    uint32_t want = p->in_cap ? p->in_cap : 4096;
+    while (want < p->in_len + h->len) want *= 2;
+    char *nb = realloc(p->in_buf, want);
+    if (!nb) return send_error(c, h->id, ENOMEM, "no memory for the process's input");
+    p->in_buf = nb, p->in_cap = want;
+  }
+  memcpy(p->in_buf + p->in_len, pl, h->len);
+  p->in_len += h->len;
+  stdin_flush(p);
 }
 
 static void do_signal(struct conn *c, struct fp_header *h, char *pl) {
@@ -566,7 +611,7 @@ static int agent_run(int conn_fd) {
     if (listen_fd < 0) return 1;
   }
 
-  enum { MAX_POLLED = 1 + MAX_CONNS + MAX_PROCS * 3 + MAX_WATCH_FDS };
+  enum { MAX_POLLED = 1 + MAX_CONNS + MAX_PROCS * 4 + MAX_WATCH_FDS };
   struct pollfd pfds[MAX_POLLED];
   void *owners[MAX_POLLED];
   uint8_t kinds[MAX_POLLED];
@@ -590,7 +635,13 @@ static int agent_run(int conn_fd) {
     }
     for (int i = 0; i < MAX_PROCS; i++) {
       struct proc *p = &procs[i];
-      if (p->pid <= 0 || p->exited || proc_blocked(p)) continue;
+      if (p->pid <= 0 || p->exited) continue;
+      if (stdin_pending(p)) {
+        pfds[n] = (struct pollfd){.fd = stdin_fd(p), .events = POLLOUT};
+        owners[n] = p;
+        kinds[n++] = 6;
+      }
+      if (proc_blocked(p)) continue;
       int fds[3] = {p->pty, p->out_fd, p->err_fd};
       for (int k = 0; k < 3; k++) {
         if (fds[k] < 0) continue;
@@ -631,6 +682,10 @@ static int agent_run(int conn_fd) {
       } else {
         struct proc *p = owners[i];
         if (p->pid <= 0 || p->exited) continue;
+        if (kinds[i] == 6) {
+          stdin_flush(p);
+          continue;
+        }
         if (kinds[i] == 2 && p->pty >= 0) drain_fd(p, &p->pty, 1);
         if (kinds[i] == 3 && p->out_fd >= 0) drain_fd(p, &p->out_fd, 1);
         if (kinds[i] == 4 && p->err_fd >= 0) drain_fd(p, &p->err_fd, 2);

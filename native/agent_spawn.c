@@ -146,7 +146,8 @@ int spawn_start(const struct spawn_request *r, struct spawned *s, char *msg, siz
   } else {
     close(inp[0]), close(outp[1]), close(errp[1]);
     s->in_fd = inp[1], s->out_fd = outp[0], s->err_fd = errp[0];
-    set_nonblock(s->out_fd), set_nonblock(s->err_fd);
+    /* stdin too: the agent writes what the process reads, never waiting for it (agent.c). */
+    set_nonblock(s->in_fd), set_nonblock(s->out_fd), set_nonblock(s->err_fd);
   }
   snprintf(s->cmd, sizeof(s->cmd), "%s", r->argv[0]);
   for (size_t i = 0; s->cmd[i]; i++)

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -31,6 +32,22 @@ describe('exec', () => {
   it('feeds stdin', async () => {
     const r = await s.exec(id, { command: 'tr a-z A-Z', stdin: 'shout\n' });
     expect(r.stdout).toBe('SHOUT\n');
+  });
+
+  it('attack: a command that does not read its stdin holds up nothing else; another exec answers meanwhile, and the input arrives whole, in order, once read', async () => {
+    // 6 MiB: many times what a pipe holds, so the agent keeps the rest until the command reads.
+    const input = Array.from({ length: 6 * 1024 }, (_, i) => `${String(i).padStart(1023, '.')}\n`).join('');
+    const expected = createHash('sha256').update(input).digest('hex');
+    let slowDone = false;
+    const slow = s.exec(id, { command: 'touch /tmp/started; while [ ! -e /tmp/read-now ]; do sleep 0.05; done; sha256sum | cut -d" " -f1', stdin: input, timeout_ms: 60_000 }).finally(() => (slowDone = true));
+    // Started, its input sent after its start: an agent that waited on it would answer no more.
+    await eventually(async () => (await s.exec(id, { command: 'test -e /tmp/started && echo yes', timeout_ms: 10_000 })).stdout === 'yes\n');
+    const other = await s.exec(id, { command: 'echo other', timeout_ms: 10_000 });
+    expect([other.exit_code, other.stdout, other.timed_out]).toEqual([0, 'other\n', false]);
+    expect(slowDone, 'the other exec waited for the command that does not read').toBe(false);
+    await s.exec(id, { command: 'touch /tmp/read-now' });
+    const r = await slow;
+    expect([r.exit_code, r.stdout]).toEqual([0, `${expected}\n`]);
   });
 
   it('runs as a user of the sandbox, by name or uid (Docker\'s exec --user); an unknown one is a 400 and runs nothing', async () => {
