@@ -27,6 +27,21 @@ static const char *payload_path(struct fp_header *h, char *pl, uint32_t skip) {
   return z ? pl + skip : NULL;
 }
 
+/* Opens PATH to write a file's bytes: O_NONBLOCK, so that a FIFO the sandbox put there (with no
+ * reader) is refused at once instead of holding the agent until one comes, and then a regular
+ * file or nothing (a FIFO with a reader, a device: writes to them could block the agent too). */
+static int open_for_write(const char *path, int oflags, uint32_t mode) {
+  int fd = open(path, oflags | O_NONBLOCK | O_NOCTTY, mode & 07777);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  return fd;
+}
+
 void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
   uint32_t mode;
   const char *path = payload_path(h, pl, 4);
@@ -34,7 +49,7 @@ void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
   memcpy(&mode, pl, 4);
   const char *data = path + strlen(path) + 1;
   uint32_t n = (uint32_t)(pl + h->len - data);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
+  int fd = open_for_write(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0 && errno == ENOENT) {
     char dir[4096];
     snprintf(dir, sizeof(dir), "%s", path);
@@ -42,10 +57,10 @@ void do_write_file(struct conn *c, struct fp_header *h, char *pl) {
     if (slash && slash != dir) {
       *slash = 0;
       mkdir(dir, 0700);
-      fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
+      fd = open_for_write(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
     }
   }
-  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  if (fd < 0) return send_error(c, h->id, errno, errno == EINVAL ? "not a regular file" : strerror(errno));
   uint32_t off = 0;
   while (off < n) {
     ssize_t w = write(fd, data + off, n - off);
@@ -176,8 +191,8 @@ void do_write_at(struct conn *c, struct fp_header *h, char *pl) {
   const char *data = path + strlen(path) + 1;
   uint32_t n = (uint32_t)(pl + h->len - data);
   int oflags = O_WRONLY | O_CLOEXEC | ((flags & FP_WRITE_TRUNCATE) ? O_CREAT | O_TRUNC : 0);
-  int fd = open(path, oflags, mode & 07777);
-  if (fd < 0) return send_error(c, h->id, errno, strerror(errno));
+  int fd = open_for_write(path, oflags, mode);
+  if (fd < 0) return send_error(c, h->id, errno, errno == EINVAL ? "not a regular file" : strerror(errno));
   uint32_t off = 0;
   while (off < n) {
     ssize_t w = pwrite(fd, data + off, n - off, (off_t)(offset + off));

@@ -50,6 +50,16 @@ describe('exec', () => {
     expect([r.exit_code, r.stdout]).toEqual([0, `${expected}\n`]);
   });
 
+  it('attack: a FIFO (with or without a reader) or a device where the engine writes a whole file is refused at once, not waited on: the agent answers on', async () => {
+    await s.exec(id, { command: 'mkfifo /root/no-reader /root/read-held; (exec 3</root/read-held; sleep 30) >/dev/null 2>&1 & sleep 0.2' });
+    const sb = s.engine.sandbox(id)!;
+    for (const path of ['/root/no-reader', '/root/read-held', '/dev/null']) {
+      await expect(sb.call((a) => a.writeFile(path, Buffer.from('x'))), path).rejects.toThrow();
+      await expect(sb.call((a) => a.writeAt(path, 0, Buffer.from('x'), { truncate: true, mode: 0o644 })), path).rejects.toThrow();
+    }
+    expect((await s.exec(id, { command: 'echo still; pkill -f "sleep 30"; rm /root/no-reader /root/read-held', timeout_ms: 10_000 })).stdout).toBe('still\n');
+  });
+
   it('runs as a user of the sandbox, by name or uid (Docker\'s exec --user); an unknown one is a 400 and runs nothing', async () => {
     const r = await s.exec(id, { command: 'id -u; id -g; echo $HOME $USER; touch /tmp/by-nobody; stat -c %u /tmp/by-nobody; touch /root/x', user: 'nobody' });
     expect(r.stdout).toBe('65534\n65534\n/nonexistent nobody\n65534\n');
