@@ -659,6 +659,15 @@ static int agent_run(int conn_fd) {
       if (kinds[i] == 0) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) continue;
+        /* The server's connections come from outside the sandbox's pid namespace (their pid reads
+         * 0 here); one of the sandbox's own processes (its root may open the socket) could only
+         * take the connection slots the server needs. */
+        struct ucred peer;
+        socklen_t peer_len = sizeof(peer);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.pid != 0) {
+          close(fd);
+          continue;
+        }
         prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* again, after a dump (see FP_T_PING) */
         int slot = -1;
         for (int k = 0; k < MAX_CONNS; k++)

@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { execa } from 'execa';
 import { buildAttackKit, installKit, KIT, type AttackKit } from './helpers/attack-kit.js';
-import { bothOrUndo, sleep, startServer, type TestServer } from './helpers/server.js';
+import { bothOrUndo, eventually, sleep, startServer, type TestServer } from './helpers/server.js';
 
 let s: TestServer;
 let kit: AttackKit;
@@ -292,6 +292,23 @@ describe('finding 5: a malformed frame from the agent closes that connection, no
     expect((await s.api('GET', '/healthz', undefined, {})).status).toBe(200);
     expect((await s.exec(victim.id, { command: 'echo still alive' })).stdout).toBe('still alive\n');
     expect((await s.api('DELETE', `/instances/${fake.id}`)).status).toBe(204);
+  });
+});
+
+describe('the agent\'s socket is the server\'s', () => {
+  it('attack: a sandbox process that opens 40 connections to its agent has each closed at once; the server still reaches the agent after checkpoints (new connections each)', async () => {
+    const inst = await s.instance({ name: 'slot-taker' });
+    await installKit(s, inst.id, kit);
+    const proc = (await s.api('POST', `/instances/${inst.id}/processes`, { command: `${KIT} agentconns 40 30` })).body.process_id;
+    const seen = await eventually(async () => /agentconns: made (\d+) closed (\d+)/.exec((await s.api('GET', `/instances/${inst.id}/processes/${proc}/output`)).body.stdout ?? '') ?? undefined);
+    expect(Number(seen[1]), seen[0]).toBe(40);
+    expect(Number(seen[2]), seen[0]).toBe(40);
+    // A checkpoint closes the server's connections and makes new ones, the process still there.
+    for (let i = 0; i < 3; i++) {
+      expect((await s.api('POST', `/instances/${inst.id}/checkpoints?wait=true`, { memory: true })).body.status).toBe('ready');
+      expect((await s.exec(inst.id, { command: 'echo reached' })).stdout).toBe('reached\n');
+    }
+    expect((await s.api('DELETE', `/instances/${inst.id}`)).status).toBe(204);
   });
 });
 
