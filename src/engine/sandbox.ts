@@ -169,7 +169,8 @@ export class Sandbox implements SandboxHandle {
         return client;
       } catch (err) {
         if (this.broken) throw this.broken;
-        if (Date.now() > deadline) {
+        // A PID 1 that is gone will not start listening: said at once, not at the deadline.
+        if (Date.now() > deadline || !isAliveSync(this.pid, this.startTime)) {
           throw new EngineError('AGENT_UNREACHABLE', `agent of ${this.id}: ${(err as Error).message}`, undefined, { cause: err });
         }
         await new Promise((r) => setTimeout(r, 2));

@@ -48,4 +48,11 @@ describe('EndWatch', () => {
       stop();
     }
   });
+
+  it('a connection to a sandbox whose PID 1 is gone fails at once (AGENT_UNREACHABLE), not at its deadline', async () => {
+    const gone = await sandboxOf('inst_gone');
+    await gone.kill();
+    // A minute's deadline: the test's own timeout (20 s) fails it if the connection waits it out.
+    await expect(gone.sb.connect(60_000)).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
+  });
 });
