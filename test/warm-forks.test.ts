@@ -153,6 +153,23 @@ describe('warm forks', () => {
     for (const id of [a.id, b.id, rc.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
   });
 
+  it('a standby whose PID 1 is killed from the host while it is held is not handed out: the create boots instead, the dead standby removed', async () => {
+    const imageStandbys = () => s.fp.warm.held().filter((h) => h.key === 'image:default');
+    const a = await s.instance({});
+    await s.fp.warm.settled();
+    const [standby] = imageStandbys();
+    expect(standby).toBeDefined();
+    const pid = s.engine.sandbox(standby!.id)!.pid;
+    // Frozen, it keeps the SIGKILL pending until thawed: the take must see it coming.
+    process.kill(pid, 'SIGKILL');
+    const b = (await s.api('POST', '/instances', { name: 'after-a-dead-standby' })).body;
+    expect(b.id).not.toBe(standby!.id);
+    expect([b.status, b.warm_fork]).toEqual(['running', false]);
+    expect((await sh(b.id, 'hostname')).stdout).toBe('after-a-dead-standby\n');
+    expect((await s.api('GET', `/instances/${standby!.id}`)).status).toBe(404);
+    for (const id of [a.id, b.id]) expect((await s.api('DELETE', `/instances/${id}`)).status).toBe(204);
+  });
+
   it('a server killed (-9) while it holds a standby removes it at its next start: its processes, disk and record', async () => {
     const dataDir = await mkdtemp(join(tmpdir(), 'forkpoint-warm-test-'));
     const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(`${dataDir}/instances/`)).length;

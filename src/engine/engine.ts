@@ -7,7 +7,7 @@ import { ensureAgentLayer } from './agent-layer.js';
 import { Cgroups, type ResourceLimits } from './cgroups.js';
 import { Criu, lastError, tail } from './criu.js';
 import { EngineError } from '../seam/errors.js';
-import { criuEnv, isAlive, isAliveSync, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
+import { criuEnv, isAlive, isAliveSync, isLastingSync, launchUnderShim, processStartTime, worker, workerUnderShim, type Launched } from './launcher.js';
 import { registerSpawner, Spawner } from './spawner.js';
 import { RestorerPool, type Restorer } from './restorers.js';
 import { DataLayout } from '../lib/data-layout.js';
@@ -254,6 +254,9 @@ export class Engine implements SandboxRuntime {
   async activate(id: string, opts: { hostname?: string } = {}): Promise<void> {
     const sb = this.live.get(id);
     if (!sb || !this.standing.has(id)) throw new EngineError('NOT_RUNNING', `sandbox ${id} is not held in standby`);
+    // A standby whose PID 1 died, or was killed, while held (from the host) is not handed out:
+    // the caller removes it and boots or restores instead.
+    if (!isLastingSync(sb.pid, sb.startTime)) throw new EngineError('NOT_RUNNING', `the standby ${id}'s PID 1 (host pid ${sb.pid}) is gone`);
     if (opts.hostname !== undefined) {
       // The hostname is the instance's name, known only now; any warm restorer can set it.
       const r = this.restorers.take();
@@ -1039,10 +1042,13 @@ export class Engine implements SandboxRuntime {
       return { sandbox, warm: false };
     }
     const standby = this.rollbackStandbys.get(spec.id);
-    if (standby && imagesId !== undefined && images && standby.imagesId === imagesId && standby.fits === fitOf(spec)) {
+    // A standby whose PID 1 died, or was killed, while held is dropped below, and the rollback
+    // restores cold.
+    if (standby && imagesId !== undefined && images && standby.imagesId === imagesId && standby.fits === fitOf(spec) && isLastingSync(standby.pid, standby.startTime)) {
       return { sandbox: await this.swapIn(sb, spec, standby), warm: true };
     }
-    // One made for another rollback (other limits since, another checkpoint) is of no use now.
+    // One made for another rollback (other limits since, another checkpoint), or dead, is of no
+    // use now.
     if (standby) await this.dropRollback(spec.id);
     await this.disk.ensureVolume(spec);
     const steps = new Steps();

@@ -178,6 +178,23 @@ export function isAliveSync(pid: number, startTime: string): boolean {
   }
 }
 
+/** Alive and not about to die: a frozen process (a standby held in the cgroup v1 freezer)
+ * keeps a SIGKILL pending until it is thawed, and is gone the moment it is. */
+export function isLastingSync(pid: number, startTime: string): boolean {
+  if (!isAliveSync(pid, startTime)) return false;
+  try {
+    const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+    const killBit = 1n << 8n; // SIGKILL (9) is bit 8 of the pending masks
+    for (const field of ['ShdPnd', 'SigPnd']) {
+      const hex = new RegExp(`^${field}:\\s*([0-9a-f]+)$`, 'm').exec(status)?.[1];
+      if (hex && (BigInt(`0x${hex}`) & killBit) !== 0n) return false;
+    }
+    return isAliveSync(pid, startTime);
+  } catch {
+    return false;
+  }
+}
+
 function aliveIn(stat: string, startTime: string): boolean {
   if (!stat) return false;
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
