@@ -16,6 +16,7 @@ import { until } from './helpers/wait.js';
 let s: TestServer;
 /** The forks' standbys (each create leaves one of its image too). */
 const forkStandbys = () => s.fp.warm.held().filter((h) => h.kind === 'fork');
+const imageStandbys = () => s.fp.warm.held().filter((h) => h.key === 'image:default');
 beforeAll(async () => {
   s = await startServer({ warmForks: 2 }, undefined, process.env.FP_TEST_LOG ? { logFile: process.env.FP_TEST_LOG } : {});
 });
@@ -125,7 +126,6 @@ describe('warm forks', () => {
   });
 
   it('a create from an image takes the standby the last create of it left: booted, frozen until then, its own name, variables, address and range', async () => {
-    const imageStandbys = () => s.fp.warm.held().filter((h) => h.key === 'image:default');
     const a = await s.instance({});
     await s.fp.warm.settled();
     const [standby] = imageStandbys();
@@ -154,7 +154,6 @@ describe('warm forks', () => {
   });
 
   it('a standby whose PID 1 is killed from the host while it is held is not handed out: the create boots instead, the dead standby removed', async () => {
-    const imageStandbys = () => s.fp.warm.held().filter((h) => h.key === 'image:default');
     const a = await s.instance({});
     await s.fp.warm.settled();
     const [standby] = imageStandbys();
