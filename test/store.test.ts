@@ -8,6 +8,7 @@ import { openStore, type Store } from '../src/store/index.js';
 import type { InstanceRecord, InstanceStatus } from '../src/store/instances.js';
 import { allowed, Lifecycle, TRANSITIONS, TransitionConflictError, type Transition } from '../src/core/lifecycle.js';
 import { migrations } from '../src/store/migrations.js';
+import { PreparedQuery } from '../src/store/prepared.js';
 import { TestPostgres } from './helpers/postgres.js';
 
 // The same tests on both stores: the embedded SQLite file and a real PostgreSQL (a throwaway
@@ -109,6 +110,41 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
       expect(await store.tokens.revoke(record.id)).toBe(false);
       expect(await store.tokens.verify(token)).toBeUndefined();
     } finally {
+      await store.close();
+    }
+  });
+
+  it('prepared queries: built once, each run with its own arguments, from the database and inside a transaction', async () => {
+    const store = await open();
+    const c = connect(await locations[dialect]());
+    try {
+      await migrate(c);
+      await c.db.insertInto('tokens').values([
+        { id: 'tok_a', owner: 'alice', name: 'one', secret_hash: Buffer.alloc(32), created_at: '1', last_used_at: null, revoked_at: null },
+        { id: 'tok_b', owner: 'bob', name: 'one', secret_hash: Buffer.alloc(32), created_at: '2', last_used_at: null, revoked_at: '3' },
+      ]).execute();
+      const named = new PreparedQuery((db, owner: string, name: string) => db.selectFrom('tokens').select(['id', 'revoked_at']).where('owner', '=', owner).where('name', '=', name).where('created_at', '<', '9'));
+      expect(await named.rows(c.db, 'alice', 'one')).toEqual([{ id: 'tok_a', revoked_at: null }]);
+      expect(await named.first(c.db, 'bob', 'one')).toEqual({ id: 'tok_b', revoked_at: '3' });
+      expect(await named.first(c.db, 'alice', 'two')).toBeUndefined();
+      await c.db.transaction().execute(async (tx) => {
+        await tx.insertInto('tokens').values({ id: 'tok_c', owner: 'alice', name: 'two', secret_hash: Buffer.alloc(32), created_at: '4', last_used_at: null, revoked_at: null }).execute();
+        expect(await named.first(tx, 'alice', 'two')).toEqual({ id: 'tok_c', revoked_at: null });
+      });
+      // An argument the query does not send would be the value of its first run for ever.
+      const wrong = new PreparedQuery((db, owner: string) => db.selectFrom('tokens').select('id').where('owner', '=', owner === 'alice' ? 'alice' : 'bob'));
+      await expect(wrong.rows(c.db, 'alice')).rejects.toThrow(/argument 0 is not one of its parameters/);
+      // The stores' own: a token, an instance and an owner's holdings, read through them.
+      const { token } = await store.tokens.create('carol', 'laptop');
+      await store.instances.insert(instance('inst_1', '2026-01-01T00:00:01Z', { owner: 'carol', address: '10.0.0.1', uidBase: 65536 }));
+      await store.instances.insert(instance('inst_2', '2026-01-01T00:00:02Z', { owner: 'dave' }));
+      expect((await store.tokens.verify(token))?.owner).toBe('carol');
+      expect((await store.instances.get('inst_2'))?.owner).toBe('dave');
+      expect(await store.instances.usageOf('carol')).toEqual({ instances: 1, memoryMb: 256, cpuPercent: 100, diskMb: 0, addresses: 1 });
+      expect(await store.transaction((tx) => tx.instances.uidRangesHeldBy('carol'))).toBe(1);
+      expect(await store.instances.uidRangesHeldBy('dave')).toBe(0);
+    } finally {
+      await c.close();
       await store.close();
     }
   });

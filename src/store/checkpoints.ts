@@ -2,6 +2,9 @@ import type { Selectable } from 'kysely';
 import { atomically, type Db } from './db.js';
 import type { CheckpointsTable } from './schema.js';
 import type { Page } from './instances.js';
+import { PreparedQuery } from './prepared.js';
+
+const byId = new PreparedQuery((db, id: string) => db.selectFrom('checkpoints').selectAll().where('id', '=', id));
 
 export type CheckpointStatus = 'processing' | 'ready' | 'failed';
 
@@ -86,7 +89,7 @@ export class CheckpointStore {
   }
 
   async get(id: string): Promise<CheckpointRecord | undefined> {
-    const row = await this.db.selectFrom('checkpoints').selectAll().where('id', '=', id).executeTakeFirst();
+    const row = await byId.first(this.db, id);
     return row && fromRow(row);
   }
 

@@ -4,6 +4,7 @@ import { StaleWriteError, type WriteFence } from './fence.js';
 import type { Tables } from './schema.js';
 import type { InstancesTable } from './schema.js';
 import type { VolumeMount } from '../seam/runtime.js';
+import { PreparedQuery } from './prepared.js';
 
 /** A secret an instance may use: its commands see `placeholder` in `env`; its requests to
  * `hosts` carry the value in its place (the egress proxy). */
@@ -206,6 +207,11 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   image_volumes: JSON.stringify(rec.imageVolumes),
 });
 
+// The lookups every API call, create and fork makes (prepared.ts).
+const byId = new PreparedQuery((db, id: string) => db.selectFrom('instances').selectAll().where('id', '=', id));
+const holdingsOf = new PreparedQuery((db, owner: string) => db.selectFrom('instances').select(['limits', 'address']).where('owner', '=', owner));
+const rangesHeldBy = new PreparedQuery((db, owner: string) => db.selectFrom('instances').select((eb) => eb.fn.countAll().as('n')).where('owner', '=', owner).where('uid_base', 'is not', null));
+
 export class InstanceStore {
   constructor(
     private readonly db: Db,
@@ -226,7 +232,7 @@ export class InstanceStore {
   }
 
   async get(id: string): Promise<InstanceRecord | undefined> {
-    const row = await this.db.selectFrom('instances').selectAll().where('id', '=', id).executeTakeFirst();
+    const row = await byId.first(this.db, id);
     return row && fromRow(row);
   }
 
@@ -302,8 +308,8 @@ export class InstanceStore {
 
   /** How many uid ranges the owner's instances hold. */
   async uidRangesHeldBy(owner: string): Promise<number> {
-    const row = await this.db.selectFrom('instances').select((eb) => eb.fn.countAll().as('n')).where('owner', '=', owner).where('uid_base', 'is not', null).executeTakeFirstOrThrow();
-    return Number(row.n);
+    const row = await rangesHeldBy.first(this.db, owner);
+    return Number(row?.n ?? 0);
   }
 
   /** Every uid range held by an instance, of any node, and whose instance holds it. */
@@ -320,7 +326,7 @@ export class InstanceStore {
 
   /** What one owner's instances hold, whatever their state (quotas.ts). */
   async usageOf(owner: string): Promise<{ instances: number; memoryMb: number; cpuPercent: number; diskMb: number; addresses: number }> {
-    const rows = await this.db.selectFrom('instances').select(['limits', 'address']).where('owner', '=', owner).execute();
+    const rows = await holdingsOf.rows(this.db, owner);
     const used = { instances: rows.length, memoryMb: 0, cpuPercent: 0, diskMb: 0, addresses: 0 };
     for (const r of rows) {
       const l = JSON.parse(r.limits) as Limits;

@@ -3,6 +3,9 @@ import type { Selectable } from 'kysely';
 import type { Db } from './db.js';
 import { newId } from './ids.js';
 import type { Tables } from './schema.js';
+import { PreparedQuery } from './prepared.js';
+
+const byId = new PreparedQuery((db, id: string) => db.selectFrom('tokens').selectAll().where('id', '=', id));
 
 /** Owners the server keeps for itself (warm standbys' records, core/warm-standbys.ts): no token speaks
  * for one. Templates' hidden instances are kept under `~template:<owner>` (store/templates.ts). */
@@ -102,7 +105,7 @@ export class TokenStore {
   async verify(token: string): Promise<TokenRecord | undefined> {
     const m = parse(token);
     const probe = hash(m ? m.secret : token);
-    const row = m ? await this.db.selectFrom('tokens').selectAll().where('id', '=', m.id).executeTakeFirst() : undefined;
+    const row = m ? await byId.first(this.db, m.id) : undefined;
     // Compare even when no row matched, so that timing does not tell ids apart.
     const stored = row?.secret_hash ?? Buffer.alloc(32);
     const equal = stored.length === probe.length && timingSafeEqual(stored, probe);
