@@ -381,51 +381,52 @@ export class InstanceStore {
   async update(id: string, patch: InstancePatch): Promise<InstanceRecord> {
     const changed = columnsOf(patch);
     const lease = this.fence.current;
-    const r = await this.db
+    // The row as written comes back with the write (RETURNING): no read after it.
+    const row = await this.db
       .updateTable('instances')
       .set((eb) => ({ ...changed, updated_at: new Date().toISOString(), version: eb('version', '+', 1) }))
       .where('id', '=', id)
       .$if(lease !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, lease!)))
+      .returningAll()
       .executeTakeFirst();
-    if (r.numUpdatedRows === 0n && lease && (await this.get(id))) throw new StaleWriteError(id, lease);
-    const next = await this.get(id);
-    if (!next) throw new Error(`instance ${id} vanished from the store`);
-    return next;
+    if (row) return fromRow(row);
+    if (lease && (await this.get(id))) throw new StaleWriteError(id, lease);
+    throw new Error(`instance ${id} vanished from the store`);
   }
 
   /** Writes `patch` (a status change with what goes with it) if the row is still at `version`
    * and on `node`; undefined if another write came first. */
   async compareAndSet(id: string, version: number, node: string | null, patch: InstancePatch & { status: InstanceStatus }): Promise<InstanceRecord | undefined> {
-    const r = await this.db
+    const row = await this.db
       .updateTable('instances')
       .set({ ...columnsOf(patch), status: patch.status, updated_at: new Date().toISOString(), version: version + 1 })
       .where('id', '=', id)
       .where('version', '=', version)
       .where((eb) => (node === null ? eb('node', 'is', null) : eb('node', '=', node)))
       .$if(this.fence.current !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, this.fence.current!)))
+      .returningAll()
       .executeTakeFirst();
-    if (r.numUpdatedRows === 0n) {
-      // Refused by the lease alone (the row is as read): this node's lease ended.
-      const lease = this.fence.current;
-      const now = lease && (await this.get(id));
-      if (lease && now && now.version === version && now.node === node) throw new StaleWriteError(id, lease);
-      return undefined;
-    }
-    return this.get(id);
+    if (row) return fromRow(row);
+    // Refused by the lease alone (the row is as read): this node's lease ended.
+    const lease = this.fence.current;
+    const now = lease && (await this.get(id));
+    if (lease && now && now.version === version && now.node === node) throw new StaleWriteError(id, lease);
+    return undefined;
   }
 
   /** Gives the instance to `to` if `from` still holds it (a warm fork taken: see
    * core/warm-standbys.ts), with `patch`; undefined if another took it first. Its creation is now. */
   async handOver(id: string, from: string, to: string, patch: InstancePatch): Promise<InstanceRecord | undefined> {
     const now = new Date().toISOString();
-    const r = await this.db
+    const row = await this.db
       .updateTable('instances')
       .set((eb) => ({ ...columnsOf(patch), owner: to, created_at: now, updated_at: now, version: eb('version', '+', 1) }))
       .where('id', '=', id)
       .where('owner', '=', from)
       .$if(this.fence.current !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, this.fence.current!)))
+      .returningAll()
       .executeTakeFirst();
-    return r.numUpdatedRows === 0n ? undefined : this.get(id);
+    return row && fromRow(row);
   }
 
   /** How many of the owner's instances stand on the image (by its own name or a built one's). */
