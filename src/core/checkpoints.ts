@@ -88,6 +88,13 @@ interface Frozen {
 }
 
 /** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
+/** Whether two lists of layers hold the same layers (order and repeats aside). */
+const sameSet = (a: readonly string[], b: readonly string[]) => {
+  const inA = new Set(a);
+  const inB = new Set(b);
+  return inA.size === inB.size && [...inA].every((x) => inB.has(x));
+};
+
 export class CheckpointService {
   /** Checkpoints forks are being made from, with the waiters for each to be free again: a
    * pinned checkpoint's images and layers stay until its forks are running. */
@@ -116,9 +123,13 @@ export class CheckpointService {
   ) {}
 
   async get(owner: string, instanceId: string, id: string): Promise<CheckpointRecord> {
-    await this.instances.get(owner, instanceId);
+    return this.checkpointOf(await this.instances.get(owner, instanceId), id);
+  }
+
+  /** The checkpoint of an instance its caller has read (as its owner). */
+  private async checkpointOf(inst: InstanceRecord, id: string): Promise<CheckpointRecord> {
     const c = await this.store.checkpoints.get(id);
-    if (!c || c.instanceId !== instanceId) throw new NotFoundError('checkpoint', id);
+    if (!c || c.instanceId !== inst.id) throw new NotFoundError('checkpoint', id);
     return this.view(c);
   }
 
@@ -470,16 +481,17 @@ export class CheckpointService {
   async rollback(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
     // Pinned from the moment it is chosen: retention (a checkpoint taken meanwhile with
     // delete_oldest) or a delete cannot take it from under the rollback.
-    const unpin = this.pin((await this.get(owner, instanceId, checkpointId)).id);
+    const chosen = await this.get(owner, instanceId, checkpointId);
+    const unpin = this.pin(chosen.id);
     try {
-      return await this.rollbackPinned(owner, instanceId, checkpointId);
+      // Read again once pinned (ready): a delete may have come between the read and the pin.
+      return await this.rollbackPinned(owner, instanceId, await this.ready(chosen));
     } finally {
       unpin();
     }
   }
 
-  private async rollbackPinned(owner: string, instanceId: string, checkpointId: string): Promise<InstanceRecord> {
-    const c = await this.ready(await this.get(owner, instanceId, checkpointId));
+  private async rollbackPinned(owner: string, instanceId: string, c: CheckpointRecord): Promise<InstanceRecord> {
     await this.observer.needed(c.id);
     return this.locks.run(instanceId, async () => {
       const inst = (await this.store.instances.get(instanceId))!;
@@ -492,14 +504,17 @@ export class CheckpointService {
       if (!this.warm.take(rollbackKey, owner)) await this.warm.dropRollbackOf(inst.id);
       // Recorded before the old sandbox goes: from then on the instance stands on the
       // checkpoint's layers whatever becomes of the server (a restart takes back the restored
-      // sandbox on them). The old layers stay referenced until the new sandbox runs.
-      await this.store.layers.setRefs(`instance:${inst.id}`, [...new Set([...c.layers, ...inst.layers])]);
+      // sandbox on them). The old layers stay referenced until the new sandbox runs. An
+      // instance's references always hold its record's layers: a rollback to the layers it
+      // stands on (the same checkpoint again, most rollbacks) has none to change.
+      const sameLayers = sameSet(c.layers, inst.layers);
+      if (!sameLayers) await this.store.layers.setRefs(`instance:${inst.id}`, [...new Set([...c.layers, ...inst.layers])]);
       await this.store.instances.update(inst.id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: c.id });
       try {
         const t = performance.now();
         const { sandbox: sb, warm } = await this.engine.replace(spec, images);
         await watchesResumed(sb);
-        await this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
+        if (!sameLayers) await this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
         // A hibernated instance rolled back wakes on the checkpoint; its own memory image goes.
         await this.instances.dropHibernation(inst);
         const rec = await this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: null });
@@ -510,7 +525,7 @@ export class CheckpointService {
       } catch (err) {
         if (oldPid !== undefined && (await this.engine.leftoverPid(inst.id))?.pid === oldPid) {
           // Refused before the old sandbox was touched: it runs on, on its own layers.
-          await this.store.layers.setRefs(`instance:${inst.id}`, inst.layers);
+          if (!sameLayers) await this.store.layers.setRefs(`instance:${inst.id}`, inst.layers);
           await this.store.instances.update(inst.id, { layers: inst.layers, baseLayer: inst.baseLayer, agentLayer: inst.agentLayer, headCheckpointId: inst.headCheckpointId, restoringFrom: null });
         } else {
           await this.store.instances.update(inst.id, { restoringFrom: null });
@@ -571,7 +586,7 @@ export class CheckpointService {
     let c: CheckpointRecord;
     let unpin: () => void;
     if (input.checkpointId) {
-      c = await this.get(owner, sourceId, input.checkpointId);
+      c = await this.checkpointOf(source, input.checkpointId);
       unpin = this.pin(c.id);
     } else {
       const made = await this.create(owner, sourceId, { label: 'fork', memory: source.status === 'running' || source.status === 'hibernated', retention: { mode: 'delete_oldest' } });

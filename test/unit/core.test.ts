@@ -50,6 +50,36 @@ describe('checkpoint, rollback and fork keep files and memory', () => {
     expect(await status(n, id)).toBe('running');
   });
 
+  it('a rollback\'s layer references: the instance holds exactly the checkpoint\'s layers after it, a rollback to the layers it stands on included; the layers it left go', async () => {
+    const n = await node();
+    n.host.upperCopyLimit = 0; // every checkpoint freezes the upper into a layer of its own
+    const id = await create(n);
+    const held = async () => {
+      const rec = (await n.fp.store.instances.get(id))!;
+      const mine: string[] = [];
+      for (const l of new Set([...rec.layers, ...n.host.layers.keys()])) if ((await n.fp.store.layers.holders(l)).includes(`instance:${id}`)) mine.push(l);
+      return { layers: [...rec.layers].sort(), held: mine.sort() };
+    };
+    await putFile(n, id, '/work/a.txt', 'one');
+    const first = await checkpoint(n, id);
+    const atFirst = (await held()).layers;
+    await putFile(n, id, '/work/a.txt', 'two');
+    const second = await checkpoint(n, id);
+    const atSecond = (await held()).layers;
+    expect(atSecond.length).toBeGreaterThan(atFirst.length);
+    for (const [ck, layers, content] of [[first, atFirst, 'one'], [first, atFirst, 'one'], [second, atSecond, 'two'], [second, atSecond, 'two'], [first, atFirst, 'one']] as const) {
+      const rb = await n.call('POST', `/instances/${id}/rollback`, { checkpoint_id: ck });
+      expect(rb.status, JSON.stringify(rb.body)).toBe(200);
+      expect(await held()).toEqual({ layers, held: layers });
+      expect(await n.sh(id, 'cat /work/a.txt')).toBe(content);
+    }
+    // The second checkpoint gone, its own layer has no holder left and goes from the disk.
+    const own = atSecond.find((l) => !atFirst.includes(l))!;
+    expect((await n.call('DELETE', `/instances/${id}/checkpoints/${second}`)).status).toBeLessThan(300);
+    expect(await n.fp.store.layers.holders(own)).toEqual([]);
+    expect(n.host.layers.has(own)).toBe(false);
+  });
+
   it('forks start from the checkpoint, each on its own files', async () => {
     const n = await node();
     const id = await create(n);
