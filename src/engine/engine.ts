@@ -1167,16 +1167,18 @@ export class Engine implements SandboxRuntime {
     let aside: string | undefined;
     try {
       await sb.pause(async () => {
+        // The route first: a server killed before the renames restores the instance as a cold
+        // rollback would (its link then takes the route); one killed after them adopts the
+        // standby, whose link has it already. Before the old tree's kill, too: its network
+        // namespace's teardown holds the kernel's rtnl lock, which the route's change waits
+        // for (0.94 -> 0.63 ms p50 of the swap, 20 warm rollbacks each way).
+        this.network.takeLink(spec.id, shadow);
+        if (spec.network) await standby.restorer.worker.moveRoute({ hostIf: this.network.linkOf(spec.id)!, address: spec.network.address, gateway: this.network.gateway });
         // Killed, not waited for: what is left of it dies in groups of its own (renamed aside
         // below), on a link the host no longer routes to; its removal waits for it.
         oldGone = killTree(sb.pid, sb.startTime);
         oldGone.catch(() => {});
         void oldGone.then(() => failpoint('rollback.killed'), () => {});
-        // The route first: a server killed before the renames restores the instance as a cold
-        // rollback would (its link then takes the route); one killed after them adopts the
-        // standby, whose link has it already.
-        this.network.takeLink(spec.id, shadow);
-        if (spec.network) await standby.restorer.worker.moveRoute({ hostIf: this.network.linkOf(spec.id)!, address: spec.network.address, gateway: this.network.gateway });
         failpoint('rollback.routed');
         // Aside under a name that is no instance's: a server killed from here on finds the old
         // disk a stray (mountedInstances) and the standby in place, or, killed before its

@@ -24,7 +24,7 @@ export const FAILPOINTS = [
   'rollback.killed',
   /** Rollback: the checkpoint restored, the store not yet told. */
   'rollback.restored',
-  /** Warm rollback: the old sandbox killed, the host's route moved to the standby's link,
+  /** Warm rollback: the host's route moved to the standby's link, the old sandbox killed,
    * nothing renamed. */
   'rollback.routed',
   /** Warm rollback: the standby's disk and groups renamed into the instance's, still frozen. */
