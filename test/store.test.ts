@@ -266,6 +266,28 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
     }
   });
 
+  it('the lifecycle: a move given the row as its caller knew it writes on it when it is current, and reads afresh when it is not', async () => {
+    const store = await open();
+    try {
+      const a = new Lifecycle(store, 'node-a');
+      await store.instances.insert(instance('inst_known', '2026-01-01T00:00:00Z', { status: 'starting', node: 'node-a' }));
+      const known = (await store.instances.get('inst_known'))!;
+      // Current: written on it.
+      const booted = await a.move('inst_known', 'boot', { pid: 7 }, store, known);
+      expect([booted.status, booted.pid, booted.version]).toEqual(['running', 7, known.version + 1]);
+      // Stale (it said `starting`; the instance runs and was written since): the boot it would
+      // allow is refused as the current status says, not written on the old version.
+      await store.instances.update('inst_known', { metadata: { since: 'yes' } });
+      const late = await a.move('inst_known', 'boot', {}, store, known).catch((e: unknown) => e);
+      expect((late as TransitionConflictError).details).toMatchObject({ reason: 'TRANSITION_NOT_ALLOWED', status: 'running' });
+      // Stale but the move allowed: it lands once, on the current row.
+      const stopped = await a.move('inst_known', 'stop', { pid: null }, store, booted);
+      expect([stopped.status, stopped.metadata, stopped.version]).toEqual(['stopped', { since: 'yes' }, booted.version + 2]);
+    } finally {
+      await store.close();
+    }
+  });
+
   it('uid ranges: each held by one instance, never two, free again once it is gone', async () => {
     const store = await open();
     try {

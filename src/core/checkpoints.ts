@@ -509,7 +509,7 @@ export class CheckpointService {
       // stands on (the same checkpoint again, most rollbacks) has none to change.
       const sameLayers = sameSet(c.layers, inst.layers);
       if (!sameLayers) await this.store.layers.setRefs(`instance:${inst.id}`, [...new Set([...c.layers, ...inst.layers])]);
-      await this.store.instances.update(inst.id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: c.id });
+      const marked = await this.store.instances.update(inst.id, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: c.id });
       try {
         const t = performance.now();
         const { sandbox: sb, warm } = await this.engine.replace(spec, images);
@@ -517,7 +517,7 @@ export class CheckpointService {
         if (!sameLayers) await this.store.layers.setRefs(`instance:${inst.id}`, c.layers);
         // A hibernated instance rolled back wakes on the checkpoint; its own memory image goes.
         await this.instances.dropHibernation(inst);
-        const rec = await this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: null });
+        const rec = await this.instances.running(inst.id, sb, { layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer, headCheckpointId: c.id, restoringFrom: null }, 'restore', marked);
         this.events.emit(inst.id, 'rollback', { checkpoint_id: c.id, warm, ms: Math.round((performance.now() - t) * 100) / 100 });
         // The next rollback to it finds one ready.
         if (images && inst.volumes.length === 0) this.warm.refill({ kind: 'rollback', instanceId: inst.id, checkpointId: c.id }, owner);
@@ -635,7 +635,7 @@ export class CheckpointService {
             failpoint('fork.restored');
             await admitted;
             if (images) await this.executions.adoptInFork(source.id, rec.id);
-            return this.instances.running(rec.id, sb, { restoringFrom: null });
+            return this.instances.running(rec.id, sb, { restoringFrom: null }, 'restore', rec);
           });
         }),
       );

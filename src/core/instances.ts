@@ -545,7 +545,7 @@ export class InstanceService {
   private async bootRecord(rec: InstanceRecord, opts: { freshUpper: boolean }): Promise<InstanceRecord> {
     try {
       const sb = await this.engine.boot(this.spec(rec), opts);
-      return await this.lifecycle.move(rec.id, 'boot', { pid: sb.pid, pidStart: sb.startTime, error: null });
+      return await this.lifecycle.move(rec.id, 'boot', { pid: sb.pid, pidStart: sb.startTime, error: null }, this.store, rec);
     } catch (err) {
       this.log.error({ err, instance: rec.id }, 'boot failed');
       await this.failed(rec.id, (err as Error).message);
@@ -553,9 +553,10 @@ export class InstanceService {
     }
   }
 
-  /** Marks the record as running on the given sandbox, restored (or woken) in its place. */
-  running(id: string, sb: SandboxHandle, patch: InstancePatch = {}, how: 'restore' | 'wake' = 'restore'): Promise<InstanceRecord> {
-    return this.lifecycle.move(id, how, { ...patch, pid: sb.pid, pidStart: sb.startTime, error: null });
+  /** Marks the record as running on the given sandbox, restored (or woken) in its place.
+   * `known`: the record as the caller last read or wrote it (Lifecycle.move). */
+  running(id: string, sb: SandboxHandle, patch: InstancePatch = {}, how: 'restore' | 'wake' = 'restore', known?: InstanceRecord): Promise<InstanceRecord> {
+    return this.lifecycle.move(id, how, { ...patch, pid: sb.pid, pidStart: sb.startTime, error: null }, this.store, known);
   }
 
   /** Marks the instance failed with its reason; a failure to say so (it moved on meanwhile, or

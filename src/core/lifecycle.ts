@@ -54,10 +54,12 @@ export class Lifecycle {
   ) {}
 
   /** Moves the instance by `transition`, writing `patch` with its new status, in `tx` when
-   * given (the write is then part of that transaction). */
-  async move(id: string, transition: Transition, patch: InstancePatch = {}, tx: Store = this.store): Promise<InstanceRecord> {
+   * given (the write is then part of that transaction). `known`: the row as its caller last read
+   * or wrote it, tried first instead of a read (every write moves a row's version: a stale one
+   * fails the compare-and-set and the row is read afresh). */
+  async move(id: string, transition: Transition, patch: InstancePatch = {}, tx: Store = this.store, known?: InstanceRecord): Promise<InstanceRecord> {
     for (let attempt = 0; ; attempt++) {
-      const cur = await tx.instances.get(id);
+      const cur = attempt === 0 && known?.id === id ? known : await tx.instances.get(id);
       if (!cur) throw new NotFoundError('instance', id);
       if (cur.node !== null && cur.node !== this.nodeId) throw new TransitionConflictError(id, transition, cur.status, 'NOT_THIS_NODE');
       if (!allowed(transition, cur.status)) throw new TransitionConflictError(id, transition, cur.status, 'NOT_ALLOWED');
