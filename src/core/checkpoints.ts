@@ -44,7 +44,8 @@ export interface ForkInput {
 export interface CheckpointObserver {
   ready(id: string): void;
   removed(id: string): void;
-  needed(id: string): Promise<void>;
+  /** The caller's record of it, as it read it (its layers, memory and image are fixed). */
+  needed(c: CheckpointRecord): Promise<void>;
   /** Whether the checkpoint is in the object store (another node can restore it). */
   durable(id: string): Promise<boolean>;
 }
@@ -492,7 +493,7 @@ export class CheckpointService {
   }
 
   private async rollbackPinned(owner: string, instanceId: string, c: CheckpointRecord): Promise<InstanceRecord> {
-    await this.observer.needed(c.id);
+    await this.observer.needed(c);
     return this.locks.run(instanceId, async () => {
       const inst = (await this.store.instances.get(instanceId))!;
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
@@ -553,7 +554,7 @@ export class CheckpointService {
     if (!from) throw new ConflictError(`instance ${id} has no durable checkpoint to recover from`, { instance: id });
     const c = from;
     await this.instances.volumes.requireAllHere(inst.volumes);
-    await this.observer.needed(c.id);
+    await this.observer.needed(c);
     this.requireBaseHere(c);
     await requireRoom(this.engine);
     return this.locks.run(id, async () => {
@@ -599,7 +600,7 @@ export class CheckpointService {
       // What a restore here needs (a warm fork needs none of it: its standby is here, restored).
       let restorable: Promise<void> | undefined;
       const canRestore = () => (restorable ??= (async () => {
-        await this.observer.needed(c.id);
+        await this.observer.needed(c);
         this.requireBaseHere(c);
         await requireRoom(this.engine);
       })());

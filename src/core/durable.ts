@@ -8,6 +8,7 @@ import { createGunzip, createGzip } from 'node:zlib';
 import type { Logger } from 'pino';
 import type { SandboxRuntime } from '../seam/runtime.js';
 import type { DurableManifest } from '../store/durable.js';
+import type { CheckpointRecord } from '../store/checkpoints.js';
 import type { Store } from '../store/index.js';
 import { isObjectStoreAway, type ObjectStore } from '../store/object-store.js';
 import { backoffDelay, retryUntil } from '../lib/backoff.js';
@@ -174,9 +175,8 @@ export class DurableCheckpoints {
    * store what it lacks (and keeping it: layers are shared by every later checkpoint and fork).
    * A no-op for a checkpoint whose data is all here.
    */
-  async ensureLocal(checkpointId: string): Promise<void> {
-    const c = await this.store.checkpoints.get(checkpointId);
-    if (!c) return;
+  async ensureLocal(c: Pick<CheckpointRecord, 'id' | 'layers' | 'memory'>): Promise<void> {
+    const checkpointId = c.id;
     const missingLayers = c.layers.filter((l) => !this.engine.disk.hasLayer(l));
     const missingMemory = c.memory && !this.engine.disk.hasCheckpointImages(checkpointId);
     if (!missingLayers.length && !missingMemory) return;

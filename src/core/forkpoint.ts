@@ -227,10 +227,9 @@ export class Forkpoint {
       removed: (id) => void this.durable.forget(id).catch((err: unknown) => log.warn({ err, checkpoint: id }, 'could not forget a durable checkpoint')),
       // What a checkpoint stands on, here: its layers and memory (the object store's), and the
       // tree of the image its owner pulled on another node (the registry's, by digest).
-      needed: async (id) => {
-        await this.durable.ensureLocal(id);
-        const c = await this.store.checkpoints.get(id);
-        if (c && !c.baseLayer) await this.catalog.ensurePulledTree(c.owner, c.image);
+      needed: async (c) => {
+        await this.durable.ensureLocal(c);
+        if (!c.baseLayer) await this.catalog.ensurePulledTree(c.owner, c.image);
       },
       durable: async (id) => (await this.durable.state(id)).durable,
     });
