@@ -288,6 +288,29 @@ describe.each(['sqlite', 'postgres'] as const)('store on %s', (dialect) => {
     }
   });
 
+  it('instances: writes of different columns, each prepared once, land on their own row with their own values; a column given as undefined is left as it is', async () => {
+    const store = await open();
+    try {
+      await store.instances.insert(instance('inst_w1', '2026-01-01T00:00:01Z', { node: 'node-a' }));
+      await store.instances.insert(instance('inst_w2', '2026-01-01T00:00:02Z'));
+      const a = await store.instances.update('inst_w1', { name: 'first' });
+      const b = await store.instances.update('inst_w2', { metadata: { x: '1' }, pid: 42 });
+      const c = await store.instances.update('inst_w2', { name: 'second', pid: undefined });
+      const d = await store.instances.update('inst_w1', { name: 'again' });
+      expect([a.name, a.version, b.metadata, b.pid, b.version]).toEqual(['first', 1, { x: '1' }, 42, 1]);
+      expect([c.name, c.pid, c.metadata, c.version, d.name, d.version]).toEqual(['second', 42, { x: '1' }, 2, 'again', 2]);
+      // Status changes: on a node and on none, each its own shape; a stale version writes nothing.
+      const e = await store.instances.compareAndSet('inst_w1', 2, 'node-a', { status: 'stopped', pid: null });
+      const f = await store.instances.compareAndSet('inst_w2', 2, null, { status: 'stopped', pid: null });
+      expect([e?.status, e?.version, f?.status, f?.pid, f?.version]).toEqual(['stopped', 3, 'stopped', null, 3]);
+      expect(await store.instances.compareAndSet('inst_w1', 2, 'node-a', { status: 'running', pid: 1 })).toBeUndefined();
+      expect(await store.instances.compareAndSet('inst_w2', 3, 'node-a', { status: 'running', pid: 1 })).toBeUndefined();
+      expect((await store.instances.get('inst_w2'))?.status).toBe('stopped');
+    } finally {
+      await store.close();
+    }
+  });
+
   it('uid ranges: each held by one instance, never two, free again once it is gone', async () => {
     const store = await open();
     try {

@@ -1,4 +1,4 @@
-import type { ExpressionBuilder, Selectable } from 'kysely';
+import type { Compilable, ExpressionBuilder, Selectable } from 'kysely';
 import { atomically, type Db } from './db.js';
 import { StaleWriteError, type WriteFence } from './fence.js';
 import type { Tables } from './schema.js';
@@ -207,6 +207,40 @@ const toRow = (rec: InstanceRecord): Omit<Row, 'version'> => ({
   image_volumes: JSON.stringify(rec.imageVolumes),
 });
 
+/** The condition every write of this node's carries once it holds a lease: the row is its
+ * own, and its lease is still the current one. */
+function leaseHolds(eb: ExpressionBuilder<Tables, 'instances'>, lease: { node: string; epoch: number }) {
+  return eb.and([
+    eb('instances.node', '=', lease.node),
+    eb.exists(eb.selectFrom('nodes').select('nodes.id').where('nodes.id', '=', lease.node).where('nodes.epoch', '=', lease.epoch)),
+  ]);
+}
+
+type Columns = Partial<Row>;
+
+/** The columns a patch writes, in their one order (toRow's), those it leaves out dropped. */
+function written(changed: Columns): { names: (keyof Row)[]; values: unknown[] } {
+  const names = (Object.keys(changed) as (keyof Row)[]).filter((k) => changed[k] !== undefined);
+  return { names, values: names.map((k) => changed[k]) };
+}
+
+/** Writes by the columns they set, prepared once each (prepared.ts): an update's query took
+ * 129 µs against 48 compiled, 675 against 315 after a 5 ms idle moment, and every status
+ * change is one. The shapes are the code's own patches; past the bound, a write is built as it
+ * comes. */
+const MAX_SHAPES = 256;
+const shapes = new Map<string, PreparedQuery<unknown[], Row>>();
+function shaped(key: string, build: (db: Db, args: unknown[]) => Compilable<Row>): PreparedQuery<unknown[], Row> {
+  let q = shapes.get(key);
+  if (!q) {
+    q = new PreparedQuery<unknown[], Row>((db, ...args) => build(db, args));
+    if (shapes.size < MAX_SHAPES) shapes.set(key, q);
+  }
+  return q;
+}
+
+const setOf = (names: (keyof Row)[], values: unknown[]) => Object.fromEntries(names.map((n, i) => [n, values[i]])) as Columns;
+
 // The lookups every API call, create and fork makes (prepared.ts).
 const byId = new PreparedQuery((db, id: string) => db.selectFrom('instances').selectAll().where('id', '=', id));
 const holdingsOf = new PreparedQuery((db, owner: string) => db.selectFrom('instances').select(['limits', 'address']).where('owner', '=', owner));
@@ -217,15 +251,6 @@ export class InstanceStore {
     private readonly db: Db,
     private readonly fence: WriteFence,
   ) {}
-
-  /** The condition every write of this node's carries once it holds a lease: the row is its
-   * own, and its lease is still the current one. */
-  private leaseHolds(eb: ExpressionBuilder<Tables, 'instances'>, lease: { node: string; epoch: number }) {
-    return eb.and([
-      eb('instances.node', '=', lease.node),
-      eb.exists(eb.selectFrom('nodes').select('nodes.id').where('nodes.id', '=', lease.node).where('nodes.epoch', '=', lease.epoch)),
-    ]);
-  }
 
   async insert(rec: InstanceRecord): Promise<void> {
     await this.db.insertInto('instances').values(toRow(rec)).execute();
@@ -379,16 +404,18 @@ export class InstanceStore {
   /** Writes the patch's fields, and only those: never the status or the node (the lifecycle's
    * and the cluster's, by compare-and-set). */
   async update(id: string, patch: InstancePatch): Promise<InstanceRecord> {
-    const changed = columnsOf(patch);
+    const { names, values } = written(columnsOf(patch));
     const lease = this.fence.current;
+    const fenced = lease !== undefined;
     // The row as written comes back with the write (RETURNING): no read after it.
-    const row = await this.db
-      .updateTable('instances')
-      .set((eb) => ({ ...changed, updated_at: new Date().toISOString(), version: eb('version', '+', 1) }))
-      .where('id', '=', id)
-      .$if(lease !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, lease!)))
-      .returningAll()
-      .executeTakeFirst();
+    const q = shaped(`update ${names.join(',')}${fenced ? ' fenced' : ''}`, (db, [rowId, at, ...rest]) =>
+      db
+        .updateTable('instances')
+        .set((eb) => ({ ...setOf(names, fenced ? rest.slice(2) : rest), updated_at: at as string, version: eb('version', '+', 1) }))
+        .where('id', '=', rowId as string)
+        .$if(fenced, (w) => w.where((eb) => leaseHolds(eb, { node: rest[0] as string, epoch: rest[1] as number })))
+        .returningAll());
+    const row = await q.first(this.db, id, new Date().toISOString(), ...(lease ? [lease.node, lease.epoch] : []), ...values);
     if (row) return fromRow(row);
     if (lease && (await this.get(id))) throw new StaleWriteError(id, lease);
     throw new Error(`instance ${id} vanished from the store`);
@@ -397,18 +424,25 @@ export class InstanceStore {
   /** Writes `patch` (a status change with what goes with it) if the row is still at `version`
    * and on `node`; undefined if another write came first. */
   async compareAndSet(id: string, version: number, node: string | null, patch: InstancePatch & { status: InstanceStatus }): Promise<InstanceRecord | undefined> {
-    const row = await this.db
-      .updateTable('instances')
-      .set({ ...columnsOf(patch), status: patch.status, updated_at: new Date().toISOString(), version: version + 1 })
-      .where('id', '=', id)
-      .where('version', '=', version)
-      .where((eb) => (node === null ? eb('node', 'is', null) : eb('node', '=', node)))
-      .$if(this.fence.current !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, this.fence.current!)))
-      .returningAll()
-      .executeTakeFirst();
+    const { names, values } = written({ ...columnsOf(patch), status: patch.status });
+    const lease = this.fence.current;
+    const fenced = lease !== undefined;
+    // [id, updated_at, version, new version, node?, lease node, lease epoch?, ...values]
+    const q = shaped(`cas ${names.join(',')}${node === null ? ' nodeless' : ''}${fenced ? ' fenced' : ''}`, (db, [rowId, at, was, next, ...rest]) => {
+      const onNode = node === null ? undefined : rest.shift();
+      const fence = fenced ? { node: rest.shift() as string, epoch: rest.shift() as number } : undefined;
+      return db
+        .updateTable('instances')
+        .set({ ...setOf(names, rest), updated_at: at as string, version: next as number })
+        .where('id', '=', rowId as string)
+        .where('version', '=', was as number)
+        .where((eb) => (onNode === undefined ? eb('node', 'is', null) : eb('node', '=', onNode as string)))
+        .$if(fence !== undefined, (w) => w.where((eb) => leaseHolds(eb, fence!)))
+        .returningAll();
+    });
+    const row = await q.first(this.db, id, new Date().toISOString(), version, version + 1, ...(node === null ? [] : [node]), ...(lease ? [lease.node, lease.epoch] : []), ...values);
     if (row) return fromRow(row);
     // Refused by the lease alone (the row is as read): this node's lease ended.
-    const lease = this.fence.current;
     const now = lease && (await this.get(id));
     if (lease && now && now.version === version && now.node === node) throw new StaleWriteError(id, lease);
     return undefined;
@@ -423,7 +457,7 @@ export class InstanceStore {
       .set((eb) => ({ ...columnsOf(patch), owner: to, created_at: now, updated_at: now, version: eb('version', '+', 1) }))
       .where('id', '=', id)
       .where('owner', '=', from)
-      .$if(this.fence.current !== undefined, (q) => q.where((eb) => this.leaseHolds(eb, this.fence.current!)))
+      .$if(this.fence.current !== undefined, (q) => q.where((eb) => leaseHolds(eb, this.fence.current!)))
       .returningAll()
       .executeTakeFirst();
     return row && fromRow(row);
