@@ -88,7 +88,6 @@ interface Frozen {
   instanceLayers: string[];
 }
 
-/** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
 /** Whether two lists of layers hold the same layers (order and repeats aside). */
 const sameSet = (a: readonly string[], b: readonly string[]) => {
   const inA = new Set(a);
@@ -96,6 +95,7 @@ const sameSet = (a: readonly string[], b: readonly string[]) => {
   return inA.size === inB.size && [...inA].every((x) => inB.has(x));
 };
 
+/** Checkpoints: freezing an instance's state, rolling back to it, forking from it. */
 export class CheckpointService {
   /** Checkpoints forks are being made from, with the waiters for each to be free again: a
    * pinned checkpoint's images and layers stay until its forks are running. */
@@ -495,7 +495,9 @@ export class CheckpointService {
   private async rollbackPinned(owner: string, instanceId: string, c: CheckpointRecord): Promise<InstanceRecord> {
     await this.observer.needed(c);
     return this.locks.run(instanceId, async () => {
-      const inst = (await this.store.instances.get(instanceId))!;
+      // Deleted while the rollback waited for its lock: nothing to roll back.
+      const inst = await this.store.instances.get(instanceId);
+      if (!inst) throw new NotFoundError('instance', instanceId);
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
       const images = c.memory ? c.id : undefined;
       const oldPid = this.engine.sandbox(inst.id)?.pid;
