@@ -495,9 +495,7 @@ export class CheckpointService {
   private async rollbackPinned(owner: string, instanceId: string, c: CheckpointRecord): Promise<InstanceRecord> {
     await this.observer.needed(c);
     return this.locks.run(instanceId, async () => {
-      // Deleted while the rollback waited for its lock: nothing to roll back.
-      const inst = await this.store.instances.get(instanceId);
-      if (!inst) throw new NotFoundError('instance', instanceId);
+      const inst = await this.instances.recordOf(instanceId);
       const spec = { ...this.instances.spec(inst), layers: c.layers, baseLayer: c.baseLayer, agentLayer: c.agentLayer };
       const images = c.memory ? c.id : undefined;
       const oldPid = this.engine.sandbox(inst.id)?.pid;

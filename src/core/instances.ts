@@ -183,6 +183,14 @@ export class InstanceService {
     return rec;
   }
 
+  /** The instance's record as it is now, for a call that holds its lock: one deleted while the
+   * call waited for the lock is a 404 (the owner was checked before). */
+  async recordOf(id: string): Promise<InstanceRecord> {
+    const rec = await this.store.instances.get(id);
+    if (!rec) throw new NotFoundError('instance', id);
+    return rec;
+  }
+
   async list(owner: string, limit: number, cursor?: string): Promise<Page<InstanceRecord>> {
     if (cursor && (await this.store.instances.get(cursor))?.owner !== owner) throw new InvalidRequestError('unknown cursor');
     return this.store.instances.page(owner, limit, cursor);
@@ -597,7 +605,7 @@ export class InstanceService {
     await this.get(owner, id);
     const rec = await this.locks.run(id, async () => {
       await this.engine.stop(id);
-      await this.dropHibernation((await this.store.instances.get(id))!);
+      await this.dropHibernation(await this.recordOf(id));
       return this.lifecycle.move(id, 'stop', { pid: null, pidStart: null });
     });
     this.events.emit(id, 'instance.stopped');
@@ -643,7 +651,7 @@ export class InstanceService {
   async start(owner: string, id: string): Promise<InstanceRecord> {
     if ((await this.get(owner, id)).status === 'hibernated') return this.wake(owner, id);
     const started = await this.locks.run(id, async () => {
-      let rec = (await this.store.instances.get(id))!;
+      let rec = await this.recordOf(id);
       if (rec.status === 'running') return rec;
       // A fresh boot maps no file of the old agent: it gets the newest one.
       if (rec.agentLayer !== this.engine.currentAgentLayer) rec = await this.store.instances.update(id, { agentLayer: this.engine.currentAgentLayer });
@@ -734,7 +742,7 @@ export class InstanceService {
   async hibernate(owner: string, id: string, opts: { ifIdle?: () => boolean } = {}): Promise<InstanceRecord> {
     await this.get(owner, id);
     return this.locks.run(id, async () => {
-      const rec = (await this.store.instances.get(id))!;
+      const rec = await this.recordOf(id);
       if (rec.status === 'hibernated') return rec;
       if (rec.status !== 'running') throw new ConflictError(`instance ${id} is ${rec.status}, not running`, { status: rec.status });
       if (opts.ifIdle && !opts.ifIdle()) return rec;
@@ -802,7 +810,7 @@ export class InstanceService {
   async wake(owner: string, id: string): Promise<InstanceRecord> {
     await this.get(owner, id);
     return this.locks.run(id, async () => {
-      const rec = (await this.store.instances.get(id))!;
+      const rec = await this.recordOf(id);
       if (rec.status !== 'hibernated' || !rec.hibernationId) return rec;
       const t = performance.now();
       let sb: SandboxHandle;

@@ -370,6 +370,25 @@ describe('directory watches', () => {
 });
 
 describe('deleting', () => {
+  it('a stop, start, hibernate or wake that waited for the instance\'s lock behind its delete answers 404, not 500', async () => {
+    const n = await node();
+    for (const call of ['stop', 'start', 'hibernate', 'wake'] as const) {
+      const id = await create(n);
+      let open!: () => void;
+      const gate = new Promise<void>((r) => (open = r));
+      const held = n.fp.locks.run(id, () => gate);
+      const del = n.call('DELETE', `/instances/${id}`);
+      await new Promise((r) => setTimeout(r, 50));
+      const late = n.call('POST', `/instances/${id}/${call}`);
+      await new Promise((r) => setTimeout(r, 50));
+      open();
+      await held;
+      expect((await del).status).toBe(204);
+      const r = await late;
+      expect([call, r.status, r.body.error?.code], JSON.stringify(r.body)).toEqual([call, 404, 'NOT_FOUND']);
+    }
+  });
+
   it('two deletes of one instance at once: both end well, nothing is left, no 500 (the second read a record the first had removed)', async () => {
     const n = await node();
     const id = await create(n);
